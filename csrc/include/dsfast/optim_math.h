@@ -1,0 +1,91 @@
+// The optimizer update rules: the single source of truth for the math.
+//
+// Every function is a template over the value type V so the same text runs on
+// scalar floats (CPU tails, C++ tests, CUDA threads) and on SIMD wrappers
+// (csrc/cpu/simd.h) that overload + - * / and provide dsfast_sqrt(V).
+// Hyperparameters are folded into per-step coefficients on the host once, so a
+// kernel's inner loop is only multiply-adds, one sqrt and one divide.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define DSFAST_HD __host__ __device__ __forceinline__
+#else
+#define DSFAST_HD inline
+#endif
+
+namespace dsfast {
+
+DSFAST_HD float dsfast_sqrt(float x) { return sqrtf(x); }
+
+// Adam / AdamW coefficients for one step of one param group.
+struct AdamCoeffs {
+  float beta1, beta2;
+  float one_minus_beta1, one_minus_beta2;
+  float eps;
+  float step_size;        // lr / bias_correction1
+  float inv_bc2_sqrt;     // 1 / sqrt(bias_correction2)
+  float l2_decay;         // Adam (L2): g += l2_decay * p
+  float decoupled_decay;  // AdamW: p *= (1 - decoupled_decay), i.e. lr * weight_decay
+};
+
+// `step` is the 1-based count after this update, as torch stores it.
+inline AdamCoeffs make_adam_coeffs(float lr, float beta1, float beta2, float eps,
+                                   float weight_decay, bool adamw, bool bias_correction,
+                                   int64_t step) {
+  AdamCoeffs c;
+  c.beta1 = beta1;
+  c.beta2 = beta2;
+  c.one_minus_beta1 = 1.0f - beta1;
+  c.one_minus_beta2 = 1.0f - beta2;
+  c.eps = eps;
+  double bc1 = bias_correction ? 1.0 - std::pow((double)beta1, (double)step) : 1.0;
+  double bc2 = bias_correction ? 1.0 - std::pow((double)beta2, (double)step) : 1.0;
+  c.step_size = (float)(lr / bc1);
+  c.inv_bc2_sqrt = (float)(1.0 / std::sqrt(bc2));
+  c.l2_decay = adamw ? 0.0f : weight_decay;
+  c.decoupled_decay = adamw ? lr * weight_decay : 0.0f;
+  return c;
+}
+
+// One element (or one vector of elements) of Adam/AdamW, matching torch.optim's
+// formulation: denom = sqrt(v) / sqrt(bc2) + eps; p -= lr / bc1 * m / denom.
+template <typename V>
+DSFAST_HD void adam_update(V& p, V g, V& m, V& v, const AdamCoeffs& c) {
+  g = g + V(c.l2_decay) * p;
+  m = V(c.beta1) * m + V(c.one_minus_beta1) * g;
+  v = V(c.beta2) * v + V(c.one_minus_beta2) * g * g;
+  V denom = dsfast_sqrt(v) * V(c.inv_bc2_sqrt) + V(c.eps);
+  p = p - V(c.decoupled_decay) * p;
+  p = p - V(c.step_size) * m / denom;
+}
+
+// SGD coefficients for one step of one param group (torch.optim.SGD semantics).
+struct SGDCoeffs {
+  float lr;
+  float weight_decay;
+  float momentum;
+  float one_minus_dampening;
+  bool nesterov;
+  bool first_step;  // torch seeds the momentum buffer with the gradient itself
+};
+
+inline SGDCoeffs make_sgd_coeffs(float lr, float momentum, float dampening, float weight_decay,
+                                 bool nesterov, bool first_step) {
+  return SGDCoeffs{lr, weight_decay, momentum, 1.0f - dampening, nesterov, first_step};
+}
+
+// One element of SGD. `buf` is ignored when momentum == 0.
+template <typename V>
+DSFAST_HD void sgd_update(V& p, V g, V& buf, const SGDCoeffs& c) {
+  g = g + V(c.weight_decay) * p;
+  if (c.momentum != 0.0f) {
+    buf = c.first_step ? g : V(c.momentum) * buf + V(c.one_minus_dampening) * g;
+    g = c.nesterov ? g + V(c.momentum) * buf : buf;
+  }
+  p = p - V(c.lr) * g;
+}
+
+}  // namespace dsfast

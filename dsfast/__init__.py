@@ -1,0 +1,32 @@
+"""dsfast: a small, fast, DeepSpeed-compatible training library for PyTorch.
+
+`import dsfast as deepspeed` is meant to work. Heavy pieces load lazily so that
+importing the package never builds or loads a native op.
+"""
+import importlib
+
+from .version import __version__
+
+# public name -> module that defines it (imported on first attribute access)
+_LAZY = {
+    "initialize": "dsfast.engine",
+    "init_distributed": "dsfast.comm",
+    "add_config_arguments": "dsfast.engine",
+    "DeepSpeedEngine": "dsfast.engine",
+    "Engine": "dsfast.engine",
+    "optim": "dsfast.optim",
+    "ops": "dsfast.ops",
+}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dsfast' has no attribute {name!r}")
+    mod = importlib.import_module(module)
+    value = mod if module == f"dsfast.{name}" else getattr(mod, name)
+    globals()[name] = value
+    return value
+
+
+__all__ = ["__version__", *_LAZY]
