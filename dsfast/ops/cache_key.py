@@ -1,0 +1,70 @@
+"""The JIT cache key: everything that changes the built binary, hashed.
+
+Sources' content (the op's files and every file under csrc/include), the build flags,
+torch/Python/CUDA versions, the compiler and the machine architecture. We never build with
+-march=native (kernels dispatch on the running CPU), so the architecture is the only ISA input.
+"""
+import hashlib
+import os
+import platform
+import sys
+from pathlib import Path
+
+from . import toolchain
+
+KEY_VERSION = "1"   # bump when the loader changes how it builds
+
+
+def _file_identity(path):
+    """Cheap identity of an executable (no subprocess): resolved path, size, mtime."""
+    if not path:
+        return "none"
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return real
+    return f"{real}:{st.st_size}:{int(st.st_mtime)}"
+
+
+def source_files(spec, root):
+    root = Path(root)
+    files = [root / s for s in spec.sources]
+    include = root / "include"
+    if include.is_dir():
+        files += sorted(p for p in include.rglob("*") if p.is_file())
+    return files
+
+
+def compute(spec, root, cflags, cuda_cflags, ldflags):
+    import torch
+    h = hashlib.sha256()
+
+    def add(label, value):
+        h.update(f"{label}={value}\n".encode())
+
+    add("key_version", KEY_VERSION)
+    add("name", spec.name)
+    root = Path(root)
+    for path in source_files(spec, root):
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise FileNotFoundError(f"op {spec.name!r}: source {path} is missing ({e})") from None
+        add("file", path.relative_to(root).as_posix())
+        h.update(hashlib.sha256(data).digest())
+    add("cflags", cflags)
+    add("cuda_cflags", cuda_cflags)
+    add("ldflags", ldflags)
+    add("torch", torch.__version__)
+    add("python", sys.implementation.cache_tag)
+    add("machine", f"{sys.platform}-{platform.machine()}")
+    add("cxx", _file_identity(toolchain.cxx_path()))
+    if spec.with_cuda:
+        add("cuda", torch.version.cuda)
+        add("nvcc", _file_identity(toolchain.nvcc_path()))
+        add("arch_list", os.environ.get("TORCH_CUDA_ARCH_LIST", ""))
+        if torch.cuda.is_available():
+            caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+            add("gpus", caps)
+    return h.hexdigest()

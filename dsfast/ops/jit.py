@@ -1,0 +1,164 @@
+"""JIT build of one op into the content-keyed cache, under a lock that never hangs forever."""
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import cache_key, env, paths, toolchain
+from .build_lock import build_lock
+from .errors import DsfastOpError
+
+# -O3: torch's JIT adds no optimisation flag. -fopenmp: kernels thread with OpenMP.
+# Never -march=native: kernels pick AVX-512/AVX2/scalar at run time, so a cached or
+# prebuilt binary stays correct on a different CPU.
+BASE_CFLAGS = ("-O3", "-fopenmp")
+BASE_CUDA_CFLAGS = ("-O3",)
+BASE_LDFLAGS = ("-fopenmp",)
+
+MARKER = "build.json"       # written last: its presence means the build is complete
+FAILED = "failed.log"       # the last failed build's output
+LOCK = "build.lock"         # our flock; torch's own baton is the file "lock"
+
+
+@dataclass
+class Plan:
+    """Everything needed to build or find one op in the cache."""
+    spec: object
+    root: Path
+    sources: list
+    cflags: tuple
+    cuda_cflags: tuple
+    ldflags: tuple
+    key: str
+    build_dir: Path
+
+    @property
+    def ext_name(self):
+        # The hash in the module name keeps two builds of one op from colliding in one process.
+        return f"{self.spec.name}_{self.key[:12]}"
+
+
+class BuildFailed(Exception):
+    def __init__(self, output, log_path):
+        super().__init__(output)
+        self.output = output
+        self.log_path = log_path
+
+
+def plan(spec):
+    root = paths.csrc_root()
+    sources = [root / s for s in spec.sources]
+    missing = [str(s) for s in sources if not s.is_file()]
+    if missing:
+        raise DsfastOpError(f"dsfast op {spec.name!r}: source file(s) missing: {', '.join(missing)} "
+                            f"(csrc root {root}); the installation is incomplete, reinstall dsfast")
+    cflags = BASE_CFLAGS + tuple(spec.extra_cflags)
+    cuda_cflags = (BASE_CUDA_CFLAGS + tuple(spec.extra_cuda_cflags)) if spec.with_cuda else ()
+    key = cache_key.compute(spec, root, cflags, cuda_cflags, BASE_LDFLAGS)
+    return Plan(spec, root, sources, cflags, cuda_cflags, BASE_LDFLAGS, key,
+                cache_dir_for(spec.name, key))
+
+
+def cache_dir_for(name, key):
+    import torch
+    flavour = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{sys.implementation.cache_tag}-torch{torch.__version__}")
+    return env.cache_root() / flavour / f"{name}-{key[:16]}"
+
+
+def cached_info(build_dir):
+    """The marker of a completed build, or None."""
+    try:
+        info = json.loads((Path(build_dir) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if not (Path(build_dir) / info.get("file", "")).is_file():
+        return None
+    return info
+
+
+def import_built(build_dir):
+    """Import a completed build from the cache, or None if there is none (or it is unusable)."""
+    info = cached_info(build_dir)
+    if info is None:
+        return None
+    try:
+        return _import_file(info["module"], Path(build_dir) / info["file"])
+    except ImportError:
+        return None     # a corrupt or incompatible binary: rebuild it under the lock
+
+
+def _import_file(module_name, path):
+    spec = importlib.util.spec_from_file_location(module_name, str(path))
+    if spec is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build(p):
+    """Return the op's module from the cache, building it first if needed (at most once across processes)."""
+    module = import_built(p.build_dir)
+    if module is not None:
+        return module
+    p.build_dir.mkdir(parents=True, exist_ok=True)
+    waiting_since = time.time()
+    with build_lock(p.build_dir / LOCK, f"dsfast op {p.spec.name!r}", env.lock_timeout()):
+        module = import_built(p.build_dir)           # someone built it while we waited
+        if module is not None:
+            return module
+        failed = p.build_dir / FAILED
+        if failed.exists() and failed.stat().st_mtime >= waiting_since - 1:
+            # Another process failed this exact build while we waited: don't repeat it.
+            raise BuildFailed(failed.read_text(errors="replace"), failed)
+        stale = p.build_dir / "lock"
+        if stale.exists():
+            stale.unlink()   # torch's baton from a killed build; we hold the flock, so no one is using it
+        return _compile(p, failed)
+
+
+def _compile(p, failed):
+    from torch.utils import cpp_extension
+    print(f"[dsfast] building op {p.spec.name!r} (first use; cached in {p.build_dir})",
+          file=sys.stderr, flush=True)
+    started = time.monotonic()
+    try:
+        module = cpp_extension.load(
+            name=p.ext_name,
+            sources=[str(s) for s in p.sources],
+            extra_cflags=list(p.cflags),
+            extra_cuda_cflags=list(p.cuda_cflags) or None,
+            extra_ldflags=list(p.ldflags),
+            extra_include_paths=[str(paths.include_dir(p.root))],
+            build_directory=str(p.build_dir),
+            verbose=env.verbose(),
+            with_cuda=p.spec.with_cuda,
+        )
+    except Exception as e:  # compiler errors arrive as RuntimeError, bad binaries as ImportError
+        output = f"{type(e).__name__}: {e}"
+        failed.write_text(output)
+        raise BuildFailed(output, failed) from None
+    seconds = time.monotonic() - started
+    so_file = Path(module.__file__).name
+    info = {"module": p.ext_name, "file": so_file, "key": p.key, "build_seconds": round(seconds, 2),
+            "sources": [str(s) for s in p.sources], "cflags": list(p.cflags),
+            "cxx": toolchain.cxx_path()}
+    tmp = p.build_dir / f"{MARKER}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, p.build_dir / MARKER)            # atomic: readers see all or nothing
+    if failed.exists():
+        failed.unlink()
+    return module
+
+
+def tail_lines(output, n_tail=20, n_errors=5):
+    """The lines a user needs: the first few 'error' lines and the last few lines."""
+    lines = [ln.rstrip() for ln in output.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()][:n_errors]
+    tail = lines[-n_tail:]
+    picked = [ln for ln in errors if ln not in tail] + tail
+    return "\n".join("    " + ln[:400] for ln in picked)

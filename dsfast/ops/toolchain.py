@@ -1,0 +1,94 @@
+"""What this machine can build: C++ compiler, ninja, Python headers, CUDA toolkit/torch/GPU.
+
+Each check returns None when fine, else a one-line reason a user can act on. Nothing here
+compiles or imports torch at module import time.
+"""
+import os
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+
+def cxx_path():
+    """The C++ compiler torch's cpp_extension will call (it honours $CXX, default c++)."""
+    return shutil.which(os.environ.get("CXX", "c++"))
+
+
+def nvcc_path():
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        candidate = Path(home) / "bin" / "nvcc"
+        if candidate.exists():
+            return str(candidate)
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    default = Path("/usr/local/cuda/bin/nvcc")
+    return str(default) if default.exists() else None
+
+
+def tool_version(path, flag="--version"):
+    """First informative line of `path --version`, or None (for reports, not for cache keys)."""
+    if not path:
+        return None
+    try:
+        out = subprocess.run([path, flag], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    if not lines:
+        return None
+    release = [ln for ln in lines if "release" in ln]   # nvcc puts its version on a later line
+    return release[0] if release else lines[0]
+
+
+def cpu_build_problem():
+    """Why a C++ op cannot be JIT-built here, or None."""
+    if cxx_path() is None:
+        return (f"no C++ compiler ({os.environ.get('CXX', 'c++')} not found on PATH; "
+                "install g++ or set CXX)")
+    if shutil.which("ninja") is None:
+        try:
+            import ninja  # noqa: F401  (the pip package puts the binary beside python)
+        except ImportError:
+            return "ninja not found (pip install ninja)"
+    include = sysconfig.get_path("include", scheme="posix_prefix")
+    if not include or not Path(include, "Python.h").exists():
+        return f"Python headers missing (no Python.h in {include}; install python3-dev)"
+    return None
+
+
+def cuda_problem():
+    """Why a CUDA op cannot be built or used here, or None."""
+    import torch
+    if torch.version.cuda is None:
+        return f"no CUDA torch (torch {torch.__version__} was built without CUDA)"
+    if nvcc_path() is None:
+        return "no CUDA toolkit (nvcc not found; set CUDA_HOME)"
+    if not torch.cuda.is_available():
+        return "no GPU visible (torch.cuda.is_available() is False)"
+    return None
+
+
+def build_problem(spec):
+    """Why `spec` cannot be built/used here, or None when a build may be attempted."""
+    problem = cpu_build_problem()
+    if problem is None and spec.with_cuda:
+        problem = cuda_problem()
+    return problem
+
+
+def cpu_isa():
+    """CPU instruction-set features relevant to our kernels, from /proc/cpuinfo."""
+    wanted = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "avx2", "fma", "f16c")
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return [w for w in wanted if w in flags]
