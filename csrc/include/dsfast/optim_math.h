@@ -29,6 +29,7 @@ struct AdamCoeffs {
   float inv_bc2_sqrt;     // 1 / sqrt(bias_correction2)
   float l2_decay;         // Adam (L2): g += l2_decay * p
   float decoupled_decay;  // AdamW: p *= (1 - decoupled_decay), i.e. lr * weight_decay
+  float grad_scale;       // g *= grad_scale first (1 = off; e.g. an inverse loss scale, -1 = maximize)
 };
 
 // `step` is the 1-based count after this update, as torch stores it.
@@ -47,18 +48,22 @@ inline AdamCoeffs make_adam_coeffs(float lr, float beta1, float beta2, float eps
   c.inv_bc2_sqrt = (float)(1.0 / std::sqrt(bc2));
   c.l2_decay = adamw ? 0.0f : weight_decay;
   c.decoupled_decay = adamw ? lr * weight_decay : 0.0f;
+  c.grad_scale = 1.0f;
   return c;
 }
 
 // One element (or one vector of elements) of Adam/AdamW, matching torch.optim's
 // formulation: denom = sqrt(v) / sqrt(bc2) + eps; p -= lr / bc1 * m / denom.
+// The first moment is a lerp (m + (1 - beta1) * (g - m)) as torch computes it, and
+// decoupled decay multiplies p by (1 - lr * wd), so results track torch to an ulp or two.
 template <typename V>
 DSFAST_HD void adam_update(V& p, V g, V& m, V& v, const AdamCoeffs& c) {
+  g = g * V(c.grad_scale);
   g = g + V(c.l2_decay) * p;
-  m = V(c.beta1) * m + V(c.one_minus_beta1) * g;
+  m = m + V(c.one_minus_beta1) * (g - m);
   v = V(c.beta2) * v + V(c.one_minus_beta2) * g * g;
   V denom = dsfast_sqrt(v) * V(c.inv_bc2_sqrt) + V(c.eps);
-  p = p - V(c.decoupled_decay) * p;
+  p = p * (V(1.0f) - V(c.decoupled_decay));
   p = p - V(c.step_size) * m / denom;
 }
 
@@ -70,16 +75,18 @@ struct SGDCoeffs {
   float one_minus_dampening;
   bool nesterov;
   bool first_step;  // torch seeds the momentum buffer with the gradient itself
+  float grad_scale; // g *= grad_scale first (1 = off; -1 = maximize)
 };
 
 inline SGDCoeffs make_sgd_coeffs(float lr, float momentum, float dampening, float weight_decay,
                                  bool nesterov, bool first_step) {
-  return SGDCoeffs{lr, weight_decay, momentum, 1.0f - dampening, nesterov, first_step};
+  return SGDCoeffs{lr, weight_decay, momentum, 1.0f - dampening, nesterov, first_step, 1.0f};
 }
 
 // One element of SGD. `buf` is ignored when momentum == 0.
 template <typename V>
 DSFAST_HD void sgd_update(V& p, V g, V& buf, const SGDCoeffs& c) {
+  g = g * V(c.grad_scale);
   g = g + V(c.weight_decay) * p;
   if (c.momentum != 0.0f) {
     buf = c.first_step ? g : V(c.momentum) * buf + V(c.one_minus_dampening) * g;
