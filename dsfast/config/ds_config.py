@@ -1,0 +1,188 @@
+"""DsConfig: the whole ds_config.json as one typed pydantic schema (DeepSpeed's keys and defaults)."""
+from __future__ import annotations
+
+import math
+from typing import Any, List, Optional
+
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+
+from .base import StrictModel, nested_error, plain_error
+from .batch import BatchSizeError, resolve_batch_sizes
+from .extras import (UNSUPPORTED_FEATURES, ActivationCheckpointingConfig, CheckpointConfig, CometConfig,
+                     CommsLoggerConfig, CompileConfig, CsvMonitorConfig, DataTypesConfig, FlopsProfilerConfig,
+                     TensorboardConfig, TimersConfig, TorchAutocastConfig, WandbConfig, check_unsupported_feature,
+                     normalize_dtype)
+from .optimizer import OptimizerConfig
+from .precision import AmpConfig, Bf16Config, Fp16Config
+from .scheduler import SchedulerConfig
+from .zero import ZeroConfig
+
+
+class DsConfig(StrictModel):
+    # --- batch (resolved against the world size after validation; always ints afterwards) ---
+    train_batch_size: Optional[int] = Field(None, ge=1)
+    train_micro_batch_size_per_gpu: Optional[int] = Field(None, ge=1)
+    gradient_accumulation_steps: Optional[int] = Field(None, ge=1)
+    # --- optimization ---
+    optimizer: Optional[OptimizerConfig] = None
+    scheduler: Optional[SchedulerConfig] = None
+    gradient_clipping: float = Field(0.0, ge=0)       # 0 disables clipping; else max global L2 norm
+    prescale_gradients: bool = False                  # divide grads before the all-reduce instead of after
+    gradient_predivide_factor: float = Field(1.0, gt=0)
+    zero_allow_untested_optimizer: bool = False
+    zero_force_ds_cpu_optimizer: bool = True
+    # --- precision ---
+    fp16: Fp16Config = Field(default_factory=Fp16Config)
+    bf16: Bf16Config = Field(default_factory=Bf16Config, alias="bfloat16")
+    amp: AmpConfig = Field(default_factory=AmpConfig)
+    torch_autocast: TorchAutocastConfig = Field(default_factory=TorchAutocastConfig)
+    communication_data_type: Optional[str] = None
+    seq_parallel_communication_data_type: Optional[str] = None
+    data_types: DataTypesConfig = Field(default_factory=DataTypesConfig)
+    # --- ZeRO ---
+    zero_optimization: ZeroConfig = Field(default_factory=ZeroConfig)
+    # --- logging / data / checkpoints ---
+    steps_per_print: Optional[int] = Field(10, ge=1)  # null: never print progress
+    wall_clock_breakdown: bool = False
+    memory_breakdown: bool = False
+    dump_state: bool = False
+    dataloader_drop_last: bool = False
+    sparse_gradients: bool = False
+    disable_allgather: bool = False
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    # --- accepted, reported as ignored when enabled ---
+    activation_checkpointing: ActivationCheckpointingConfig = Field(default_factory=ActivationCheckpointingConfig)
+    flops_profiler: FlopsProfilerConfig = Field(default_factory=FlopsProfilerConfig)
+    tensorboard: TensorboardConfig = Field(default_factory=TensorboardConfig)
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    csv_monitor: CsvMonitorConfig = Field(default_factory=CsvMonitorConfig)
+    comet: CometConfig = Field(default_factory=CometConfig)
+    comms_logger: CommsLoggerConfig = Field(default_factory=CommsLoggerConfig)
+    compile: CompileConfig = Field(default_factory=CompileConfig)
+    timers: TimersConfig = Field(default_factory=TimersConfig)
+    # --- DeepSpeed features dsfast lacks: an error when enabled (see extras.UNSUPPORTED_FEATURES) ---
+    pipeline: Any = None
+    sparse_attention: Any = None
+    compression_training: Any = None
+    curriculum_learning: Any = None
+    data_efficiency: Any = None
+    elasticity: Any = None
+    autotuning: Any = None
+    quantize_training: Any = None
+    eigenvalue: Any = None
+    progressive_layer_drop: Any = None
+    hybrid_engine: Any = None
+    weight_quantization: Any = None
+    tensor_parallel: Any = None
+    nebula: Any = None
+    aio: Any = None
+
+    _world_size: int = PrivateAttr(1)
+    _source: Optional[str] = PrivateAttr(None)
+
+    # ----------------------------------------------------------------------------------------------- validators
+    @model_validator(mode="before")
+    @classmethod
+    def _bf16_alias_once(cls, data: Any):
+        if isinstance(data, dict) and "bf16" in data and "bfloat16" in data:
+            raise plain_error('"bf16" and its alias "bfloat16" are both set; keep one')
+        return data
+
+    @field_validator("zero_optimization", mode="before")
+    @classmethod
+    def _zero_bool(cls, v):
+        # DeepSpeed's legacy form: true means stage 1, false stage 0.
+        if isinstance(v, bool):
+            return {"stage": 1 if v else 0}
+        return {} if v is None else v
+
+    @field_validator("gradient_clipping")
+    @classmethod
+    def _finite_clip(cls, v):
+        if not math.isfinite(v):
+            raise plain_error(f"must be a finite number >= 0; 0 disables clipping (got {v!r})")
+        return v
+
+    @field_validator("communication_data_type", "seq_parallel_communication_data_type", mode="before")
+    @classmethod
+    def _dtype(cls, v):
+        return normalize_dtype(v)
+
+    @field_validator("sparse_gradients")
+    @classmethod
+    def _no_sparse(cls, v):
+        if v:
+            raise plain_error("sparse gradients are not supported by dsfast yet; set it to false "
+                              "(nn.Embedding(sparse=False))")
+        return v
+
+    @field_validator(*UNSUPPORTED_FEATURES)
+    @classmethod
+    def _unsupported(cls, v, info):
+        check_unsupported_feature(info.field_name, v)
+        return v
+
+    @model_validator(mode="after")
+    def _one_precision(self):
+        if self.fp16.enabled and self.bf16.enabled:
+            raise nested_error([(("bf16",), '"fp16" and "bf16" are both enabled; they are mutually exclusive, '
+                                            "enable only one")])
+        return self
+
+    @model_validator(mode="after")
+    def _batch(self, info: ValidationInfo):
+        world = int((info.context or {}).get("world_size", 1))
+        try:
+            t, m, g = resolve_batch_sizes(self.train_batch_size, self.train_micro_batch_size_per_gpu,
+                                          self.gradient_accumulation_steps, world)
+        except BatchSizeError as err:
+            raise nested_error([(("train_batch_size",), str(err))]) from None
+        self.train_batch_size, self.train_micro_batch_size_per_gpu, self.gradient_accumulation_steps = t, m, g
+        self._world_size = world
+        return self
+
+    # ----------------------------------------------------------------------------------------------- helpers
+    @property
+    def precision(self) -> str:
+        """"fp16", "bf16" or "fp32": the dtype the model computes in."""
+        return "fp16" if self.fp16.enabled else "bf16" if self.bf16.enabled else "fp32"
+
+    @property
+    def zero_stage(self) -> int:
+        return self.zero_optimization.stage
+
+    @property
+    def world_size(self) -> int:
+        """The data-parallel world size the batch sizes were resolved against."""
+        return self._world_size
+
+    @property
+    def source(self) -> Optional[str]:
+        """The file the config was read from (None for a dict)."""
+        return self._source
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        return self.fp16.enabled and self.fp16.dynamic
+
+    def ignored_settings(self) -> List[str]:
+        """Human-readable notes for settings that are valid DeepSpeed but have no effect in dsfast."""
+        notes: List[str] = []
+        notes += self.bf16.ignored()
+        for name in ("flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "compile",
+                     "activation_checkpointing", "timers"):
+            notes += getattr(self, name).ignored(name)
+        if self.data_types.grad_accum_dtype is not None:
+            notes.append("data_types.grad_accum_dtype is ignored; gradients accumulate in the parameters' dtype")
+        if self.communication_data_type is not None:
+            notes.append("communication_data_type is ignored; gradients are all-reduced in their own dtype")
+        if self.seq_parallel_communication_data_type is not None:
+            notes.append("seq_parallel_communication_data_type is ignored; dsfast has no sequence parallelism")
+        for flag, why in (("memory_breakdown", "no memory report"), ("dump_state", "no state dump"),
+                          ("disable_allgather", "no ZeRO all-gather at stage 0")):
+            if getattr(self, flag):
+                notes.append(f"{flag} is ignored ({why})")
+        for key in UNSUPPORTED_FEATURES:
+            if getattr(self, key) is not None:
+                notes.append(f'"{key}" is present but disabled; ignored')
+        return notes

@@ -1,0 +1,176 @@
+"""The other top-level sections users carry over from DeepSpeed configs.
+
+Each is decided explicitly: validated and used, validated and reported as ignored (a warning through
+DsConfig.ignored_settings), or rejected. Nothing passes silently.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+from pydantic import Field, field_validator
+
+from .base import StrictModel, plain_error
+
+_DTYPES = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16", "half": "fp16",
+           "bf16": "bf16", "bfp16": "bf16", "bfloat16": "bf16"}
+
+
+def normalize_dtype(v: Optional[str]) -> Optional[str]:
+    if v is None:
+        return None
+    if not isinstance(v, str) or v.lower() not in _DTYPES:
+        raise plain_error(f'must be one of "fp32", "fp16", "bf16" (got {v!r})')
+    return _DTYPES[v.lower()]
+
+
+class ParallelWriteConfig(StrictModel):
+    pipeline_stage: bool = False
+
+
+class CheckpointConfig(StrictModel):
+    tag_validation: str = "Warn"           # Ignore | Warn | Fail (any case)
+    load_universal: bool = False
+    use_node_local_storage: bool = False
+    parallel_write: ParallelWriteConfig = Field(default_factory=ParallelWriteConfig)
+
+    @field_validator("tag_validation", mode="before")
+    @classmethod
+    def _tag(cls, v):
+        valid = {"ignore": "Ignore", "warn": "Warn", "fail": "Fail"}
+        if not isinstance(v, str) or v.lower() not in valid:
+            raise plain_error(f'must be "Ignore", "Warn" or "Fail" (got {v!r})')
+        return valid[v.lower()]
+
+
+class DataTypesConfig(StrictModel):
+    grad_accum_dtype: Optional[str] = None
+    @field_validator("grad_accum_dtype", mode="before")
+    @classmethod
+    def _norm(cls, v):
+        return normalize_dtype(v)
+
+
+class _Enabled(StrictModel):
+    enabled: bool = False
+
+    def ignored(self, name: str) -> List[str]:
+        return [f"{name} is enabled but dsfast does not implement it yet; it is ignored"] if self.enabled else []
+
+
+class TensorboardConfig(_Enabled):
+    output_path: str = ""
+    job_name: str = "DeepSpeedJobName"
+
+
+class CsvMonitorConfig(TensorboardConfig):
+    pass
+
+
+class WandbConfig(_Enabled):
+    group: Optional[str] = None
+    team: Optional[str] = None
+    project: str = "deepspeed"
+
+
+class CometConfig(_Enabled):
+    samples_log_interval: int = Field(100, ge=1)
+    project: Optional[str] = None
+    workspace: Optional[str] = None
+    api_key: Optional[str] = None
+    experiment_name: Optional[str] = None
+    experiment_key: Optional[str] = None
+    online: Optional[bool] = None
+    mode: Optional[str] = None
+
+
+class CommsLoggerConfig(_Enabled):
+    verbose: bool = False
+    prof_all: bool = True
+    debug: bool = False
+    prof_ops: List[str] = Field(default_factory=list)
+
+
+class FlopsProfilerConfig(_Enabled):
+    recompute_fwd_factor: float = Field(0.0, ge=0)
+    profile_step: int = Field(1, ge=1)
+    module_depth: int = -1
+    top_modules: int = Field(1, ge=1)
+    detailed: bool = True
+    output_file: Optional[str] = None
+
+
+class CompileConfig(_Enabled):
+    backend: str = "inductor"
+    kwargs: dict = Field(default_factory=dict)
+
+
+class ActivationCheckpointingConfig(StrictModel):
+    partition_activations: bool = False
+    contiguous_memory_optimization: bool = False
+    cpu_checkpointing: bool = False
+    number_checkpoints: Optional[int] = Field(None, ge=1)
+    synchronize_checkpoint_boundary: bool = False
+    profile: bool = False
+
+    def ignored(self, name: str) -> List[str]:
+        if self.model_fields_set:
+            return [f"{name} configures DeepSpeed's own checkpointing API, which dsfast does not have; "
+                    "it is ignored (use torch.utils.checkpoint in the model)"]
+        return []
+
+
+class ThroughputTimerConfig(StrictModel):
+    enabled: bool = True
+    synchronized: bool = True
+
+
+class TimersConfig(StrictModel):
+    throughput: ThroughputTimerConfig = Field(default_factory=ThroughputTimerConfig)
+
+    def ignored(self, name: str) -> List[str]:
+        return [f"{name} is ignored; dsfast always reports samples/s in its progress line"] \
+            if self.model_fields_set else []
+
+
+class TorchAutocastConfig(StrictModel):
+    enabled: bool = False
+    dtype: Optional[str] = None
+    lower_precision_safe_modules: Optional[List[str]] = None
+
+    @field_validator("enabled")
+    @classmethod
+    def _no(cls, v):
+        if v:
+            raise plain_error('torch_autocast is not supported by dsfast yet; use "bf16": {"enabled": true} or '
+                              '"fp16": {"enabled": true}')
+        return v
+
+
+# DeepSpeed features dsfast does not have. Enabled (or, for sections without "enabled", present): an error.
+UNSUPPORTED_FEATURES = {
+    "pipeline": "pipeline parallelism",
+    "sparse_attention": "sparse attention kernels",
+    "compression_training": "compression training",
+    "curriculum_learning": "curriculum learning",
+    "data_efficiency": "data efficiency (curriculum / random-LTD)",
+    "elasticity": "elastic training",
+    "autotuning": "the autotuner",
+    "quantize_training": "quantization-aware training",
+    "eigenvalue": "eigenvalue computation",
+    "progressive_layer_drop": "progressive layer drop",
+    "hybrid_engine": "the RLHF hybrid engine",
+    "weight_quantization": "weight quantization",
+    "tensor_parallel": "tensor parallelism",
+    "nebula": "Nebula checkpointing",
+    "aio": "NVMe async I/O",
+}
+
+
+def check_unsupported_feature(key: str, value: Any) -> None:
+    """Raise for a DeepSpeed feature section that would change training if honoured."""
+    if value is None or value is False or value == {}:
+        return
+    if isinstance(value, dict) and "enabled" in value and not value["enabled"]:
+        return
+    raise plain_error(f"{UNSUPPORTED_FEATURES[key]} is not supported by dsfast; remove \"{key}\""
+                      + (' or set "enabled": false' if isinstance(value, dict) and "enabled" in value else ""))

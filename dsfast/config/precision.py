@@ -1,0 +1,88 @@
+"""`fp16`, `bf16` (alias `bfloat16`) and `amp` sections. Defaults are DeepSpeed's documented ones."""
+from __future__ import annotations
+
+import math
+from typing import List
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from .base import StrictModel, nested_error, plain_error
+
+
+class Fp16Config(StrictModel):
+    enabled: bool = False
+    auto_cast: bool = False                       # cast floating-point inputs of forward() to fp16
+    loss_scale: float = Field(0.0, ge=0)          # 0 = dynamic loss scaling; > 0 = static scale
+    initial_scale_power: int = Field(16, ge=0, le=63)   # dynamic: first scale is 2**initial_scale_power
+    loss_scale_window: int = Field(1000, ge=1)    # clean steps before the scale doubles
+    hysteresis: int = Field(2, ge=1)              # overflows tolerated before the scale halves
+    consecutive_hysteresis: bool = False          # refill hysteresis after every clean step
+    min_loss_scale: float = Field(1.0, gt=0)      # floor of the dynamic scale
+    fp16_master_weights_and_grads: bool = False
+
+    @field_validator("loss_scale")
+    @classmethod
+    def _finite(cls, v):
+        if not math.isfinite(v):
+            raise plain_error(f"must be a finite number; 0 means dynamic loss scaling (got {v!r})")
+        return v
+
+    @field_validator("fp16_master_weights_and_grads")
+    @classmethod
+    def _master(cls, v):
+        if v:
+            raise plain_error("fp16 master weights (DeepSpeed: ZeRO-Offload with CPU Adam only) are not supported "
+                              "by dsfast yet; dsfast keeps fp32 master weights. Remove the key or set it to false")
+        return v
+
+    @model_validator(mode="after")
+    def _floor_below_start(self):
+        if self.enabled and self.dynamic and self.min_loss_scale > self.initial_scale:
+            raise nested_error([(("min_loss_scale",), f"{self.min_loss_scale:g} is above the initial dynamic scale "
+                                 f"2**initial_scale_power = {self.initial_scale:g}; lower min_loss_scale or "
+                                 "raise initial_scale_power")])
+        return self
+
+    @property
+    def dynamic(self) -> bool:
+        return self.loss_scale == 0
+
+    @property
+    def initial_scale(self) -> float:
+        return float(2 ** self.initial_scale_power)
+
+
+class Bf16Config(StrictModel):
+    enabled: bool = False
+    immediate_grad_update: bool = False   # DeepSpeed's bf16 ZeRO optimizer knob; no effect at stage 0
+    check_grad_overflow: bool = True      # DeepSpeed 0.19: skip a bf16 step whose gradients are not finite
+    bf16_master_weights_and_grads: bool = False
+    bf16_optimizer_states: bool = False
+
+    @field_validator("bf16_master_weights_and_grads", "bf16_optimizer_states")
+    @classmethod
+    def _unsupported(cls, v, info):
+        if v:
+            raise plain_error(f"{info.field_name}=true (bf16 master weights / optimizer states) is not supported "
+                              "by dsfast yet; dsfast keeps fp32 master weights and states. Set it to false")
+        return v
+
+    def ignored(self) -> List[str]:
+        out = []
+        if self.enabled and self.immediate_grad_update:
+            out.append("bf16.immediate_grad_update has no effect without ZeRO partitioning")
+        return out
+
+
+class AmpConfig(StrictModel):
+    """apex AMP. Its other keys are apex arguments (opt_level, ...), passed through by DeepSpeed."""
+    model_config = ConfigDict(extra="allow")
+    enabled: bool = False
+
+    @field_validator("enabled")
+    @classmethod
+    def _no_apex(cls, v):
+        if v:
+            raise plain_error('apex AMP is not supported by dsfast; use "fp16": {"enabled": true} or '
+                              '"bf16": {"enabled": true} instead')
+        return v

@@ -1,0 +1,193 @@
+"""`zero_optimization` section: DeepSpeed's keys, aliases and defaults, all validated.
+
+ZeRO partitioning is not implemented yet: SUPPORTED_ZERO_STAGES is the ONE place that says which stages the
+engine can run. The ZeRO issue widens it; everything else here already validates stages 1-3.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, List, Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from .base import StrictModel, nested_error, plain_error
+
+logger = logging.getLogger("dsfast.config")
+
+# >>> The stages the engine implements. Widen this when ZeRO partitioning lands. <<<
+SUPPORTED_ZERO_STAGES = frozenset({0})
+
+_DEVICES = ("none", "cpu", "nvme")
+
+
+def _device(v):
+    if v is None:
+        return "none"
+    if not isinstance(v, str) or v.lower() not in _DEVICES:
+        raise plain_error(f"must be one of {', '.join(repr(d) for d in _DEVICES)} (got {v!r})")
+    return v.lower()
+
+
+class OffloadOptimizerConfig(StrictModel):
+    device: str = "none"
+    nvme_path: Optional[str] = None
+    buffer_count: int = Field(4, ge=0)
+    pin_memory: bool = False
+    pipeline_read: bool = False
+    pipeline_write: bool = False
+    fast_init: bool = False
+    ratio: float = Field(1.0, ge=0.0, le=1.0)   # < 1: offload only part of the states (stage 3 only)
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _check_device(cls, v):
+        return _device(v)
+
+    @model_validator(mode="after")
+    def _nvme_needs_path(self):
+        if self.device == "nvme" and not self.nvme_path:
+            raise plain_error('device "nvme" needs "nvme_path" (a directory on a fast local disk)')
+        return self
+
+
+class OffloadParamConfig(StrictModel):
+    device: str = "none"
+    nvme_path: Optional[str] = None
+    buffer_count: int = Field(5, ge=0)
+    buffer_size: int = Field(100_000_000, ge=0)
+    max_in_cpu: int = Field(1_000_000_000, ge=0)
+    pin_memory: bool = False
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _check_device(cls, v):
+        return _device(v)
+
+    @model_validator(mode="after")
+    def _nvme_needs_path(self):
+        if self.device == "nvme" and not self.nvme_path:
+            raise plain_error('device "nvme" needs "nvme_path" (a directory on a fast local disk)')
+        return self
+
+
+class ZeroConfig(StrictModel):
+    stage: int = Field(0, ge=0, le=3)
+    contiguous_gradients: bool = True
+    reduce_scatter: bool = True
+    reduce_bucket_size: int = Field(500_000_000, gt=0)
+    use_multi_rank_bucket_allreduce: bool = True
+    allgather_partitions: bool = True
+    allgather_bucket_size: int = Field(500_000_000, ge=0)
+    overlap_comm: Optional[bool] = None          # None -> True for stage 3, False otherwise (see resolved below)
+    load_from_fp32_weights: bool = True
+    elastic_checkpoint: bool = False
+    sub_group_size: int = Field(1_000_000_000, ge=0)
+    round_robin_gradients: bool = False
+    ignore_unused_parameters: bool = True
+    compute_grad_norm: bool = True
+    offload_optimizer: Optional[OffloadOptimizerConfig] = None
+    offload_param: Optional[OffloadParamConfig] = None
+    # Stage-3 knobs; each also accepts DeepSpeed's `stage3_` spelling.
+    prefetch_bucket_size: int = Field(50_000_000, ge=0, alias="stage3_prefetch_bucket_size")
+    param_persistence_threshold: int = Field(100_000, ge=0, alias="stage3_param_persistence_threshold")
+    model_persistence_threshold: int = Field(2**63 - 1, ge=0, alias="stage3_model_persistence_threshold")
+    max_live_parameters: int = Field(1_000_000_000, ge=0, alias="stage3_max_live_parameters")
+    max_reuse_distance: int = Field(1_000_000_000, ge=0, alias="stage3_max_reuse_distance")
+    gather_16bit_weights_on_model_save: bool = Field(False, alias="stage3_gather_16bit_weights_on_model_save")
+    module_granularity_threshold: int = Field(0, ge=0, alias="stage3_module_granularity_threshold")
+    use_all_reduce_for_fetch_params: bool = Field(False, alias="stage3_use_all_reduce_for_fetch_params")
+    allgather_sequential: bool = Field(False, alias="stage3_allgather_sequential")
+    # ZeRO++ / MiCS
+    zero_hpz_partition_size: int = Field(1, ge=1)
+    zero_quantized_weights: bool = False
+    zero_quantized_nontrainable_weights: bool = False
+    zero_quantized_gradients: bool = False
+    mics_shard_size: int = Field(-1, ge=-1)
+    mics_hierarchical_params_gather: bool = False
+    memory_efficient_linear: bool = True
+    pipeline_loading_checkpoint: bool = False
+    override_module_apply: bool = True
+    log_trace_cache_warnings: bool = False
+    legacy_stage1: bool = False
+    parameter_alignment: bool = False
+    # Deprecated DeepSpeed spellings, mapped onto the keys above in _map_deprecated.
+    cpu_offload: Optional[bool] = None
+    cpu_offload_param: Optional[bool] = None
+    cpu_offload_use_pin_memory: Optional[bool] = None
+    stage3_gather_fp16_weights_on_model_save: Optional[bool] = None
+
+    @field_validator("stage")
+    @classmethod
+    def _stage_supported(cls, v):
+        # The single gate on ZeRO stages (see SUPPORTED_ZERO_STAGES above); never fall back to stage 0 silently.
+        if v not in SUPPORTED_ZERO_STAGES:
+            raise plain_error(
+                f"ZeRO stage {v} is not supported by dsfast yet: only stage "
+                f"{', '.join(str(s) for s in sorted(SUPPORTED_ZERO_STAGES))} (data parallelism without "
+                "partitioning) runs today; partitioning lands in a later release. Set "
+                '"zero_optimization": {"stage": 0} or remove the key ("zero_optimization": true means stage 1, '
+                "as in DeepSpeed)")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _map_deprecated(cls, data: Any):
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if data.get("cpu_offload"):
+            if data.get("offload_optimizer") is not None:
+                raise plain_error('"cpu_offload" (deprecated) and "offload_optimizer" are both set; keep only '
+                                  '"offload_optimizer": {"device": "cpu"}')
+            logger.warning('zero_optimization.cpu_offload is deprecated; using "offload_optimizer": '
+                           '{"device": "cpu"}')
+            data["offload_optimizer"] = {"device": "cpu",
+                                         "pin_memory": bool(data.get("cpu_offload_use_pin_memory") or False)}
+        if data.get("cpu_offload_param"):
+            if data.get("offload_param") is not None:
+                raise plain_error('"cpu_offload_param" (deprecated) and "offload_param" are both set; keep only '
+                                  '"offload_param": {"device": "cpu"}')
+            logger.warning('zero_optimization.cpu_offload_param is deprecated; using "offload_param": '
+                           '{"device": "cpu"}')
+            data["offload_param"] = {"device": "cpu",
+                                     "pin_memory": bool(data.get("cpu_offload_use_pin_memory") or False)}
+        old = data.get("stage3_gather_fp16_weights_on_model_save")
+        if old is not None:
+            if "gather_16bit_weights_on_model_save" in data or "stage3_gather_16bit_weights_on_model_save" in data:
+                raise plain_error('"stage3_gather_fp16_weights_on_model_save" (deprecated) and '
+                                  '"stage3_gather_16bit_weights_on_model_save" are both set; keep the second')
+            data["gather_16bit_weights_on_model_save"] = old
+        # A knob given under both its names is ambiguous.
+        for name, field in cls.model_fields.items():
+            if field.alias and name in data and field.alias in data:
+                raise plain_error(f'"{name}" and its alias "{field.alias}" are both set; keep one')
+        return data
+
+    @model_validator(mode="after")
+    def _offload_needs_stage(self):
+        if self.offload_optimizer is not None and self.offload_optimizer.device != "none" and self.stage == 0:
+            raise nested_error([(("offload_optimizer",), "offloading optimizer states needs ZeRO stage 1, 2 or 3 "
+                                                         "(stage is 0)")])
+        if self.offload_param is not None and self.offload_param.device != "none" and self.stage != 3:
+            raise nested_error([(("offload_param",), f"offloading parameters needs ZeRO stage 3 "
+                                                     f"(stage is {self.stage})")])
+        if self.offload_optimizer is not None and self.offload_optimizer.ratio < 1.0 and self.stage != 3:
+            raise nested_error([(("offload_optimizer", "ratio"), "ratio < 1 (partial offload) needs ZeRO stage 3")])
+        if not self.compute_grad_norm and self.stage not in (1, 2):
+            raise nested_error([(("compute_grad_norm",), "false is supported only with ZeRO stage 1 or 2")])
+        return self
+
+    @property
+    def overlap_comm_resolved(self) -> bool:
+        return self.stage == 3 if self.overlap_comm is None else self.overlap_comm
+
+    @property
+    def offload_optimizer_device(self) -> str:
+        return self.offload_optimizer.device if self.offload_optimizer else "none"
+
+    @property
+    def offload_param_device(self) -> str:
+        return self.offload_param.device if self.offload_param else "none"
+
+    def ignored(self) -> List[str]:
+        return []

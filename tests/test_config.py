@@ -1,0 +1,373 @@
+"""ds_config schema: defaults equal DeepSpeed's, batch resolution, and every error path names its key."""
+import argparse
+import json
+
+import pytest
+
+from dsfast.config import SUPPORTED_ZERO_STAGES, DsConfig, DsConfigError, load_config
+
+BASE = {"train_batch_size": 8}
+
+
+def cfg(**kw):
+    return load_config({**BASE, **kw})
+
+
+def problems(data, **kw):
+    with pytest.raises(DsConfigError) as info:
+        load_config(data, **kw)
+    return info.value, str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------ defaults
+def test_defaults_match_deepspeed():
+    c = cfg()
+    assert c.gradient_clipping == 0.0 and c.steps_per_print == 10
+    assert c.wall_clock_breakdown is False and c.prescale_gradients is False
+    assert c.gradient_predivide_factor == 1.0 and c.dataloader_drop_last is False
+    assert c.zero_allow_untested_optimizer is False and c.zero_force_ds_cpu_optimizer is True
+    f = c.fp16
+    assert (f.enabled, f.auto_cast, f.loss_scale, f.initial_scale_power, f.loss_scale_window, f.hysteresis,
+            f.consecutive_hysteresis, f.min_loss_scale, f.fp16_master_weights_and_grads) == \
+        (False, False, 0.0, 16, 1000, 2, False, 1.0, False)
+    assert f.dynamic and f.initial_scale == 65536.0
+    assert c.bf16.enabled is False and c.bf16.immediate_grad_update is False
+    z = c.zero_optimization
+    assert z.stage == 0 and c.zero_stage == 0
+    assert z.contiguous_gradients is True and z.reduce_scatter is True
+    assert z.reduce_bucket_size == 500_000_000 and z.allgather_bucket_size == 500_000_000
+    assert z.overlap_comm is None and z.overlap_comm_resolved is False
+    assert z.prefetch_bucket_size == 50_000_000 and z.param_persistence_threshold == 100_000
+    assert z.max_live_parameters == 1_000_000_000 and z.max_reuse_distance == 1_000_000_000
+    assert z.sub_group_size == 1_000_000_000 and z.load_from_fp32_weights is True
+    assert z.offload_optimizer_device == "none" and z.offload_param_device == "none"
+    assert c.checkpoint.tag_validation == "Warn" and c.checkpoint.load_universal is False
+    assert c.optimizer is None and c.scheduler is None
+    assert c.precision == "fp32"
+
+
+def test_precision_helper_and_bfloat16_alias():
+    assert cfg(fp16={"enabled": True}).precision == "fp16"
+    assert cfg(bf16={"enabled": True}).precision == "bf16"
+    assert cfg(bfloat16={"enabled": True}).precision == "bf16"
+    _, msg = problems({**BASE, "bf16": {"enabled": True}, "bfloat16": {"enabled": True}})
+    assert "bfloat16" in msg
+
+
+def test_offload_defaults_validated_even_when_unused():
+    from dsfast.config.zero import OffloadOptimizerConfig, OffloadParamConfig
+    o = OffloadOptimizerConfig()
+    assert (o.device, o.buffer_count, o.pin_memory, o.ratio) == ("none", 4, False, 1.0)
+    p = OffloadParamConfig()
+    assert (p.device, p.buffer_count, p.buffer_size, p.max_in_cpu) == ("none", 5, 100_000_000, 1_000_000_000)
+
+
+# ------------------------------------------------------------------------------------------------ batch sizes
+@pytest.mark.parametrize("given, world, expected", [
+    ({"train_batch_size": 32}, 4, (32, 8, 1)),
+    ({"train_micro_batch_size_per_gpu": 4}, 2, (8, 4, 1)),
+    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, 2, (32, 4, 4)),
+    ({"train_batch_size": 32, "gradient_accumulation_steps": 2}, 2, (32, 8, 2)),
+    ({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 5}, 3, (45, 3, 5)),
+    ({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2}, 4,
+     (24, 3, 2)),
+])
+def test_batch_resolution(given, world, expected):
+    c = load_config(given, world_size=world)
+    assert (c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps) == expected
+    assert c.world_size == world
+
+
+def test_batch_inconsistent_prints_all_three_and_world_size():
+    err, msg = problems({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 3,
+                         "gradient_accumulation_steps": 2}, world_size=2)
+    for text in ("train_batch_size=8", "train_micro_batch_size_per_gpu=3", "gradient_accumulation_steps=2",
+                 "world size=2", "3 * 2 * 2 = 12 != 8"):
+        assert text in msg
+    assert err.problems[0][0] == "train_batch_size"
+
+
+def test_batch_not_divisible_by_world():
+    _, msg = problems({"train_batch_size": 8}, world_size=3)
+    assert "train_batch_size=8" in msg and "world size=3" in msg and "not set" in msg
+
+
+def test_batch_none_given():
+    _, msg = problems({})
+    assert "train_batch_size or train_micro_batch_size_per_gpu" in msg
+    _, msg = problems({"gradient_accumulation_steps": 4})
+    assert "gradient_accumulation_steps=4 alone" in msg
+
+
+def test_batch_bounds_and_auto():
+    _, msg = problems({"train_batch_size": 0})
+    assert "train_batch_size: " in msg and "greater than or equal to 1" in msg
+    _, msg = problems({"train_batch_size": "auto"})
+    assert "train_batch_size" in msg and "'auto'" in msg
+
+
+# ------------------------------------------------------------------------------------------------ unknown keys
+def test_unknown_top_level_key_suggests():
+    err, msg = problems({**BASE, "gradient_clipng": 1.0})
+    assert "gradient_clipng: unknown key; did you mean 'gradient_clipping'?" in msg
+    assert err.problems == [("gradient_clipng", "unknown key; did you mean 'gradient_clipping'?")]
+
+
+@pytest.mark.parametrize("section, bad, good", [
+    ("fp16", "loss_scale_windw", "loss_scale_window"),
+    ("bf16", "enable", "enabled"),
+    ("zero_optimization", "reduce_bucket_sz", "reduce_bucket_size"),
+    ("checkpoint", "tag_validaton", "tag_validation"),
+])
+def test_unknown_nested_key_names_full_path(section, bad, good):
+    _, msg = problems({**BASE, section: {bad: 1}})
+    assert f"{section}.{bad}: unknown key; did you mean '{good}'?" in msg
+
+
+def test_unknown_deeply_nested_key():
+    _, msg = problems({**BASE, "zero_optimization": {"offload_optimizer": {"devise": "none"}}})
+    assert "zero_optimization.offload_optimizer.devise: unknown key; did you mean 'device'?" in msg
+
+
+def test_unknown_optimizer_and_scheduler_params():
+    _, msg = problems({**BASE, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decy": 0.1}}})
+    assert "optimizer.params.weight_decy: unknown key; did you mean 'weight_decay'?" in msg
+    _, msg = problems({**BASE, "scheduler": {"type": "WarmupLR", "params": {"warmup_max_rl": 1e-3}}})
+    assert "scheduler.params.warmup_max_rl: unknown key; did you mean 'warmup_max_lr'?" in msg
+
+
+def test_all_problems_reported_together():
+    err, msg = problems({**BASE, "fp16": {"hysteresis": 0}, "steps_per_print": 0, "wall_clock": True})
+    paths = [p for p, _ in err.problems]
+    assert paths == ["fp16.hysteresis", "steps_per_print", "wall_clock"]
+    assert "3 problems" in msg
+
+
+# ------------------------------------------------------------------------------------------------ precision
+def test_fp16_and_bf16_both_enabled():
+    _, msg = problems({**BASE, "fp16": {"enabled": True}, "bf16": {"enabled": True}})
+    assert "mutually exclusive" in msg
+
+
+@pytest.mark.parametrize("key, value, text", [
+    ("loss_scale", -1, "greater than or equal to 0"),
+    ("loss_scale", float("inf"), "finite"),
+    ("hysteresis", 0, "greater than or equal to 1"),
+    ("loss_scale_window", 0, "greater than or equal to 1"),
+    ("min_loss_scale", 0, "greater than 0"),
+    ("initial_scale_power", 100, "less than or equal to 63"),
+    ("enabled", "yes please", "valid boolean"),
+])
+def test_fp16_bounds_name_the_key(key, value, text):
+    _, msg = problems({**BASE, "fp16": {"enabled": True, key: value}})
+    assert f"fp16.{key}: " in msg and text in msg
+
+
+def test_fp16_floor_above_initial_scale():
+    _, msg = problems({**BASE, "fp16": {"enabled": True, "min_loss_scale": 2 ** 20}})
+    assert "fp16.min_loss_scale" in msg and "initial_scale_power" in msg
+
+
+def test_static_loss_scale():
+    c = cfg(fp16={"enabled": True, "loss_scale": 128})
+    assert not c.fp16.dynamic and not c.dynamic_loss_scale
+
+
+def test_apex_amp_rejected_and_master_weights_rejected():
+    _, msg = problems({**BASE, "amp": {"enabled": True, "opt_level": "O2"}})
+    assert "amp.enabled" in msg and "apex" in msg
+    assert cfg(amp={"enabled": False, "opt_level": "O2"}).amp.enabled is False
+    _, msg = problems({**BASE, "fp16": {"enabled": True, "fp16_master_weights_and_grads": True}})
+    assert "fp16.fp16_master_weights_and_grads" in msg
+
+
+# ------------------------------------------------------------------------------------------------ ZeRO
+def test_zero_stage_above_supported_is_an_error_not_stage0():
+    assert SUPPORTED_ZERO_STAGES == frozenset({0})
+    for stage in (1, 2, 3):
+        _, msg = problems({**BASE, "zero_optimization": {"stage": stage}})
+        assert f"zero_optimization.stage: ZeRO stage {stage} is not supported by dsfast yet" in msg
+
+
+def test_zero_bool_forms():
+    _, msg = problems({**BASE, "zero_optimization": True})  # true = stage 1, as DeepSpeed
+    assert "ZeRO stage 1" in msg and "means stage 1" in msg
+    assert cfg(zero_optimization=False).zero_stage == 0
+
+
+def test_zero_stage_out_of_range():
+    _, msg = problems({**BASE, "zero_optimization": {"stage": 4}})
+    assert "zero_optimization.stage" in msg and "less than or equal to 3" in msg
+
+
+def test_zero_stage3_aliases_and_conflicts():
+    c = cfg(zero_optimization={"stage3_prefetch_bucket_size": 123, "param_persistence_threshold": 7})
+    assert c.zero_optimization.prefetch_bucket_size == 123
+    assert c.zero_optimization.param_persistence_threshold == 7
+    _, msg = problems({**BASE, "zero_optimization": {"prefetch_bucket_size": 1, "stage3_prefetch_bucket_size": 2}})
+    assert "both set" in msg
+    _, msg = problems({**BASE, "zero_optimization": {"reduce_bucket_size": 0}})
+    assert "zero_optimization.reduce_bucket_size" in msg
+
+
+def test_zero_offload_validation():
+    _, msg = problems({**BASE, "zero_optimization": {"offload_optimizer": {"device": "gpu"}}})
+    assert "zero_optimization.offload_optimizer.device" in msg and "'cpu'" in msg
+    _, msg = problems({**BASE, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}})
+    assert "zero_optimization.offload_optimizer" in msg and "stage 1, 2 or 3" in msg
+    _, msg = problems({**BASE, "zero_optimization": {"cpu_offload": True, "offload_optimizer": {"device": "cpu"}}})
+    assert "cpu_offload" in msg and "both set" in msg
+
+
+# ------------------------------------------------------------------------------------------------ optimizer
+def test_optimizer_types_case_insensitive_and_adamw_mode():
+    c = cfg(optimizer={"type": "Adam", "params": {"lr": 1.5e-4}})
+    assert c.optimizer.type == "adam" and c.optimizer.adamw_mode is True   # DeepSpeed's default
+    assert c.optimizer.torch_kwargs() == {"lr": 1.5e-4, "betas": (0.9, 0.999), "eps": 1e-8,
+                                          "weight_decay": 0.0, "bias_correction": True}
+    assert cfg(optimizer={"type": "adam", "params": {"adam_w_mode": False}}).optimizer.adamw_mode is False
+    assert cfg(optimizer={"type": "ADAMW", "params": {"adam_w_mode": False}}).optimizer.adamw_mode is True
+    s = cfg(optimizer={"type": "SGD", "params": {"lr": 0.001, "momentum": 0.9}}).optimizer
+    assert s.type == "sgd" and s.torch_kwargs()["momentum"] == 0.9 and s.adamw_mode is False
+
+
+@pytest.mark.parametrize("kind", ["Lamb", "OneBitAdam", "lion", "Adagrad", "RMSprop"])
+def test_optimizer_not_supported_yet(kind):
+    _, msg = problems({**BASE, "optimizer": {"type": kind}})
+    assert "optimizer.type" in msg and "not supported by dsfast yet" in msg
+
+
+def test_optimizer_unknown_type_suggests():
+    _, msg = problems({**BASE, "optimizer": {"type": "AdamWW"}})
+    assert "optimizer.type: unknown optimizer type 'AdamWW'" in msg and "did you mean" in msg
+
+
+@pytest.mark.parametrize("params, path, text", [
+    ({"lr": -0.1}, "optimizer.params.lr", "greater than or equal to 0"),
+    ({"betas": [0.9, 1.5]}, "optimizer.params.betas", "[0, 1)"),
+    ({"betas": [0.9]}, "optimizer.params.betas", "two numbers"),
+    ({"eps": -1}, "optimizer.params.eps", ""),
+    ({"weight_decay": -0.01}, "optimizer.params.weight_decay", ""),
+    ({"amsgrad": True}, "optimizer.params.amsgrad", "not supported"),
+    ({"max_grad_norm": 1.0}, "optimizer.params.max_grad_norm", "gradient_clipping"),
+])
+def test_optimizer_params_bounds(params, path, text):
+    _, msg = problems({**BASE, "optimizer": {"type": "AdamW", "params": params}})
+    assert f"{path}: " in msg and text in msg
+
+
+def test_sgd_nesterov_needs_momentum():
+    _, msg = problems({**BASE, "optimizer": {"type": "sgd", "params": {"nesterov": True}}})
+    assert "optimizer.params" in msg and "nesterov" in msg
+
+
+# ------------------------------------------------------------------------------------------------ scheduler
+def test_scheduler_required_params_named():
+    _, msg = problems({**BASE, "scheduler": {"type": "WarmupDecayLR", "params": {}}})
+    assert "scheduler.params.total_num_steps: required key is missing" in msg
+    err, msg = problems({**BASE, "scheduler": {"type": "OneCycle"}})
+    assert [p for p, _ in err.problems] == ["scheduler.params.cycle_min_lr", "scheduler.params.cycle_max_lr"]
+
+
+def test_scheduler_type_unknown_and_case():
+    assert cfg(scheduler={"type": "warmupcosinelr", "params": {"total_num_steps": 10}}).scheduler.type == \
+        "WarmupCosineLR"
+    _, msg = problems({**BASE, "scheduler": {"type": "WarmupLinearLR"}})
+    assert "scheduler.type" in msg and "did you mean" in msg
+    _, msg = problems({**BASE, "scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}})
+    assert "scheduler.params.warmup_type" in msg and '"log" or "linear"' in msg
+
+
+# ------------------------------------------------------------------------------------------------ other keys
+def test_other_top_level_keys_accepted_or_rejected():
+    c = cfg(checkpoint={"tag_validation": "FAIL"}, data_types={"grad_accum_dtype": "fp32"},
+            communication_data_type="bf16", dump_state=True, zero_allow_untested_optimizer=True,
+            zero_force_ds_cpu_optimizer=False, activation_checkpointing={"partition_activations": True},
+            flops_profiler={"enabled": True}, tensorboard={"enabled": True, "output_path": "x"},
+            wandb={"enabled": False}, csv_monitor={"enabled": False}, comms_logger={"enabled": True},
+            amp={"enabled": False})
+    assert c.checkpoint.tag_validation == "Fail" and c.communication_data_type == "bf16"
+    notes = "\n".join(c.ignored_settings())
+    for key in ("flops_profiler", "tensorboard", "comms_logger", "activation_checkpointing", "dump_state",
+                "communication_data_type", "grad_accum_dtype"):
+        assert key in notes
+    assert "wandb" not in notes and "csv_monitor" not in notes
+
+
+def test_unsupported_features_error_when_enabled():
+    _, msg = problems({**BASE, "pipeline": {"stages": 2}})
+    assert "pipeline: pipeline parallelism is not supported" in msg
+    _, msg = problems({**BASE, "curriculum_learning": {"enabled": True}})
+    assert "curriculum_learning" in msg
+    assert cfg(curriculum_learning={"enabled": False}).zero_stage == 0
+    _, msg = problems({**BASE, "communication_data_type": "int8"})
+    assert "communication_data_type" in msg
+
+
+def test_ignored_settings_logged_on_load(caplog):
+    with caplog.at_level("WARNING", logger="dsfast.config"):
+        load_config({**BASE, "tensorboard": {"enabled": True}})
+    assert any("tensorboard" in r.getMessage() for r in caplog.records)
+
+
+# ------------------------------------------------------------------------------------------------ sources
+def test_config_sources(tmp_path):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"train_batch_size": 4}))
+    assert load_config(str(path)).train_batch_size == 4
+    assert load_config(path).source == str(path)
+    assert load_config(config_params={"train_batch_size": 6}).train_batch_size == 6
+    assert load_config(args=argparse.Namespace(deepspeed_config=str(path), local_rank=0)).train_batch_size == 4
+    assert load_config(args=argparse.Namespace(dsfast_config=str(path))).train_batch_size == 4
+    # args without a config path are not a source
+    assert load_config({"train_batch_size": 2}, args=argparse.Namespace(deepspeed_config=None)).train_batch_size == 2
+
+
+def test_two_sources_is_an_error(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text("{}")
+    with pytest.raises(DsConfigError, match="config and config_params"):
+        load_config({"train_batch_size": 1}, config_params={"train_batch_size": 1})
+    with pytest.raises(DsConfigError, match="config and args.deepspeed_config"):
+        load_config({"train_batch_size": 1}, args=argparse.Namespace(deepspeed_config=str(path)))
+    with pytest.raises(DsConfigError, match="no ds_config given"):
+        load_config()
+    assert issubclass(DsConfigError, ValueError)
+
+
+def test_missing_file_names_it(tmp_path):
+    missing = tmp_path / "nope.json"
+    with pytest.raises(DsConfigError, match="not found: .*nope.json"):
+        load_config(str(missing))
+
+
+def test_bad_json_names_file_line_and_column(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{\n  "train_batch_size": 8,\n  "fp16": {"enabled": true,}\n}\n')
+    with pytest.raises(DsConfigError) as info:
+        load_config(str(path))
+    msg = str(info.value)
+    assert "bad.json" in msg and "line 3" in msg and "column 28" in msg
+
+
+def test_json_duplicate_key_and_non_object(tmp_path):
+    path = tmp_path / "dup.json"
+    path.write_text('{"train_batch_size": 8, "train_batch_size": 16}')
+    with pytest.raises(DsConfigError, match="appears twice"):
+        load_config(str(path))
+    path.write_text("[1, 2]")
+    with pytest.raises(DsConfigError, match="JSON object"):
+        load_config(str(path))
+
+
+def test_errors_from_file_name_the_file(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 8, "fp16": {"loss_scale_windw": 10}}))
+    err, msg = problems(str(path))
+    assert "ds.json" in msg and "fp16.loss_scale_windw" in msg and err.source == str(path)
+
+
+def test_dsconfig_is_reusable():
+    c = cfg(fp16={"enabled": True})
+    again = load_config(c, world_size=1)
+    assert isinstance(again, DsConfig) and again.precision == "fp16"
