@@ -1,0 +1,73 @@
+"""init_distributed: create the default process group from what the environment says (see env.py)."""
+import datetime
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from .env import DEFAULT_MASTER_PORT, discover
+
+# DeepSpeed waits 30 minutes by default; DSFAST_TIMEOUT_S overrides it for every collective.
+DEFAULT_TIMEOUT_S = 1800
+
+
+def default_backend():
+    """nccl when this process can use a GPU, gloo otherwise."""
+    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+
+def _timeout(timeout):
+    if timeout is None:
+        timeout = float(os.environ.get("DSFAST_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+    if isinstance(timeout, (int, float)):
+        timeout = datetime.timedelta(seconds=timeout)
+    return timeout
+
+
+def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=DEFAULT_MASTER_PORT,
+                     verbose=True, timeout=None, init_method=None, dist_init_required=None, config=None,
+                     rank=-1, world_size=-1):
+    """Join (or create) the default process group; returns the backend in use.
+
+    Safe to call twice: an existing group is kept (a warning says so when a different backend was asked for).
+    With no launcher variables in the environment this is a world of one process (no network, no mpi4py).
+    `auto_mpi_discovery=False` ignores Open MPI / Slurm variables. `rank`/`world_size` override the environment.
+    """
+    if dist_init_required is False:
+        return dist.get_backend() if dist.is_initialized() else None
+    if dist.is_initialized():
+        current = dist.get_backend()
+        if dist_backend is not None and dist_backend != current:
+            warnings.warn(f"init_distributed: the process group already uses {current!r}; "
+                          f"ignoring dist_backend={dist_backend!r}")
+        return current
+    env = dict(os.environ)
+    if not auto_mpi_discovery:
+        env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "SLURM_"))}
+    found = discover(env, default_port=distributed_port)
+    if rank >= 0 or world_size > 0:
+        found = type(found)(rank if rank >= 0 else found.rank, world_size if world_size > 0 else found.world_size,
+                            found.local_rank, found.master_addr or "127.0.0.1", found.master_port, found.source)
+    # user code (and torch helpers) read these; fill them in for MPI / Slurm starts
+    for key, value in found.as_environ().items():
+        os.environ.setdefault(key, value)
+    backend = dist_backend or default_backend()
+    if backend == "nccl" and torch.cuda.is_available():
+        torch.cuda.set_device(found.local_rank % torch.cuda.device_count())
+    kwargs = dict(backend=backend, rank=found.rank, world_size=found.world_size, timeout=_timeout(timeout))
+    if init_method is not None:
+        kwargs["init_method"] = init_method
+    elif found.world_size == 1:
+        kwargs["store"] = dist.HashStore()  # a world of one needs no rendezvous (and no free port)
+    else:
+        kwargs["init_method"] = f"tcp://{_url_host(found.master_addr)}:{found.master_port}"
+    dist.init_process_group(**kwargs)
+    if verbose and found.rank == 0 and found.world_size > 1:
+        print(f"[dsfast] process group ready: backend={backend} world_size={found.world_size} "
+              f"(from {found.source}), master={found.master_addr}:{found.master_port}", flush=True)
+    return backend
+
+
+def _url_host(addr):
+    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr

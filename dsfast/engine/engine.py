@@ -1,0 +1,218 @@
+"""The training engine: forward / backward / step orchestration over pluggable strategies.
+
+Strategies (chosen once, in initialize.py, by ZeRO stage and precision):
+  precision  FullPrecision | HalfPrecision      where gradients and master weights live (mixed_precision.py)
+  grad_sync  AllReduceGradSync (stage 0)        how gradients are reduced across ranks (grad_sync.py)
+The engine only sequences them: scale the loss, run backward, reduce at the accumulation boundary, unscale +
+clip + overflow check in one pass, step the optimizer and scheduler, count steps, log.
+"""
+import contextlib
+
+import torch
+
+from .mixed_precision import finalize_grads
+from .progress import Progress
+
+
+class NoOptimizerError(RuntimeError):
+    """backward()/step() on an engine built without anything to optimize."""
+
+
+class Engine(torch.nn.Module):
+    """What `dsfast.initialize` returns. DeepSpeed's names: engine(batch), backward, step, ..."""
+
+    def __init__(self, module, config, device, precision, grad_sync, optimizer, lr_scheduler, loss_scaler,
+                 rank=0, world_size=1, training_dataloader=None):
+        super().__init__()
+        self.module = module
+        self.config = config
+        self._device = torch.device(device)
+        self._precision = precision
+        self._grad_sync = grad_sync
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.loss_scaler = loss_scaler
+        self.global_rank = rank
+        self.world_size = self.dp_world_size = world_size
+        self.training_dataloader = training_dataloader
+        self.global_steps = 0
+        self.global_samples = 0
+        self.micro_steps = 0
+        self.skipped_steps = 0
+        self._step_applied = False
+        self._global_grad_norm = None
+        self._boundary_override = None
+        self._no_sync = False
+        self._clip = float(config.gradient_clipping or 0.0)
+        self._check_overflow = precision.name == "fp16" or (
+            precision.name == "bf16" and bool(getattr(config.bf16, "check_grad_overflow", False)))
+        self._progress = Progress(config.steps_per_print, rank, bool(config.wall_clock_breakdown), self._device)
+
+    # ---- DeepSpeed-named properties -------------------------------------------------------------------
+    @property
+    def device(self):
+        return self._device
+
+    @property
+    def local_rank(self):
+        return self._device.index if self._device.type == "cuda" else 0
+
+    @property
+    def loss_scale(self):
+        """The current loss scale (1.0 unless fp16)."""
+        return float(self.loss_scaler.loss_scale) if self.loss_scaler is not None else 1.0
+
+    def train_batch_size(self):
+        return self.config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self):
+        return self.config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self):
+        return self.config.gradient_accumulation_steps
+
+    def zero_optimization_stage(self):
+        return self.config.zero_stage
+
+    def fp16_enabled(self):
+        return self._precision.name == "fp16"
+
+    def bfloat16_enabled(self):
+        return self._precision.name == "bf16"
+
+    def gradient_clipping(self):
+        return self._clip
+
+    def get_lr(self):
+        return [g["lr"] for g in self.optimizer.param_groups] if self.optimizer is not None else []
+
+    def get_global_grad_norm(self):
+        """Norm of the last applied step's gradients (only computed when clipping or overflow checks need it)."""
+        return self._global_grad_norm
+
+    def was_step_applied(self):
+        return self._step_applied
+
+    def is_gradient_accumulation_boundary(self):
+        if self._boundary_override is not None:
+            return self._boundary_override
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary):
+        """Force (True/False) or restore (None) the boundary decision, as DeepSpeed's method of the same name."""
+        self._boundary_override = is_boundary
+
+    def __getattr__(self, name):
+        # DeepSpeed forwards unknown attributes to the wrapped module (engine.config_class, engine.generate, ...)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            modules = self.__dict__.get("_modules", {})
+            if "module" in modules:
+                return getattr(modules["module"], name)
+            raise
+
+    # ---- training ----------------------------------------------------------------------------------------
+    def forward(self, *inputs, **kwargs):
+        if self._precision.dtype is not None:
+            inputs, kwargs = _cast_floats((inputs, kwargs), self._precision.dtype)
+        self._progress.start("fwd")
+        out = self.module(*inputs, **kwargs)
+        self._progress.stop("fwd")
+        return out
+
+    def _require_optimizer(self, what):
+        if self.optimizer is None:
+            raise NoOptimizerError(
+                f"engine.{what}() needs an optimizer, but this engine has none: the model has no trainable "
+                "parameters or neither an `optimizer` config section nor initialize(optimizer=...) was given")
+
+    def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
+        """Backpropagate `loss` / gradient_accumulation_steps (x the loss scale for fp16).
+
+        Gradients are all-reduced only at the accumulation boundary, in buckets, while backward runs."""
+        self._require_optimizer("backward")
+        if not torch.is_tensor(loss) or loss.numel() != 1:
+            raise ValueError(f"engine.backward expects a scalar loss tensor; got "
+                             f"{type(loss).__name__ if not torch.is_tensor(loss) else tuple(loss.shape)}")
+        self._progress.start("bwd")
+        self._progress.record_loss(loss)
+        scale = self.loss_scale if self._precision.name == "fp16" else 1.0
+        if scale_wrt_gas:
+            scale /= self.gradient_accumulation_steps()
+        scaled = loss.float() * scale if (scale != 1.0 or loss.dtype != torch.float32) else loss
+        reduce = self.is_gradient_accumulation_boundary() and not self._no_sync
+        self._grad_sync.begin_backward(reduce)
+        try:
+            scaled.backward(retain_graph=retain_graph)
+        finally:
+            self._grad_sync.end_backward()
+        self._progress.stop("bwd")
+        return loss
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally, skipping the all-reduce even at a boundary (like DDP.no_sync)."""
+        previous, self._no_sync = self._no_sync, True
+        try:
+            yield
+        finally:
+            self._no_sync = previous
+
+    def step(self, lr_kwargs=None):
+        """At the accumulation boundary: unscale, clip, skip on overflow, optimizer + scheduler step."""
+        self._require_optimizer("step")
+        self._step_applied = False
+        if self.is_gradient_accumulation_boundary():
+            self._progress.start("step")
+            self._take_model_step(lr_kwargs)
+            self._progress.stop("step")
+            self._progress.on_step(self.global_steps, self.global_samples, self.get_lr(),
+                                   self.loss_scale if self._precision.name == "fp16" else None, self.skipped_steps)
+        self.micro_steps += 1
+
+    def _take_model_step(self, lr_kwargs):
+        factor = self._grad_sync.post_reduce_factor
+        if self._precision.name == "fp16":
+            factor /= self.loss_scale
+        applied, norm = finalize_grads(self._precision.buffers.flats(), factor, self._clip, self._check_overflow)
+        if applied:
+            self.optimizer.step()
+            self._precision.after_step()
+            self._global_grad_norm = norm
+        self._update_loss_scale(overflow=not applied)
+        if applied:
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
+        else:
+            self.skipped_steps += 1
+        self._step_applied = applied
+        self._precision.buffers.zero()
+        self.global_steps += 1
+        self.global_samples += self.train_batch_size()
+
+    def _update_loss_scale(self, overflow):
+        if self._precision.name != "fp16" or self.loss_scaler is None:
+            return
+        before = self.loss_scale
+        self.loss_scaler.update_scale(overflow)
+        if overflow and self.global_rank == 0:
+            print(f"[dsfast] step {self.global_steps}: fp16 gradient overflow, step skipped; loss scale "
+                  f"{before:g} -> {self.loss_scale:g}", flush=True)
+
+    def zero_grad(self, set_to_none=True):
+        """Drop accumulated gradients (the engine also does this after every optimizer step)."""
+        self._precision.buffers.zero()
+
+
+def _cast_floats(obj, dtype):
+    """Floating-point fp32 tensors inside (nested) inputs -> the model's half dtype."""
+    if torch.is_tensor(obj):
+        return obj.to(dtype) if obj.dtype == torch.float32 else obj
+    if isinstance(obj, tuple):
+        return tuple(_cast_floats(o, dtype) for o in obj)
+    if isinstance(obj, list):
+        return [_cast_floats(o, dtype) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _cast_floats(v, dtype) for k, v in obj.items()}
+    return obj

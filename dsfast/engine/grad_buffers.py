@@ -1,0 +1,96 @@
+"""Flat gradient buckets: every trainable parameter's gradient lives in a slice of one flat tensor per bucket.
+
+Flat storage lets the all-reduce, the norm and the unscale/clip pass touch a few large tensors instead of many
+small ones. Buckets are filled in reverse parameter order (roughly the order backward produces gradients), so
+the first bucket is complete early in backward and its all-reduce overlaps the rest.
+
+Two modes:
+- `grads_are_views=True` (fp32 training): `param.grad` *is* the slice, so autograd accumulates straight into the
+  bucket and nothing is copied.
+- `grads_are_views=False` (fp16/bf16 training): buckets are fp32; each half-precision gradient is added into
+  its fp32 slice as soon as it is produced and `param.grad` is released (fp32 accumulation across micro-steps).
+"""
+from dataclasses import dataclass, field
+from typing import List
+
+import torch
+
+
+@dataclass
+class Bucket:
+    index: int
+    flat: torch.Tensor
+    params: List[torch.nn.Parameter]
+    views: List[torch.Tensor]
+    handle: object = None      # pending async collective
+    ready: set = field(default_factory=set)  # ids of params whose grad arrived in this backward
+
+
+class GradBuffers:
+    def __init__(self, params, bucket_elems, grads_are_views, accum_dtype=torch.float32):
+        self.params = list(params)
+        self.grads_are_views = grads_are_views
+        self.buckets: List[Bucket] = []
+        self.bucket_of = {}  # id(param) -> (bucket, position)
+        pending, size, dtype = [], 0, None
+        for p in reversed(self.params):
+            p_dtype = p.dtype if grads_are_views else accum_dtype
+            if pending and (size + p.numel() > bucket_elems or p_dtype != dtype or p.device != pending[0].device):
+                self._add_bucket(pending, dtype)
+                pending, size = [], 0
+            pending.append(p)
+            size += p.numel()
+            dtype = p_dtype
+        if pending:
+            self._add_bucket(pending, dtype)
+
+    def _add_bucket(self, params, dtype):
+        flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=params[0].device)
+        views, offset = [], 0
+        for p in params:
+            views.append(flat[offset:offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        bucket = Bucket(len(self.buckets), flat, params, views)
+        for pos, p in enumerate(params):
+            self.bucket_of[id(p)] = (bucket, pos)
+            if self.grads_are_views:
+                if p.grad is not None:
+                    views[pos].copy_(p.grad)
+                p.grad = views[pos]
+        self.buckets.append(bucket)
+
+    def view_of(self, param):
+        bucket, pos = self.bucket_of[id(param)]
+        return bucket.views[pos]
+
+    def absorb(self, param):
+        """Move a freshly accumulated `param.grad` into its slice (no-op when it already is the slice)."""
+        bucket, pos = self.bucket_of[id(param)]
+        view = bucket.views[pos]
+        grad = param.grad
+        if grad is None or grad is view:
+            return bucket
+        if self.grads_are_views and grad.data_ptr() == view.data_ptr():
+            param.grad = view
+            return bucket
+        view.add_(grad)  # view is zero unless accumulating across micro-steps
+        param.grad = view if self.grads_are_views else None
+        return bucket
+
+    def flats(self):
+        return [b.flat for b in self.buckets]
+
+    def zero(self):
+        for b in self.buckets:
+            b.flat.zero_()
+        if self.grads_are_views:  # re-attach slices a user may have dropped (optimizer.zero_grad(set_to_none))
+            for b in self.buckets:
+                for p, v in zip(b.params, b.views):
+                    if p.grad is not v:
+                        p.grad = v
+        else:
+            for p in self.params:
+                p.grad = None
+
+    def numel(self):
+        return sum(b.flat.numel() for b in self.buckets)

@@ -1,0 +1,79 @@
+"""Gradient synchronisation strategies (one per ZeRO stage; stage 0 is plain data parallelism).
+
+A strategy sees every parameter's gradient the moment autograd finishes accumulating it (post-accumulate-grad
+hooks), and is told by the engine when a backward starts and ends. Interface used by the engine:
+    begin_backward(reduce: bool)   reduce=False between accumulation boundaries (no communication at all)
+    end_backward()                 launch what is left, wait for everything; grads are then reduced
+    post_reduce_factor             what the reduced grads must be multiplied by (1/world for a sum all-reduce);
+                                   the engine folds it into its single unscale/clip pass
+    detach()                       remove hooks
+ZeRO stages 1-2 slot in as a reduce-scatter strategy over the same GradBuffers.
+"""
+import torch
+import torch.distributed as dist
+
+
+class AllReduceGradSync:
+    """Stage 0: bucketed SUM all-reduce, launched in bucket order while backward still runs."""
+
+    def __init__(self, buffers, world_size, group=None):
+        self.buffers = buffers
+        self.world_size = world_size
+        self.group = group
+        self.post_reduce_factor = 1.0 / world_size
+        self._reduce = False
+        self._in_backward = False
+        self._next = 0  # index of the next bucket to launch (launch order must be identical on every rank)
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in buffers.params]
+
+    def begin_backward(self, reduce):
+        self._reduce = reduce and self.world_size > 1
+        self._in_backward = True
+        self._next = 0
+        for b in self.buffers.buckets:
+            b.ready.clear()
+            b.handle = None
+
+    def _on_grad(self, param):
+        bucket = self.buffers.absorb(param)
+        if not (self._in_backward and self._reduce):
+            return
+        if bucket.handle is not None:
+            raise RuntimeError(
+                f"a gradient for a parameter of shape {tuple(param.shape)} arrived after its bucket was already "
+                "all-reduced in this backward (is the parameter used by a reentrant checkpoint twice?); use "
+                "non-reentrant activation checkpointing (torch.utils.checkpoint(..., use_reentrant=False))")
+        bucket.ready.add(id(param))
+        self._launch_ready()
+
+    def _launch_ready(self):
+        buckets = self.buffers.buckets
+        while self._next < len(buckets) and len(buckets[self._next].ready) == len(buckets[self._next].params):
+            self._launch(buckets[self._next])
+
+    def _launch(self, bucket):
+        bucket.handle = dist.all_reduce(bucket.flat, group=self.group, async_op=True)
+        self._next += 1
+
+    def end_backward(self):
+        self._in_backward = False
+        if not self._reduce:
+            return
+        # parameters that got no gradient this backward leave their bucket incomplete: launch it anyway
+        while self._next < len(self.buffers.buckets):
+            self._launch(self.buffers.buckets[self._next])
+        for b in self.buffers.buckets:
+            b.handle.wait()
+            b.handle = None
+        self._reduce = False
+
+    def detach(self):
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+def build_grad_sync(zero_stage, buffers, world_size, group=None):
+    if zero_stage == 0:
+        return AllReduceGradSync(buffers, world_size, group)
+    raise NotImplementedError(f"ZeRO stage {zero_stage} gradient partitioning is not implemented yet")

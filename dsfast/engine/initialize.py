@@ -1,0 +1,173 @@
+"""dsfast.initialize: config -> process group -> device -> precision -> grad sync -> optimizer -> engine.
+
+Each step is a small function so that ZeRO stages and checkpoint loading can replace one piece (the precision /
+grad-sync strategies are chosen by stage here and nowhere else).
+"""
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from .data import build_dataloader
+from .engine import Engine
+from .grad_sync import build_grad_sync
+from .mixed_precision import build_precision
+from .optimizer_factory import build_optimizer
+
+# Stage-0 all-reduce buckets: small enough that the first bucket's all-reduce overlaps the rest of backward.
+# A smaller zero_optimization.reduce_bucket_size in the config wins.
+STAGE0_BUCKET_ELEMS = 1 << 22
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
+               lr_scheduler=None, config=None, config_params=None, collate_fn=None, dist_init_required=None,
+               mpu=None, dist_init_timeout=None):
+    """Build the training engine. Returns (engine, optimizer, training_dataloader, lr_scheduler).
+
+    The config comes from exactly one of `config` (path or dict), `config_params` or `args.deepspeed_config`.
+    `optimizer` may be an optimizer object or a callable taking parameters; `lr_scheduler` an object or a
+    callable taking the optimizer. Either one overrides the config's section of the same name (with a warning).
+    """
+    from dsfast.comm import init_distributed
+    from dsfast.config import load_config
+
+    if model is None:
+        raise ValueError("initialize() needs model=<torch.nn.Module>")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if mpu is not None:
+        raise NotImplementedError("model parallelism (mpu=...) is not supported by dsfast")
+
+    if dist_init_required is not False and not dist.is_initialized():
+        init_distributed(dist_init_required=dist_init_required, timeout=dist_init_timeout, verbose=False)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+
+    cfg = load_config(config=config, config_params=config_params, args=args, world_size=world)
+    device = _pick_device(args)
+    model.to(device)
+    if world > 1:
+        _broadcast_from_rank0(model)
+
+    trainable, groups = _trainable(model, optimizer, model_parameters)
+    bucket = min(int(cfg.zero_optimization.reduce_bucket_size), STAGE0_BUCKET_ELEMS)
+    precision = build_precision(cfg.precision, model, trainable, bucket)
+    grad_sync = build_grad_sync(cfg.zero_stage, precision.buffers, world)
+
+    opt = _make_optimizer(cfg, optimizer, groups, precision, device, rank)
+    sched = _make_scheduler(cfg, lr_scheduler, opt, rank)
+    scaler = _make_loss_scaler(cfg)
+
+    loader = None
+    if training_data is not None:
+        loader = build_dataloader(training_data, cfg.train_micro_batch_size_per_gpu, world, rank,
+                                  collate_fn=collate_fn, drop_last=bool(getattr(cfg, "dataloader_drop_last", False)))
+    engine = Engine(model, cfg, device, precision, grad_sync, opt, sched, scaler, rank=rank, world_size=world,
+                    training_dataloader=loader)
+    return engine, opt, loader, sched
+
+
+def _pick_device(args):
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", getattr(args, "local_rank", 0) if args is not None else 0))
+    local = max(local, 0) % torch.cuda.device_count()
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local)
+
+
+@torch.no_grad()
+def _broadcast_from_rank0(model):
+    """Every rank starts from rank 0's weights and buffers (as DDP and DeepSpeed do)."""
+    for t in list(model.parameters()) + list(model.buffers()):
+        dist.broadcast(t.data, src=0)
+
+
+def _unique(params):
+    seen, out = set(), []
+    for p in params:
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def _trainable(model, optimizer, model_parameters):
+    """(trainable params in model order, param groups for the optimizer)."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        groups = optimizer.param_groups
+        chosen = [p for g in groups for p in g["params"]]
+    elif model_parameters is not None:
+        groups = list(model_parameters)
+        chosen = [p for g in groups for p in g["params"]] if groups and isinstance(groups[0], dict) else groups
+    else:
+        groups = chosen = [p for p in model.parameters() if p.requires_grad]
+    chosen = {id(p) for p in chosen if p.requires_grad}
+    in_model = {id(p) for p in model.parameters()}
+    stray = [p for p in chosen if p not in in_model]
+    if stray:
+        raise ValueError(f"{len(stray)} parameter(s) given to the optimizer are not parameters of `model`; "
+                         "pass model_parameters=model.parameters() (or a subset of them)")
+    ordered = _unique(p for p in model.parameters() if id(p) in chosen)
+    return ordered, groups
+
+
+def _remap_groups(groups, precision):
+    """Param groups over the tensors the optimizer actually updates (fp32 masters in fp16/bf16)."""
+    if groups and isinstance(groups[0], dict):
+        return [{**g, "params": [precision.master_of(p) for p in g["params"] if p.requires_grad]} for g in groups]
+    return [precision.master_of(p) for p in groups if p.requires_grad]
+
+
+def _make_optimizer(cfg, client, groups, precision, device, rank):
+    opt_cfg = getattr(cfg, "optimizer", None)
+    if client is not None:
+        if opt_cfg is not None and rank == 0:
+            warnings.warn(f"a client optimizer ({type(client).__name__}) was passed to initialize(); the config's "
+                          f"'optimizer' section ({opt_cfg.type}) is ignored")
+        if isinstance(client, torch.optim.Optimizer):
+            if precision.masters is not precision.params:
+                _point_at_masters(client, precision)
+            return client
+        if callable(client):
+            return client(_remap_groups(groups, precision))
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer or a callable taking parameters; "
+                        f"got {type(client).__name__}")
+    if not precision.params:
+        return None  # nothing to train (a frozen model used for eval)
+    if opt_cfg is None:
+        return None
+    return build_optimizer(opt_cfg, _remap_groups(groups, precision), device)
+
+
+def _point_at_masters(optimizer, precision):
+    """Re-target a client optimizer built on the model's params at the fp32 master copies (state moves too)."""
+    for g in optimizer.param_groups:
+        g["params"] = [precision.master_of(p) for p in g["params"]]
+    old_state = dict(optimizer.state)
+    optimizer.state.clear()
+    for p, s in old_state.items():
+        optimizer.state[precision.master_of(p)] = s
+
+
+def _make_scheduler(cfg, client, optimizer, rank):
+    sched_cfg = getattr(cfg, "scheduler", None)
+    if client is not None:
+        if sched_cfg is not None and rank == 0:
+            warnings.warn(f"a client lr_scheduler was passed to initialize(); the config's 'scheduler' section "
+                          f"({sched_cfg.type}) is ignored")
+        if callable(client) and not hasattr(client, "step"):
+            return client(optimizer)
+        return client
+    if sched_cfg is None or optimizer is None:
+        return None
+    from dsfast.schedulers import build_lr_scheduler
+    return build_lr_scheduler(sched_cfg, optimizer)
+
+
+def _make_loss_scaler(cfg):
+    if cfg.precision != "fp16":
+        return None
+    from dsfast.precision import build_loss_scaler
+    return build_loss_scaler(cfg.fp16)

@@ -1,0 +1,107 @@
+"""Precision strategies (fp32 / fp16 / bf16) and the one pass that turns reduced grads into optimizer grads.
+
+fp32: the optimizer updates the model's own parameters; their `.grad` are slices of the flat buckets.
+fp16/bf16: the model runs in half precision; the optimizer updates fp32 master copies whose `.grad` are slices of
+fp32 buckets, and the updated masters are copied back into the model after each applied step.
+"""
+import importlib
+
+import torch
+
+from .grad_buffers import GradBuffers
+
+
+def _multi_tensor():
+    """dsfast.ops.multi_tensor when present in this build (fused kernels on GPU, torch reference on CPU)."""
+    try:
+        return importlib.import_module("dsfast.ops.multi_tensor")
+    except ModuleNotFoundError as err:
+        if err.name != "dsfast.ops.multi_tensor":
+            raise
+        return None
+
+
+class FullPrecision:
+    name = "fp32"
+    dtype = None
+
+    def __init__(self, module, params, bucket_elems):
+        self.params = params
+        self.masters = params
+        self.buffers = GradBuffers(params, bucket_elems, grads_are_views=True)
+
+    def master_of(self, param):
+        return param
+
+    def after_step(self):
+        pass
+
+
+class HalfPrecision:
+    """fp32 master weights + fp32 gradient accumulation for a model cast to `dtype` (fp16 or bf16)."""
+
+    def __init__(self, module, params, bucket_elems, dtype):
+        self.dtype = dtype
+        self.name = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+        self.params = params
+        # masters come from the fp32 weights before the cast, so no precision is lost at the start
+        self.masters = [torch.nn.Parameter(p.detach().clone().float(), requires_grad=True) for p in params]
+        self._master = {id(p): m for p, m in zip(params, self.masters)}
+        module.to(dtype)
+        self.buffers = GradBuffers(params, bucket_elems, grads_are_views=False)
+        for p, m in zip(params, self.masters):
+            m.grad = self.buffers.view_of(p)
+
+    def master_of(self, param):
+        return self._master[id(param)]
+
+    @torch.no_grad()
+    def after_step(self):
+        if not self.params:
+            return
+        torch._foreach_copy_(self.params, self.masters)
+
+
+def build_precision(precision, module, params, bucket_elems):
+    if precision == "fp32":
+        return FullPrecision(module, params, bucket_elems)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    if dtype is None:
+        raise ValueError(f"unknown precision {precision!r}; valid: fp32, fp16, bf16")
+    return HalfPrecision(module, params, bucket_elems, dtype)
+
+
+def global_norm(flats):
+    """L2 norm over all flat gradient buckets, as a 0-dim fp32 tensor (no host sync)."""
+    mt = _multi_tensor()
+    if mt is not None:
+        total, _ = mt.l2_norm(flats, per_tensor=False)
+        return total.reshape(())
+    norms = torch._foreach_norm(flats)
+    return torch.linalg.vector_norm(torch.stack(norms).float())
+
+
+@torch.no_grad()
+def finalize_grads(flats, factor, clip, check_overflow):
+    """Scale reduced grads by `factor` (1/world x 1/loss_scale), clip to `clip` (0 = off), look for inf/NaN.
+
+    Returns (applied, norm): applied=False means an overflow was found (grads untouched; the caller skips the
+    step); norm is the global gradient norm after `factor` (None when neither clipping nor overflow checking
+    asked for it). One read pass for the norm (when needed) and one write pass, like torch clip_grad_norm_.
+    """
+    if not flats:
+        return True, None
+    if clip > 0 or check_overflow:
+        raw = global_norm(flats)
+        raw_value = float(raw)
+        if check_overflow and not torch.isfinite(torch.tensor(raw_value)):
+            return False, float("inf")
+        norm = raw_value * factor
+        coef = factor
+        if clip > 0:
+            coef *= min(1.0, clip / (norm + 1e-6))
+    else:
+        norm, coef = None, factor
+    if coef != 1.0:
+        torch._foreach_mul_(flats, coef)
+    return True, norm

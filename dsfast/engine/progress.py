@@ -1,0 +1,65 @@
+"""Progress lines: every `steps_per_print` optimizer steps, rank 0 prints one line; nothing otherwise.
+
+    [dsfast] step 20 | loss 2.3172 | loss scale 1024 | lr 9.00e-04 | 812.3 samples/s | skipped 1
+The loss is the mean of this rank's micro-batch losses since the previous line, kept as a device tensor so
+that logging costs one host sync per printed line, not one per step.
+"""
+import time
+
+import torch
+
+
+class Progress:
+    def __init__(self, steps_per_print, rank, wall_clock_breakdown=False, device=None):
+        self.every = int(steps_per_print or 0)
+        self.enabled = rank == 0 and self.every > 0
+        self.breakdown = wall_clock_breakdown and rank == 0
+        self.device = device
+        self._loss_sum = None
+        self._loss_count = 0
+        self._t0 = time.perf_counter()
+        self._samples0 = 0
+        self._phase = {}
+        self._phase_start = {}
+
+    def record_loss(self, loss):
+        if not self.enabled:
+            return
+        value = loss.detach().float().reshape(-1).mean() if loss.numel() != 1 else loss.detach().float().reshape(())
+        self._loss_sum = value if self._loss_sum is None else self._loss_sum + value
+        self._loss_count += 1
+
+    # wall_clock_breakdown: time of forward / backward / step, summed between progress lines
+    def start(self, phase):
+        if self.breakdown:
+            self._sync()
+            self._phase_start[phase] = time.perf_counter()
+
+    def stop(self, phase):
+        if self.breakdown and phase in self._phase_start:
+            self._sync()
+            self._phase[phase] = self._phase.get(phase, 0.0) + time.perf_counter() - self._phase_start.pop(phase)
+
+    def _sync(self):
+        if self.device is not None and torch.device(self.device).type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def on_step(self, step, samples, lrs, loss_scale, skipped):
+        if not self.enabled or step % self.every:
+            return
+        now = time.perf_counter()
+        rate = (samples - self._samples0) / max(now - self._t0, 1e-9)
+        parts = [f"[dsfast] step {step}"]
+        if self._loss_sum is not None:
+            parts.append(f"loss {float(self._loss_sum) / self._loss_count:.4f}")
+        if loss_scale is not None:
+            parts.append(f"loss scale {loss_scale:g}")
+        parts.append("lr " + ",".join(f"{lr:.2e}" for lr in lrs))
+        parts.append(f"{rate:.1f} samples/s")
+        parts.append(f"skipped {skipped}")
+        if self.breakdown and self._phase:
+            parts.append(" ".join(f"{k} {1000 * v / self.every:.1f}ms" for k, v in self._phase.items()))
+            self._phase.clear()
+        print(" | ".join(parts), flush=True)
+        self._loss_sum, self._loss_count = None, 0
+        self._t0, self._samples0 = now, samples
