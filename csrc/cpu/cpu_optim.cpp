@@ -1,0 +1,182 @@
+// Dispatcher: validates the work list, picks the instruction-set body for the running
+// CPU, and splits the concatenation of all tensors evenly over the threads in one
+// OpenMP parallel region. Compiled with baseline flags (no ISA-specific code here).
+#include "cpu_optim.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace dsfast {
+namespace cpu {
+
+namespace {
+
+// Thread boundaries are rounded down to this many elements inside a tensor, so each
+// thread's span starts on a 64-byte line for fp32 and 16-bit arrays alike.
+constexpr int64_t kAlign = 64;
+// Below this many elements per thread, fork/join costs more than it saves.
+constexpr int64_t kMinPerThread = 1 << 15;
+
+bool cpu_has(Isa isa) {
+#if defined(DSFAST_HAVE_X86_ISAS) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  switch (isa) {
+    case Isa::AVX512:
+      return __builtin_cpu_supports("avx512f");
+    case Isa::AVX2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    default:
+      return isa == Isa::Scalar;
+  }
+#else
+  return isa == Isa::Scalar;
+#endif
+}
+
+Isa resolve(Isa isa) {
+  if (isa == Isa::Auto) return best_isa();
+  if (!isa_supported(isa)) {
+    throw std::invalid_argument(std::string("isa='") + isa_name(isa) +
+                                "' is not supported by this CPU or build; supported: best is '" +
+                                isa_name(best_isa()) + "'");
+  }
+  return isa;
+}
+
+void check_dtypes(DType grad, DType out, const void* out_ptr, int64_t index) {
+  if (grad != DType::F32 && grad != DType::BF16 && grad != DType::F16) {
+    throw std::invalid_argument("tensor " + std::to_string(index) + ": gradient dtype code " +
+                                std::to_string(int(grad)) + " is not F32/BF16/F16");
+  }
+  if (out != DType::BF16 && out != DType::F16 && out != DType::None) {
+    throw std::invalid_argument("tensor " + std::to_string(index) + ": output dtype must be BF16, F16 or None");
+  }
+  if ((out == DType::None) != (out_ptr == nullptr)) {
+    throw std::invalid_argument("tensor " + std::to_string(index) + ": out16 pointer and out_dtype disagree");
+  }
+}
+
+// Calls fn(tensor, begin, end) over disjoint spans covering every element exactly once.
+template <class T, class Fn>
+void run_work_list(const T* ts, int64_t count, int num_threads, Fn fn) {
+  std::vector<int64_t> prefix(count + 1, 0);
+  for (int64_t k = 0; k < count; ++k) prefix[k + 1] = prefix[k] + ts[k].numel;
+  const int64_t total = prefix[count];
+  if (total == 0) return;
+
+  int threads = num_threads;
+#ifdef _OPENMP
+  if (threads <= 0) threads = omp_get_max_threads();
+#else
+  threads = 1;
+#endif
+  threads = int(std::max<int64_t>(1, std::min<int64_t>(threads, total / kMinPerThread)));
+
+  // Boundary of thread t among nt: (tensor index, element offset within it).
+  auto boundary = [&](int t, int nt, int64_t* idx, int64_t* off) {
+    if (t >= nt) { *idx = count; *off = 0; return; }
+    const int64_t target = (int64_t)((__int128)total * t / nt);
+    const int64_t k = int64_t(std::upper_bound(prefix.begin(), prefix.end(), target) - prefix.begin()) - 1;
+    *idx = k;
+    *off = (target - prefix[k]) / kAlign * kAlign;
+  };
+  auto run_thread = [&](int t, int nt) {
+    int64_t i0, o0, i1, o1;
+    boundary(t, nt, &i0, &o0);
+    boundary(t + 1, nt, &i1, &o1);
+    for (int64_t k = i0; k <= i1 && k < count; ++k) {
+      const int64_t b = (k == i0) ? o0 : 0;
+      const int64_t e = (k == i1) ? o1 : ts[k].numel;
+      if (b < e) fn(ts[k], b, e);
+    }
+  };
+
+  if (threads == 1) {
+    run_thread(0, 1);
+    return;
+  }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+  run_thread(omp_get_thread_num(), omp_get_num_threads());
+#endif
+}
+
+}  // namespace
+
+bool isa_supported(Isa isa) {
+  if (isa == Isa::Auto) return true;
+#ifndef DSFAST_HAVE_X86_ISAS
+  if (isa != Isa::Scalar) return false;
+#endif
+  return cpu_has(isa);
+}
+
+Isa best_isa() {
+  static const Isa best = isa_supported(Isa::AVX512) ? Isa::AVX512
+                          : isa_supported(Isa::AVX2) ? Isa::AVX2
+                                                     : Isa::Scalar;
+  return best;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar: return "scalar";
+    case Isa::AVX2: return "avx2";
+    case Isa::AVX512: return "avx512";
+    default: return "auto";
+  }
+}
+
+Isa parse_isa(const char* name) {
+  const std::string s(name ? name : "");
+  if (s == "auto") return Isa::Auto;
+  if (s == "avx512") return Isa::AVX512;
+  if (s == "avx2") return Isa::AVX2;
+  if (s == "scalar") return Isa::Scalar;
+  throw std::invalid_argument("isa='" + s + "' is not one of 'auto', 'avx512', 'avx2', 'scalar'");
+}
+
+bool openmp_enabled() {
+#ifdef _OPENMP
+  return true;
+#else
+  return false;
+#endif
+}
+
+void adam_step(const AdamTensor* ts, int64_t count, int num_threads, Isa isa) {
+  for (int64_t k = 0; k < count; ++k) check_dtypes(ts[k].grad_dtype, ts[k].out_dtype, ts[k].out16, k);
+  switch (resolve(isa)) {
+#ifdef DSFAST_HAVE_X86_ISAS
+    case Isa::AVX512: run_work_list(ts, count, num_threads, adam_range_avx512); break;
+    case Isa::AVX2: run_work_list(ts, count, num_threads, adam_range_avx2); break;
+#endif
+    default: run_work_list(ts, count, num_threads, adam_range_scalar); break;
+  }
+}
+
+void sgd_step(const SGDTensor* ts, int64_t count, int num_threads, Isa isa) {
+  for (int64_t k = 0; k < count; ++k) {
+    check_dtypes(ts[k].grad_dtype, ts[k].out_dtype, ts[k].out16, k);
+    if (ts[k].coeffs.momentum != 0.0f && ts[k].momentum_buf == nullptr && ts[k].numel > 0) {
+      throw std::invalid_argument("tensor " + std::to_string(k) + ": momentum != 0 needs a momentum buffer");
+    }
+  }
+  switch (resolve(isa)) {
+#ifdef DSFAST_HAVE_X86_ISAS
+    case Isa::AVX512: run_work_list(ts, count, num_threads, sgd_range_avx512); break;
+    case Isa::AVX2: run_work_list(ts, count, num_threads, sgd_range_avx2); break;
+#endif
+    default: run_work_list(ts, count, num_threads, sgd_range_scalar); break;
+  }
+}
+
+}  // namespace cpu
+}  // namespace dsfast

@@ -1,0 +1,53 @@
+// 16-lane float vector for AVX-512F (only F is needed: fp16 and bf16 conversions go
+// through F-level instructions). Include ONLY after isa_avx512.cpp's target pragma.
+#pragma once
+
+#include <immintrin.h>
+#include <cstdint>
+
+namespace dsfast {
+namespace cpu {
+namespace avx512_isa {
+
+struct Vec {
+  static constexpr int W = 16;
+  __m512 v;
+  Vec() = default;
+  Vec(__m512 x) : v(x) {}
+  explicit Vec(float x) : v(_mm512_set1_ps(x)) {}
+
+  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
+  static Vec load_bf16(const uint16_t* p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+  static Vec load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+  void store_bf16(uint16_t* p) const {
+    // round to nearest even on the dropped 16 bits; NaN -> quiet NaN with its sign
+    __m512i b = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    __m512i qnan = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+    __mmask16 is_nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_blend_epi32(is_nan, r, qnan);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
+  void store_f16(uint16_t* p) const {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+
+};
+
+inline Vec operator+(Vec a, Vec b) { return _mm512_add_ps(a.v, b.v); }
+inline Vec operator-(Vec a, Vec b) { return _mm512_sub_ps(a.v, b.v); }
+inline Vec operator*(Vec a, Vec b) { return _mm512_mul_ps(a.v, b.v); }
+inline Vec operator/(Vec a, Vec b) { return _mm512_div_ps(a.v, b.v); }
+inline Vec dsfast_sqrt(Vec a) { return _mm512_sqrt_ps(a.v); }
+
+}  // namespace avx512_isa
+}  // namespace cpu
+}  // namespace dsfast

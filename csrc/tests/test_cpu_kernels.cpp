@@ -1,0 +1,195 @@
+// The CPU kernels (every ISA body this CPU can run) against an element-by-element
+// loop over the shared scalar math: all sizes around the vector widths, unaligned
+// pointers, each gradient dtype, each 16-bit output, multi-tensor work lists split
+// over several threads (each element updated exactly once), and bad arguments.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "check.h"
+#include "cpu_optim.h"
+#include "half_convert.h"
+
+using namespace dsfast;
+using namespace dsfast::cpu;
+
+namespace {
+
+std::mt19937 rng(42);
+
+std::vector<float> randn(int64_t n, float scale) {
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Gradient storage in one dtype plus its exact float value (what the kernel should read).
+struct Grad {
+  DType dtype;
+  std::vector<unsigned char> bytes;
+  std::vector<float> value;
+  Grad(DType dt, const std::vector<float>& src, int64_t offset) : dtype(dt), value(src.size()) {
+    const int64_t es = dt == DType::F32 ? 4 : 2;
+    bytes.resize((src.size() + offset) * es);
+    for (size_t i = 0; i < src.size(); ++i) {
+      unsigned char* at = bytes.data() + (i + offset) * es;
+      if (dt == DType::F32) { std::memcpy(at, &src[i], 4); value[i] = src[i]; }
+      else if (dt == DType::BF16) { uint16_t h = float_to_bf16(src[i]); std::memcpy(at, &h, 2); value[i] = bf16_to_float(h); }
+      else { uint16_t h = float_to_f16(src[i]); std::memcpy(at, &h, 2); value[i] = f16_to_float(h); }
+    }
+  }
+  const void* ptr(int64_t offset) const { return bytes.data() + offset * (dtype == DType::F32 ? 4 : 2); }
+};
+
+bool close(float got, float want) {
+  if (std::isnan(want)) return std::isnan(got);
+  if (std::isinf(want)) return got == want;
+  // vector bodies may fuse multiply-adds; the scalar reference does not
+  return std::fabs(got - want) <= 1e-6f + 1e-5f * std::fabs(want);
+}
+
+uint16_t to16(float x, DType d) { return d == DType::BF16 ? float_to_bf16(x) : float_to_f16(x); }
+
+const char* dname(DType d) { return d == DType::F32 ? "f32" : d == DType::BF16 ? "bf16" : d == DType::F16 ? "f16" : "none"; }
+
+void adam_case(Isa isa, int64_t n, DType gd, DType od, int64_t offset, bool adamw, int threads) {
+  auto p0 = randn(n, 1.f), m0 = randn(n, 0.1f), g0 = randn(n, 0.5f);
+  std::vector<float> v0(n);
+  for (int64_t i = 0; i < n; ++i) v0[i] = std::fabs(randn(1, 0.01f)[0]);
+  if (n > 3) { g0[1] = NAN; g0[2] = INFINITY; }  // non-finite grads propagate as in torch
+  Grad g(gd, g0, offset);
+  // unaligned: the kernel's arrays start `offset` floats into their buffers
+  std::vector<float> p(n + offset), m(n + offset), v(n + offset);
+  std::copy(p0.begin(), p0.end(), p.begin() + offset);
+  std::copy(m0.begin(), m0.end(), m.begin() + offset);
+  std::copy(v0.begin(), v0.end(), v.begin() + offset);
+  std::vector<uint16_t> out(n + offset + 1, 0xabcd);
+
+  AdamCoeffs c = make_adam_coeffs(1e-2f, 0.9f, 0.999f, 1e-8f, 0.05f, adamw, true, 3);
+  AdamTensor t{p.data() + offset, g.ptr(offset), m.data() + offset, v.data() + offset,
+               od == DType::None ? nullptr : out.data() + offset, n, gd, od, c};
+  adam_step(&t, 1, threads, isa);
+
+  int bad = 0;
+  for (int64_t i = 0; i < n && bad < 3; ++i) {
+    float rp = p0[i], rm = m0[i], rv = v0[i];
+    adam_update(rp, g.value[i], rm, rv, c);
+    bool ok = close(p[offset + i], rp) && close(m[offset + i], rm) && close(v[offset + i], rv);
+    if (od != DType::None) {
+      // the 16-bit copy is exactly the RNE cast of the kernel's own fp32 result
+      uint16_t want = to16(p[offset + i], od);
+      uint16_t got = out[offset + i];
+      ok = ok && (got == want || (std::isnan(p[offset + i]) && ((got & 0x7fff) > (od == DType::BF16 ? 0x7f80 : 0x7c00))));
+    }
+    if (!ok) ++bad;
+    CHECK(ok, "adam %s n=%lld grad=%s out=%s off=%lld i=%lld: p %.9g vs %.9g", isa_name(isa), (long long)n,
+          dname(gd), dname(od), (long long)offset, (long long)i, p[offset + i], rp);
+  }
+  if (od != DType::None) CHECK(out[offset + n] == 0xabcd, "adam wrote past the end of the 16-bit output");
+}
+
+void sgd_case(Isa isa, int64_t n, DType gd, DType od, float momentum, bool nesterov, bool first, int threads) {
+  auto p0 = randn(n, 1.f), b0 = randn(n, 0.1f), g0 = randn(n, 0.5f);
+  Grad g(gd, g0, 0);
+  auto p = p0, b = b0;
+  std::vector<uint16_t> out(n + 1, 0xabcd);
+  SGDCoeffs c = make_sgd_coeffs(0.05f, momentum, nesterov ? 0.f : 0.1f, 0.01f, nesterov, first);
+  SGDTensor t{p.data(), g.ptr(0), momentum != 0 ? b.data() : nullptr, od == DType::None ? nullptr : out.data(), n,
+              gd, od, c};
+  sgd_step(&t, 1, threads, isa);
+  int bad = 0;
+  for (int64_t i = 0; i < n && bad < 3; ++i) {
+    float rp = p0[i], rb = b0[i];
+    sgd_update(rp, g.value[i], rb, c);
+    bool ok = close(p[i], rp) && (momentum == 0 || close(b[i], rb));
+    if (od != DType::None) ok = ok && out[i] == to16(p[i], od);
+    if (!ok) ++bad;
+    CHECK(ok, "sgd %s n=%lld grad=%s out=%s mom=%g nest=%d first=%d i=%lld: p %.9g vs %.9g", isa_name(isa),
+          (long long)n, dname(gd), dname(od), momentum, nesterov, first, (long long)i, p[i], rp);
+  }
+  if (od != DType::None) CHECK(out[n] == 0xabcd, "sgd wrote past the end of the 16-bit output");
+}
+
+// Many tensors of odd sizes in one call, with several thread counts: the result must
+// be bit-identical to processing each tensor alone on one thread.
+void work_list_case(Isa isa) {
+  std::vector<int64_t> sizes = {1, 70000, 0, 17, 4097, 33333, 5, 64, 65, 100003, 3};
+  for (int threads : {2, 3, 7}) {
+    std::vector<std::vector<float>> P, M, V, G, P1, M1, V1;
+    std::vector<AdamTensor> many, single;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      int64_t n = sizes[k];
+      P.push_back(randn(n, 1.f)); M.push_back(randn(n, .1f)); G.push_back(randn(n, .5f));
+      V.push_back(std::vector<float>(n, 0.01f));
+      P1.push_back(P.back()); M1.push_back(M.back()); V1.push_back(V.back());
+    }
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      AdamCoeffs c = make_adam_coeffs(1e-3f * (k + 1), 0.9f, 0.99f, 1e-6f, 0.01f * k, k % 2, true, k + 1);
+      many.push_back({P[k].data(), G[k].data(), M[k].data(), V[k].data(), nullptr, sizes[k], DType::F32, DType::None, c});
+      single.push_back({P1[k].data(), G[k].data(), M1[k].data(), V1[k].data(), nullptr, sizes[k], DType::F32, DType::None, c});
+    }
+    adam_step(many.data(), (int64_t)many.size(), threads, isa);
+    for (auto& t : single) adam_step(&t, 1, 1, isa);
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      bool same = std::memcmp(P[k].data(), P1[k].data(), sizes[k] * 4) == 0 &&
+                  std::memcmp(M[k].data(), M1[k].data(), sizes[k] * 4) == 0 &&
+                  std::memcmp(V[k].data(), V1[k].data(), sizes[k] * 4) == 0;
+      CHECK(same, "work list %s threads=%d tensor %zu (n=%lld) differs from a single-tensor run", isa_name(isa),
+            threads, k, (long long)sizes[k]);
+    }
+  }
+}
+
+template <class F>
+bool throws(F f) {
+  try { f(); } catch (const std::invalid_argument&) { return true; }
+  return false;
+}
+
+}  // namespace
+
+int main() {
+  std::printf("best ISA: %s, OpenMP: %s\n", isa_name(best_isa()), openmp_enabled() ? "yes" : "no");
+  CHECK(isa_supported(Isa::Scalar), "scalar is always supported");
+  std::vector<Isa> isas;
+  for (Isa i : {Isa::Scalar, Isa::AVX2, Isa::AVX512}) {
+    if (isa_supported(i)) isas.push_back(i);
+    else std::printf("ISA %s not runnable here: skipped\n", isa_name(i));
+  }
+  const int64_t sizes[] = {0, 1, 7, 8, 15, 16, 17, 31, 33, 4097, 70001};
+  for (Isa isa : isas) {
+    for (int64_t n : sizes)
+      for (DType gd : {DType::F32, DType::BF16, DType::F16})
+        for (DType od : {DType::None, DType::BF16, DType::F16})
+          adam_case(isa, n, gd, od, n % 3, n % 2 == 0, 2);
+    for (int64_t n : {1, 17, 4097, 70001})
+      for (DType gd : {DType::F32, DType::BF16, DType::F16})
+        for (DType od : {DType::None, DType::BF16})
+          for (float mom : {0.f, 0.9f}) {
+            sgd_case(isa, n, gd, od, mom, false, false, 2);
+            if (mom != 0.f) { sgd_case(isa, n, gd, od, mom, true, false, 2); sgd_case(isa, n, gd, od, mom, false, true, 2); }
+          }
+    work_list_case(isa);
+  }
+
+  // bad arguments are refused before any thread starts
+  CHECK(throws([] { parse_isa("sse9"); }), "unknown ISA name");
+  CHECK(parse_isa("auto") == Isa::Auto && parse_isa("avx512") == Isa::AVX512, "ISA names parse");
+  float x = 0, y = 0, z = 0;
+  AdamCoeffs c = make_adam_coeffs(1e-3f, 0.9f, 0.999f, 1e-8f, 0, true, true, 1);
+  AdamTensor bad_grad{&x, &y, &y, &z, nullptr, 1, DType(7), DType::None, c};
+  CHECK(throws([&] { adam_step(&bad_grad, 1, 1, Isa::Auto); }), "bad grad dtype");
+  AdamTensor bad_out{&x, &y, &y, &z, nullptr, 1, DType::F32, DType::BF16, c};
+  CHECK(throws([&] { adam_step(&bad_out, 1, 1, Isa::Auto); }), "out dtype without a buffer");
+  SGDTensor no_buf{&x, &y, nullptr, nullptr, 1, DType::F32, DType::None, make_sgd_coeffs(0.1f, 0.9f, 0, 0, false, false)};
+  CHECK(throws([&] { sgd_step(&no_buf, 1, 1, Isa::Auto); }), "momentum without a buffer");
+  if (!isa_supported(Isa::AVX512)) {
+    AdamTensor ok{&x, &y, &y, &z, nullptr, 1, DType::F32, DType::None, c};
+    CHECK(throws([&] { adam_step(&ok, 1, 1, Isa::AVX512); }), "forcing an ISA the CPU lacks");
+  }
+  TEST_MAIN_END();
+}
