@@ -1,0 +1,155 @@
+"""`dsfast`: DeepSpeed's launcher command line, plus subcommands.
+
+    dsfast [options] SCRIPT [script args]        launch SCRIPT on every slot (see --help)
+    dsfast [options] -m MODULE [args]            launch a module
+    dsfast report [args]                         subcommand: dsfast.report:main(argv)
+    dsfast consolidate [args]                    subcommand: dsfast.checkpoint.consolidate:main(argv)
+
+Subcommand rule: a subcommand is recognised only as the FIRST argument and only when it is exactly one of the
+names above. Anything else is launcher mode. To launch a user script whose name is a subcommand, write it as a
+path (`dsfast ./report` or `dsfast report.py`) or put `--` first (`dsfast -- report args`). Options before the
+name also mean launcher mode (`dsfast --num_procs 2 report` launches ./report).
+"""
+import argparse
+import importlib
+import json
+import os
+import sys
+from typing import List, Optional
+
+from .errors import USAGE_EXIT_CODE, LaunchError
+from .hostfile import DEFAULT_HOSTFILE
+from .runners import LAUNCHERS, TOOL
+
+SUBCOMMANDS = {
+    "report": "dsfast.report:main",
+    "consolidate": "dsfast.checkpoint.consolidate:main",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dsfast", allow_abbrev=False,
+        description="Launch a training script on one or many machines (DeepSpeed-compatible options). "
+                    f"Subcommands (first argument only): {', '.join(SUBCOMMANDS)}; "
+                    "`dsfast -- NAME` runs a script called NAME instead.")
+    p.add_argument("-H", "--hostfile", default=None,
+                   help=f"'HOST slots=N' per line; default {DEFAULT_HOSTFILE} if it exists, else this machine")
+    p.add_argument("-i", "--include", default=None, help="only these slots: 'host1:0,1@host2'")
+    p.add_argument("-e", "--exclude", default=None, help="all but these slots: 'host1:0@host2'")
+    p.add_argument("--num_nodes", type=int, default=-1, help="use the first N hosts")
+    p.add_argument("--num_gpus", "--num_procs", dest="num_gpus", type=int, default=-1,
+                   help="use the first K slots of each host; on a machine without GPU and hostfile, the number "
+                        "of CPU processes (default 1)")
+    p.add_argument("--master_addr", default=None, help="rank 0's address (default 127.0.0.1 on one node, "
+                                                       "else the first host)")
+    p.add_argument("--master_port", type=int, default=29500)
+    p.add_argument("--launcher", default=None, choices=LAUNCHERS,
+                   help="default: local for one host, ssh for several")
+    p.add_argument("--launcher_args", default="", help="extra arguments for ssh/pdsh/mpirun/srun (one string)")
+    p.add_argument("--force_multi", action="store_true", help="use the multi-node runner even for one host")
+    p.add_argument("--no_ssh", action="store_true", help="run only this node's share (with --node_rank)")
+    p.add_argument("--node_rank", type=int, default=None, help="with --no_ssh: which hostfile node this is")
+    p.add_argument("--no_local_rank", action="store_true", help="do not pass --local_rank=N to the script")
+    p.add_argument("--no_python", action="store_true", help="SCRIPT is an executable, not a Python file")
+    p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name (python -m)")
+    p.add_argument("--ssh_port", type=int, default=None)
+    p.add_argument("--bind_cores_to_rank", action="store_true", help="give each local rank its share of cores")
+    p.add_argument("--bind_core_list", default=None, help="cores to share out, e.g. 0-15,32-47")
+    p.add_argument("--enable_each_rank_log", "--each_rank_log", dest="each_rank_log", default=None,
+                   metavar="DIR", help="also write each rank's output to DIR/rank<N>.log")
+    p.add_argument("--dry_run", action="store_true", help="print the plan as JSON and start nothing")
+    p.add_argument("user_script", nargs="?", default=None)
+    p.add_argument("user_args", nargs=argparse.REMAINDER)
+    return p
+
+
+def run_subcommand(name: str, argv: List[str]) -> int:
+    target = SUBCOMMANDS[name]
+    module_name, func_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):
+            print(f"dsfast: error: `dsfast {name}` is not available in this install ({module_name} is missing). "
+                  f"To run a script called {name!r}, use `dsfast ./{name}` or `dsfast -- {name}`.", file=sys.stderr)
+            return USAGE_EXIT_CODE
+        raise
+    rc = getattr(module, func_name)(argv)
+    return rc if isinstance(rc, int) else 0
+
+
+def parse_launch_args(argv: List[str]):
+    parser = build_parser()
+    if argv and argv[0] == "--":  # forced script mode
+        argv = argv[1:]
+        if not argv:
+            parser.error("no user script after '--'")
+        args = parser.parse_args(["--", argv[0]])
+        args.user_script, args.user_args = argv[0], argv[1:]
+    else:
+        args = parser.parse_args(argv)
+    args.hostfile_given = args.hostfile is not None
+    if args.hostfile is None:
+        args.hostfile = DEFAULT_HOSTFILE
+    if args.no_ssh:
+        if args.launcher not in (None, "local"):
+            parser.error(f"--no_ssh conflicts with --launcher {args.launcher}")
+        args.launcher = "local"
+    return args
+
+
+def execute(plan) -> int:
+    import shutil
+
+    from .supervise import Child, Supervisor
+    if plan.launcher == "local":
+        from . import node
+        return node.main(plan.commands[0][4:])  # same argv as `python -m dsfast.launcher.node`, run in-process
+    tool = TOOL[plan.launcher]
+    if shutil.which(tool) is None:
+        raise LaunchError(f"--launcher {plan.launcher} needs `{tool}` on PATH and it is not there; install it "
+                          "or pick another --launcher")
+    if plan.launcher == "ssh":
+        def hint(child, rc):
+            return ("ssh could not connect or authenticate; check passwordless ssh "
+                    "(`ssh -o BatchMode=yes HOST true`)") if rc == 255 else None
+        children = [Child(argv=cmd, label=f"node {i} ({host})", stdin_pipe=True)
+                    for i, (host, cmd) in enumerate(zip(plan.hosts, plan.commands))]
+        return Supervisor(children, on_failure=hint).run()
+    env = dict(os.environ)
+    if plan.launcher == "pdsh":
+        env.setdefault("PDSH_RCMD_TYPE", "ssh")
+        if plan.ssh_port:
+            env["PDSH_SSH_ARGS_APPEND"] = (env.get("PDSH_SSH_ARGS_APPEND", "") + f" -p {plan.ssh_port}").strip()
+    child = Child(argv=plan.commands[0], label=plan.commands[0][0], env=env)
+    rc = Supervisor([child]).run()
+    if plan.launcher == "pdsh" and rc != 0:
+        from .runners import stop_pdsh_job
+        stop_pdsh_job(plan, env)
+    return rc
+
+
+def format_plan(obj: dict) -> str:
+    """One JSON object, one top-level key per line (readable, still plain JSON for tools)."""
+    return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in obj.items()) + "\n}"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        if os.path.exists(argv[0]):
+            print(f"dsfast: note: running the `{argv[0]}` subcommand; to launch the file ./{argv[0]} use "
+                  f"`dsfast ./{argv[0]}` or `dsfast -- {argv[0]}`", file=sys.stderr)
+        return run_subcommand(argv[0], argv[1:])
+    args = parse_launch_args(argv)
+    try:
+        from .plan import build_plan
+        plan = build_plan(args)
+        if args.dry_run:
+            print(format_plan(plan.as_json()))
+            return 0
+        return execute(plan)
+    except LaunchError as e:
+        print(f"dsfast: error: {e}", file=sys.stderr)
+        return USAGE_EXIT_CODE
