@@ -109,7 +109,7 @@ constexpr SGDSpanFn kSGDTable[2][3][4] = {
     {DSFAST_ROW(kF32, true), DSFAST_ROW(kBF16, true), DSFAST_ROW(kF16, true)}};
 #undef DSFAST_ROW
 
-// Dtypes were validated by the dispatcher (cpu_optim.cpp) before any thread started.
+// Dtypes were validated by the dispatcher (dispatch.cpp) before any thread started.
 inline void adam_range(const AdamTensor& t, int64_t begin, int64_t end) {
   AdamSpanFn fn = kAdamTable[int(t.grad_dtype)][int(t.out_dtype)];
   void* out = t.out16 ? static_cast<uint16_t*>(t.out16) + begin : nullptr;

@@ -1,0 +1,200 @@
+// Torch binding of the CPU optimizer kernels: argument checks and dtype mapping only.
+// The kernels (csrc/cpu) never see a torch header. Errors are ValueError/TypeError
+// naming the tensor ("<label>[i]") and what would be valid.
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#include "../cpu/cpu_optim.h"
+
+namespace py = pybind11;
+using dsfast::cpu::DType;
+
+namespace {
+
+std::string where(const std::string& label, size_t i) { return label + "[" + std::to_string(i) + "]"; }
+
+DType grad_dtype(const at::Tensor& g, const std::string& w) {
+  switch (g.scalar_type()) {
+    case at::kFloat: return DType::F32;
+    case at::kBFloat16: return DType::BF16;
+    case at::kHalf: return DType::F16;
+    default:
+      throw py::type_error(w + ".grad has dtype " + std::string(c10::toString(g.scalar_type())) +
+                           "; supported gradient dtypes are float32, bfloat16, float16");
+  }
+}
+
+void check_fp32(const at::Tensor& t, const at::Tensor& p, const std::string& w, const char* what) {
+  if (!t.defined()) throw py::value_error(w + " " + what + " is missing");
+  if (t.device().type() != at::kCPU) throw py::value_error(w + " " + what + " is on " + t.device().str() + ", not cpu");
+  if (t.scalar_type() != at::kFloat)
+    throw py::type_error(w + " " + what + " has dtype " + std::string(c10::toString(t.scalar_type())) +
+                         "; it must be float32");
+  if (!t.is_contiguous())
+    throw py::value_error(w + " " + what + " is not contiguous; updating a contiguous copy would lose the update");
+  if (t.numel() != p.numel())
+    throw py::value_error(w + " " + what + " has " + std::to_string(t.numel()) + " elements but the parameter has " +
+                          std::to_string(p.numel()));
+}
+
+void check_param(const at::Tensor& p, const std::string& w) {
+  if (!p.defined()) throw py::value_error(w + " is undefined");
+  if (p.device().type() != at::kCPU)
+    throw py::value_error(w + " is on device " + p.device().str() + "; CPU optimizers update cpu tensors only");
+  if (p.scalar_type() != at::kFloat)
+    throw py::type_error(w + " has dtype " + std::string(c10::toString(p.scalar_type())) +
+                         "; CPU optimizers keep fp32 parameters");
+  if (!p.is_contiguous())
+    throw py::value_error(w + " is not contiguous; updating a contiguous copy would silently lose the update");
+}
+
+DType check_grad(const at::Tensor& g, const at::Tensor& p, const std::string& w) {
+  if (!g.defined()) throw py::value_error(w + ".grad is missing");
+  if (g.device().type() != at::kCPU) throw py::value_error(w + ".grad is on " + g.device().str() + ", not cpu");
+  DType d = grad_dtype(g, w);
+  if (g.sizes() != p.sizes())
+    throw py::value_error(w + ".grad has shape " + c10::str(g.sizes()) + " but the parameter has shape " +
+                          c10::str(p.sizes()));
+  if (!g.is_contiguous()) throw py::value_error(w + ".grad is not contiguous; the kernel reads gradients in place");
+  return d;
+}
+
+DType check_out(const std::vector<at::Tensor>& outs, size_t i, const at::Tensor& p, const std::string& w,
+                void** ptr) {
+  *ptr = nullptr;
+  if (outs.empty() || !outs[i].defined()) return DType::None;
+  const at::Tensor& o = outs[i];
+  if (o.device().type() != at::kCPU) throw py::value_error(w + " 16-bit output is on " + o.device().str());
+  DType d;
+  if (o.scalar_type() == at::kBFloat16) d = DType::BF16;
+  else if (o.scalar_type() == at::kHalf) d = DType::F16;
+  else
+    throw py::type_error(w + " 16-bit output has dtype " + std::string(c10::toString(o.scalar_type())) +
+                         "; it must be bfloat16 or float16");
+  if (o.numel() != p.numel() || !o.is_contiguous())
+    throw py::value_error(w + " 16-bit output must be contiguous with " + std::to_string(p.numel()) +
+                          " elements, got " + std::to_string(o.numel()));
+  *ptr = o.data_ptr();
+  return d;
+}
+
+void check_lengths(size_t n, std::initializer_list<std::pair<const char*, size_t>> others, bool outs_empty_ok,
+                   size_t outs) {
+  for (auto& [name, len] : others)
+    if (len != n)
+      throw py::value_error(std::string(name) + " has " + std::to_string(len) + " entries but there are " +
+                            std::to_string(n) + " params");
+  if (!(outs_empty_ok && outs == 0) && outs != n)
+    throw py::value_error("outs has " + std::to_string(outs) + " entries; pass [] or one per param (" +
+                          std::to_string(n) + ")");
+}
+
+float* step_counter(const at::Tensor& s, const std::string& w) {
+  if (!s.defined() || s.device().type() != at::kCPU || s.scalar_type() != at::kFloat || s.numel() != 1)
+    throw py::value_error(w + " step must be a one-element float32 cpu tensor (torch's layout)");
+  return s.data_ptr<float>();
+}
+
+dsfast::cpu::Isa isa_arg(const std::string& isa) {
+  try {
+    return dsfast::cpu::parse_isa(isa.c_str());
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
+}
+
+// One call = one parallel region over every tensor. Each step tensor is incremented
+// here (torch increments before computing the bias corrections).
+void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+               const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+               const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& steps, double lr, double beta1,
+               double beta2, double eps, double weight_decay, bool adamw, bool bias_correction, double grad_scale,
+               int64_t num_threads, const std::string& isa, const std::string& label) {
+  const size_t n = params.size();
+  check_lengths(n, {{"grads", grads.size()}, {"exp_avgs", exp_avgs.size()}, {"exp_avg_sqs", exp_avg_sqs.size()},
+                    {"steps", steps.size()}}, true, outs.size());
+  const auto isa_v = isa_arg(isa);
+  std::vector<dsfast::cpu::AdamTensor> work(n);
+  std::vector<float*> counters(n);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string w = where(label, i);
+    check_param(params[i], w);
+    DType gd = check_grad(grads[i], params[i], w);
+    check_fp32(exp_avgs[i], params[i], w, "state['exp_avg']");
+    check_fp32(exp_avg_sqs[i], params[i], w, "state['exp_avg_sq']");
+    void* out = nullptr;
+    DType od = check_out(outs, i, params[i], w, &out);
+    counters[i] = step_counter(steps[i], w);
+    const int64_t step = int64_t(*counters[i]) + 1;
+    auto c = dsfast::make_adam_coeffs(float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), adamw,
+                                      bias_correction, step);
+    c.grad_scale = float(grad_scale);
+    work[i] = {params[i].data_ptr<float>(), grads[i].data_ptr(), exp_avgs[i].data_ptr<float>(),
+               exp_avg_sqs[i].data_ptr<float>(), out, params[i].numel(), gd, od, c};
+  }
+  {
+    py::gil_scoped_release nogil;
+    dsfast::cpu::adam_step(work.data(), int64_t(n), int(num_threads), isa_v);
+  }
+  for (float* s : counters) *s += 1.0f;
+}
+
+void sgd_step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+              const std::vector<at::Tensor>& momentum_buffers, const std::vector<at::Tensor>& outs,
+              const std::vector<bool>& first_steps, double lr, double momentum, double dampening,
+              double weight_decay, bool nesterov, double grad_scale, int64_t num_threads, const std::string& isa,
+              const std::string& label) {
+  const size_t n = params.size();
+  const bool mom = momentum != 0.0;
+  check_lengths(n, {{"grads", grads.size()}}, true, outs.size());
+  if (mom) check_lengths(n, {{"momentum_buffers", momentum_buffers.size()}, {"first_steps", first_steps.size()}},
+                         true, 0);
+  const auto isa_v = isa_arg(isa);
+  std::vector<dsfast::cpu::SGDTensor> work(n);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string w = where(label, i);
+    check_param(params[i], w);
+    DType gd = check_grad(grads[i], params[i], w);
+    float* buf = nullptr;
+    if (mom) {
+      check_fp32(momentum_buffers[i], params[i], w, "state['momentum_buffer']");
+      buf = momentum_buffers[i].data_ptr<float>();
+    }
+    void* out = nullptr;
+    DType od = check_out(outs, i, params[i], w, &out);
+    auto c = dsfast::make_sgd_coeffs(float(lr), float(momentum), float(dampening), float(weight_decay), nesterov,
+                                     mom && first_steps[i]);
+    c.grad_scale = float(grad_scale);
+    work[i] = {params[i].data_ptr<float>(), grads[i].data_ptr(), buf, out, params[i].numel(), gd, od, c};
+  }
+  py::gil_scoped_release nogil;
+  dsfast::cpu::sgd_step(work.data(), int64_t(n), int(num_threads), isa_v);
+}
+
+std::vector<std::string> available_isas() {
+  std::vector<std::string> out;
+  for (auto i : {dsfast::cpu::Isa::AVX512, dsfast::cpu::Isa::AVX2, dsfast::cpu::Isa::Scalar})
+    if (dsfast::cpu::isa_supported(i)) out.push_back(dsfast::cpu::isa_name(i));
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "dsfast CPU optimizer kernels (Adam/AdamW/SGD; AVX-512/AVX2/scalar chosen at run time)";
+  m.def("adam_step", &adam_step, "Adam/AdamW over a list of fp32 tensors (one parallel region)",
+        py::arg("params"), py::arg("grads"), py::arg("exp_avgs"), py::arg("exp_avg_sqs"), py::arg("outs"),
+        py::arg("steps"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
+        py::arg("weight_decay"), py::arg("adamw"), py::arg("bias_correction"), py::arg("grad_scale") = 1.0,
+        py::arg("num_threads") = 0, py::arg("isa") = "auto", py::arg("label") = "params");
+  m.def("sgd_step", &sgd_step, "SGD (momentum, dampening, nesterov, weight decay) over a list of fp32 tensors",
+        py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"), py::arg("outs"), py::arg("first_steps"),
+        py::arg("lr"), py::arg("momentum"), py::arg("dampening"), py::arg("weight_decay"), py::arg("nesterov"),
+        py::arg("grad_scale") = 1.0, py::arg("num_threads") = 0, py::arg("isa") = "auto",
+        py::arg("label") = "params");
+  m.def("available_isas", &available_isas, "instruction sets this CPU can run, best first");
+  m.def("best_isa", [] { return std::string(dsfast::cpu::isa_name(dsfast::cpu::best_isa())); });
+  m.def("openmp_enabled", &dsfast::cpu::openmp_enabled);
+}

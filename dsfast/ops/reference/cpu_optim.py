@@ -1,0 +1,155 @@
+"""Pure-torch stand-in for the native `cpu_optim` op: the same functions and arguments
+(csrc/bindings/cpu_optim.cpp), the same math (csrc/include/dsfast/optim_math.h), one
+tensor at a time. Used when the extension cannot be built; slower, never silently wrong.
+"""
+import math
+
+import torch
+
+_GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_ISAS = ("auto", "reference")
+
+
+def available_isas():
+    return ["reference"]
+
+
+def best_isa():
+    return "reference"
+
+
+def openmp_enabled():
+    return False
+
+
+def _check_isa(isa):
+    if isa not in _ISAS:
+        raise ValueError(f"isa={isa!r} needs the native cpu_optim op, which is not loaded (the pure-torch "
+                         f"reference is in use); valid here: {', '.join(_ISAS)}")
+
+
+def _check_lengths(n, outs, **others):
+    for name, seq in others.items():
+        if len(seq) != n:
+            raise ValueError(f"{name} has {len(seq)} entries but there are {n} params")
+    if len(outs) not in (0, n):
+        raise ValueError(f"outs has {len(outs)} entries; pass [] or one per param ({n})")
+
+
+def _check_fp32(t, p, w, what):
+    if t is None:
+        raise ValueError(f"{w} {what} is missing")
+    if t.device.type != "cpu":
+        raise ValueError(f"{w} {what} is on {t.device}, not cpu")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{w} {what} has dtype {t.dtype}; it must be float32")
+    if not t.is_contiguous():
+        raise ValueError(f"{w} {what} is not contiguous; updating a contiguous copy would lose the update")
+    if t.numel() != p.numel():
+        raise ValueError(f"{w} {what} has {t.numel()} elements but the parameter has {p.numel()}")
+
+
+def _check_param(p, w):
+    if p.device.type != "cpu":
+        raise ValueError(f"{w} is on device {p.device}; CPU optimizers update cpu tensors only")
+    if p.dtype != torch.float32:
+        raise TypeError(f"{w} has dtype {p.dtype}; CPU optimizers keep fp32 parameters")
+    if not p.is_contiguous():
+        raise ValueError(f"{w} is not contiguous; updating a contiguous copy would silently lose the update")
+
+
+def _check_grad(g, p, w):
+    if g is None:
+        raise ValueError(f"{w}.grad is missing")
+    if g.device.type != "cpu":
+        raise ValueError(f"{w}.grad is on {g.device}, not cpu")
+    if g.dtype not in _GRAD_DTYPES:
+        raise TypeError(f"{w}.grad has dtype {g.dtype}; supported gradient dtypes are float32, bfloat16, float16")
+    if g.shape != p.shape:
+        raise ValueError(f"{w}.grad has shape {list(g.shape)} but the parameter has shape {list(p.shape)}")
+    if not g.is_contiguous():
+        raise ValueError(f"{w}.grad is not contiguous; the kernel reads gradients in place")
+
+
+def _check_out(o, p, w):
+    if o is None:
+        return
+    if o.device.type != "cpu":
+        raise ValueError(f"{w} 16-bit output is on {o.device}")
+    if o.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"{w} 16-bit output has dtype {o.dtype}; it must be bfloat16 or float16")
+    if o.numel() != p.numel() or not o.is_contiguous():
+        raise ValueError(f"{w} 16-bit output must be contiguous with {p.numel()} elements, got {o.numel()}")
+
+
+def _check_step(s, w):
+    if not isinstance(s, torch.Tensor) or s.device.type != "cpu" or s.dtype != torch.float32 or s.numel() != 1:
+        raise ValueError(f"{w} step must be a one-element float32 cpu tensor (torch's layout)")
+
+
+def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps, weight_decay, adamw,
+              bias_correction, grad_scale=1.0, num_threads=0, isa="auto", label="params"):
+    n = len(params)
+    _check_lengths(n, outs, grads=grads, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs, steps=steps)
+    _check_isa(isa)
+    for i, p in enumerate(params):   # validate everything before touching anything
+        w = f"{label}[{i}]"
+        _check_param(p, w)
+        _check_grad(grads[i], p, w)
+        _check_fp32(exp_avgs[i], p, w, "state['exp_avg']")
+        _check_fp32(exp_avg_sqs[i], p, w, "state['exp_avg_sq']")
+        _check_out(outs[i] if outs else None, p, w)
+        _check_step(steps[i], w)
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            step = int(steps[i].item()) + 1
+            bc1 = 1 - beta1 ** step if bias_correction else 1.0
+            bc2 = 1 - beta2 ** step if bias_correction else 1.0
+            g = grads[i].float()
+            if grad_scale != 1.0:
+                g = g * grad_scale
+            if adamw:
+                p.mul_(1 - lr * weight_decay)
+            elif weight_decay != 0:
+                g = g.add(p, alpha=weight_decay)
+            m, v = exp_avgs[i], exp_avg_sqs[i]
+            m.lerp_(g, 1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            denom = (v.sqrt() / math.sqrt(bc2)).add_(eps)
+            p.addcdiv_(m, denom, value=-lr / bc1)
+            if outs and outs[i] is not None:
+                outs[i].view(-1).copy_(p.view(-1))
+            steps[i].add_(1)
+
+
+def sgd_step(params, grads, momentum_buffers, outs, first_steps, lr, momentum, dampening, weight_decay, nesterov,
+             grad_scale=1.0, num_threads=0, isa="auto", label="params"):
+    n = len(params)
+    _check_lengths(n, outs, grads=grads)
+    if momentum != 0:
+        _check_lengths(n, [], momentum_buffers=momentum_buffers, first_steps=first_steps)
+    _check_isa(isa)
+    for i, p in enumerate(params):
+        w = f"{label}[{i}]"
+        _check_param(p, w)
+        _check_grad(grads[i], p, w)
+        if momentum != 0:
+            _check_fp32(momentum_buffers[i], p, w, "state['momentum_buffer']")
+        _check_out(outs[i] if outs else None, p, w)
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            g = grads[i].float()
+            if grad_scale != 1.0:
+                g = g * grad_scale
+            if weight_decay != 0:
+                g = g.add(p, alpha=weight_decay)
+            if momentum != 0:
+                buf = momentum_buffers[i]
+                if first_steps[i]:
+                    buf.copy_(g)
+                else:
+                    buf.mul_(momentum).add_(g, alpha=1 - dampening)
+                g = g.add(buf, alpha=momentum) if nesterov else buf
+            p.add_(g, alpha=-lr)
+            if outs and outs[i] is not None:
+                outs[i].view(-1).copy_(p.view(-1))

@@ -1,0 +1,53 @@
+"""Shared plumbing of the CPU optimizers: the op handle, ISA checks, error relabelling."""
+import re
+
+import torch
+
+_INDEX = re.compile(r"__P\[(\d+)\]")
+
+
+def op():
+    """The cpu_optim module: native (prebuilt or JIT) or its pure-torch reference."""
+    from dsfast.ops import load
+    return load("cpu_optim")
+
+
+def check_isa(isa):
+    if not isinstance(isa, str):
+        raise TypeError(f"isa must be a string, got {isa!r}")
+    if isa == "auto":
+        return isa
+    valid = ["auto"] + list(op().available_isas())
+    if isa not in valid:
+        raise ValueError(f"isa={isa!r} cannot run here; this CPU/build supports: {', '.join(valid)}")
+    return isa
+
+
+def num_threads():
+    return torch.get_num_threads()
+
+
+def call(fn, group_index, indices, *args, **kwargs):
+    """Call a kernel whose per-tensor errors read '__P[i]', and rewrite them to name the
+    parameter as the user knows it: param_groups[g]['params'][j]."""
+    try:
+        return fn(*args, label="__P", **kwargs)
+    except (ValueError, TypeError) as e:
+        msg = _INDEX.sub(lambda m: f"param_groups[{group_index}]['params'][{indices[int(m.group(1))]}]", str(e))
+        raise type(e)(msg) from None
+
+
+def half_outputs(half_param_groups, group_index, group):
+    """The per-parameter 16-bit output buffers for one group (DeepSpeed's fp16_param_groups), or []."""
+    if half_param_groups is None:
+        return None
+    if len(half_param_groups) <= group_index:
+        raise ValueError(f"fp16_param_groups has {len(half_param_groups)} entries; param group {group_index} has none")
+    entry = half_param_groups[group_index]
+    if isinstance(entry, torch.Tensor):
+        entry = [entry]
+    entry = list(entry)
+    if len(entry) != len(group["params"]):
+        raise ValueError(f"fp16_param_groups[{group_index}] has {len(entry)} tensors but param group {group_index} "
+                         f"has {len(group['params'])} params")
+    return entry

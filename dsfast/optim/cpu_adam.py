@@ -1,0 +1,140 @@
+"""CPUAdam / CPUAdamW: torch.optim-compatible Adam and AdamW over dsfast's SIMD CPU kernels.
+
+    opt = dsfast.optim.CPUAdam(model.parameters(), lr=1e-3, weight_decay=0.01)   # AdamW by default
+    opt = dsfast.optim.CPUAdam(params, adamw_mode=False)                          # Adam with L2 decay
+
+* fp32 parameters and states on the CPU; gradients may be fp32, bf16 or fp16 and are read
+  directly by the kernel (no conversion pass).
+* One native call per param group updates every tensor of the group in ONE OpenMP parallel
+  region, with torch.get_num_threads() threads; the kernel body (AVX-512, AVX2 or scalar) is
+  picked for the running CPU; `isa=` forces one (tests, benchmarks).
+* State is torch's own layout (`step` as a float32 scalar tensor, `exp_avg`, `exp_avg_sq`), so
+  state dicts move between this and torch.optim.Adam/AdamW in both directions.
+* `step(fp16_param_groups=...)` (as DeepSpeedCPUAdam) also writes each updated parameter into
+  a bf16/fp16 tensor in the same pass.
+* amsgrad is not implemented and raises a ValueError.
+
+Flat-buffer entry point for the ZeRO / CPU-offload engine: `adam_flat_step` updates one
+contiguous fp32 partition from its gradient (fp32/bf16/fp16), optionally writing the
+updated values into a 16-bit buffer (round-to-nearest-even) in the same pass.
+"""
+import torch
+
+from . import _cpu_op
+from .validation import check_adam_hparams, check_unsupported_flags
+
+
+def adam_flat_step(param, grad, exp_avg, exp_avg_sq, step, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                   adamw=True, bias_correction=True, grad_scale=1.0, out16=None, num_threads=None, isa="auto"):
+    """One Adam/AdamW step on a flat fp32 partition, in place.
+
+    param, exp_avg, exp_avg_sq: contiguous fp32 CPU tensors of n elements.
+    grad: contiguous fp32, bf16 or fp16 CPU tensor of n elements (read as-is).
+    step: the one-element float32 tensor holding the number of steps taken so far; it is
+        incremented in place (torch's convention). A plain int is also accepted.
+    grad_scale: multiplies the gradient first (e.g. 1 / loss_scale).
+    out16: optional bf16/fp16 tensor of n elements receiving the updated parameter.
+    Returns the new step count (int).
+    """
+    lr, (beta1, beta2), eps, weight_decay = check_adam_hparams(lr, betas, eps, weight_decay)
+    step_t = step if isinstance(step, torch.Tensor) else torch.tensor(float(step), dtype=torch.float32)
+    flat = [t.view(-1) if isinstance(t, torch.Tensor) and t.is_contiguous() else t
+            for t in (param, grad, exp_avg, exp_avg_sq)]
+    outs = [out16.view(-1) if out16.is_contiguous() else out16] if out16 is not None else []
+    _cpu_op.call(_cpu_op.op().adam_step, "flat", [0], [flat[0]], [flat[1]], [flat[2]], [flat[3]], outs, [step_t],
+                 lr, beta1, beta2, eps, weight_decay, bool(adamw), bool(bias_correction), float(grad_scale),
+                 num_threads or _cpu_op.num_threads(), isa)
+    return int(step_t.item())
+
+
+class CPUAdam(torch.optim.Optimizer):
+    """Adam/AdamW on CPU tensors (DeepSpeedCPUAdam's signature; adamw_mode=True by default)."""
+
+    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 amsgrad=False, adamw_mode=True, fp32_optimizer_states=True, *, maximize=False, isa="auto"):
+        check_adam_hparams(lr, betas, eps, weight_decay, amsgrad)
+        if not fp32_optimizer_states:
+            raise ValueError("fp32_optimizer_states=False is not supported: CPUAdam keeps fp32 states")
+        self.isa = _cpu_op.check_isa(isa)
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                        bias_correction=bias_correction, adamw_mode=adamw_mode, maximize=maximize)
+        super().__init__(params, defaults)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("amsgrad", False)
+            group.setdefault("maximize", False)
+            group.setdefault("bias_correction", True)
+            group.setdefault("adamw_mode", getattr(self, "_default_adamw", True))
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            for p in group["params"]:
+                _normalise_state(self.state.get(p))
+
+    @torch.no_grad()
+    def step(self, closure=None, fp16_param_groups=None):
+        """One step. fp16_param_groups: optional, per group, a list of bf16/fp16 tensors (one
+        per param) that receive the updated parameters in the same pass."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        op = _cpu_op.op()
+        threads = _cpu_op.num_threads()
+        for gi, group in enumerate(self.param_groups):
+            lr, (beta1, beta2), eps, wd = check_adam_hparams(group["lr"], group["betas"], group["eps"],
+                                                              group["weight_decay"], group.get("amsgrad", False))
+            check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
+            halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
+            params, grads, ms, vs, steps, outs, indices = [], [], [], [], [], [], []
+            for j, p in enumerate(group["params"]):
+                g = p.grad
+                if g is None:
+                    continue
+                state = self.state[p]
+                if len(state) == 0:
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                params.append(p)
+                grads.append(g)
+                ms.append(state["exp_avg"])
+                vs.append(state["exp_avg_sq"])
+                steps.append(state["step"])
+                indices.append(j)
+                if halves is not None:
+                    outs.append(halves[j])
+            if not params:
+                continue
+            _cpu_op.call(op.adam_step, gi, indices, params, grads, ms, vs, outs, steps, lr, beta1, beta2, eps, wd,
+                         bool(group["adamw_mode"]), bool(group["bias_correction"]),
+                         -1.0 if group.get("maximize") else 1.0, threads, self.isa)
+        return loss
+
+
+class CPUAdamW(CPUAdam):
+    """AdamW on CPU tensors: torch.optim.AdamW's signature and defaults (weight_decay=0.01)."""
+
+    _default_adamw = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 maximize=False, bias_correction=True, isa="auto"):
+        super().__init__(params, lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
+                         weight_decay=weight_decay, amsgrad=amsgrad, adamw_mode=True, maximize=maximize, isa=isa)
+
+
+def _normalise_state(state):
+    """State loaded from elsewhere (an int step, a non-contiguous moment) in the kernel's layout."""
+    if not state:
+        return
+    step = state.get("step")
+    if step is not None and not (isinstance(step, torch.Tensor) and step.dtype == torch.float32
+                                 and step.device.type == "cpu" and step.numel() == 1):
+        state["step"] = torch.tensor(float(step), dtype=torch.float32)
+    for key in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
+        t = state.get(key)
+        if isinstance(t, torch.Tensor) and not t.is_contiguous():
+            state[key] = t.contiguous()

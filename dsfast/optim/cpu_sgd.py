@@ -1,0 +1,91 @@
+"""CPUSGD: torch.optim.SGD semantics (momentum, dampening, nesterov, weight decay) over
+dsfast's SIMD CPU kernels, one parallel region per param group.
+
+fp32 parameters and momentum buffers; gradients fp32, bf16 or fp16 read directly. State is
+torch's layout (`momentum_buffer`, present once a step with momentum != 0 has run), so state
+dicts move between this and torch.optim.SGD both ways. `step(fp16_param_groups=...)` also
+writes the updated parameters into bf16/fp16 tensors in the same pass.
+
+Flat-buffer entry point for the offload engine: `sgd_flat_step`.
+"""
+import torch
+
+from . import _cpu_op
+from .cpu_adam import _normalise_state
+from .validation import check_sgd_hparams, check_unsupported_flags
+
+
+def sgd_flat_step(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening=0.0, weight_decay=0.0,
+                  nesterov=False, first_step=False, grad_scale=1.0, out16=None, num_threads=None, isa="auto"):
+    """One SGD step on a flat fp32 partition, in place. With momentum, `momentum_buffer` (fp32,
+    same size) is required; first_step=True seeds it with the gradient as torch does."""
+    lr, momentum, dampening, weight_decay, nesterov = check_sgd_hparams(lr, momentum, dampening, weight_decay,
+                                                                        nesterov)
+    if momentum != 0 and momentum_buffer is None:
+        raise ValueError("momentum != 0 needs a momentum_buffer (an fp32 tensor the size of param)")
+    view = lambda t: t.view(-1) if isinstance(t, torch.Tensor) and t.is_contiguous() else t  # noqa: E731
+    bufs = [view(momentum_buffer)] if momentum != 0 else []
+    outs = [view(out16)] if out16 is not None else []
+    _cpu_op.call(_cpu_op.op().sgd_step, "flat", [0], [view(param)], [view(grad)], bufs, outs, [bool(first_step)],
+                 lr, momentum, dampening, weight_decay, nesterov, float(grad_scale),
+                 num_threads or _cpu_op.num_threads(), isa)
+
+
+class CPUSGD(torch.optim.Optimizer):
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
+                 maximize=False, isa="auto"):
+        check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
+        self.isa = _cpu_op.check_isa(isa)
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                        nesterov=nesterov, maximize=maximize)
+        super().__init__(params, defaults)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("nesterov", False)
+            group.setdefault("maximize", False)
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            for p in group["params"]:
+                _normalise_state(self.state.get(p))
+
+    @torch.no_grad()
+    def step(self, closure=None, fp16_param_groups=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        op = _cpu_op.op()
+        threads = _cpu_op.num_threads()
+        for gi, group in enumerate(self.param_groups):
+            lr, momentum, dampening, wd, nesterov = check_sgd_hparams(
+                group["lr"], group["momentum"], group["dampening"], group["weight_decay"], group["nesterov"])
+            check_unsupported_flags(group, ("foreach", "fused", "differentiable"))
+            halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
+            params, grads, bufs, firsts, outs, indices = [], [], [], [], [], []
+            for j, p in enumerate(group["params"]):
+                g = p.grad
+                if g is None:
+                    continue
+                params.append(p)
+                grads.append(g)
+                indices.append(j)
+                if momentum != 0:
+                    state = self.state[p]
+                    buf = state.get("momentum_buffer")
+                    first = buf is None
+                    if first:
+                        buf = torch.empty_like(p, memory_format=torch.contiguous_format)
+                        state["momentum_buffer"] = buf
+                    bufs.append(buf)
+                    firsts.append(first)
+                if halves is not None:
+                    outs.append(halves[j])
+            if not params:
+                continue
+            _cpu_op.call(op.sgd_step, gi, indices, params, grads, bufs, outs, firsts, lr, momentum, dampening, wd,
+                         nesterov, -1.0 if group.get("maximize") else 1.0, threads, self.isa)
+        return loss
