@@ -59,8 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable_each_rank_log", "--each_rank_log", dest="each_rank_log", default=None,
                    metavar="DIR", help="also write each rank's output to DIR/rank<N>.log")
     p.add_argument("--dry_run", action="store_true", help="print the plan as JSON and start nothing")
-    p.add_argument("user_script", nargs="?", default=None)
-    p.add_argument("user_args", nargs=argparse.REMAINDER)
+    p.usage = "dsfast [options] SCRIPT [script args]  |  dsfast [options] -m MODULE [args]  |  dsfast report ..."
     return p
 
 
@@ -79,16 +78,31 @@ def run_subcommand(name: str, argv: List[str]) -> int:
     return rc if isinstance(rc, int) else 0
 
 
+def split_argv(parser: argparse.ArgumentParser, argv: List[str]):
+    """Split into (launcher options, user script, user args) at the first non-option token or at `--`.
+
+    Done by hand because argparse drops a `--` that belongs to the user's own arguments.
+    """
+    takes_value = {opt for a in parser._actions if a.nargs != 0 for opt in a.option_strings}
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            rest = argv[i + 1:]
+            return argv[:i], (rest[0] if rest else None), rest[1:]
+        if not tok.startswith("-") or tok == "-":
+            return argv[:i], tok, argv[i + 1:]
+        if tok in takes_value:  # `--opt value`; `--opt=value` and `-iHOST` are one token
+            i += 1
+        i += 1
+    return argv, None, []
+
+
 def parse_launch_args(argv: List[str]):
     parser = build_parser()
-    if argv and argv[0] == "--":  # forced script mode
-        argv = argv[1:]
-        if not argv:
-            parser.error("no user script after '--'")
-        args = parser.parse_args(["--", argv[0]])
-        args.user_script, args.user_args = argv[0], argv[1:]
-    else:
-        args = parser.parse_args(argv)
+    own, script, user_args = split_argv(parser, argv)
+    args = parser.parse_args(own)
+    args.user_script, args.user_args = script, user_args
     args.hostfile_given = args.hostfile is not None
     if args.hostfile is None:
         args.hostfile = DEFAULT_HOSTFILE

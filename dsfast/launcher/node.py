@@ -15,7 +15,8 @@ import sys
 from collections import OrderedDict
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from .devices import devices_for_slots, physical_gpu_count, visible_devices
+from . import devices
+from .devices import devices_for_slots, visible_devices
 from .errors import USAGE_EXIT_CODE, LaunchError
 from .supervise import Child, Supervisor
 
@@ -101,7 +102,7 @@ def rank_child(opts, user: List[str], info, node_rank: int, local_rank: int, bas
     env = dict(base_env)
     if opts.env_b64:
         env.update(decode_env(opts.env_b64))
-    visible = visible_devices(env, physical_gpu_count())
+    visible = visible_devices(env, devices.physical_gpu_count())
     if visible:  # GPU node: all of this node's slots visible, LOCAL_RANK i uses cuda:i
         try:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(devices_for_slots(slots, visible))
@@ -139,7 +140,7 @@ def check_user_program(opts, user: List[str]):
                       "to run a module use -m/--module, to run an executable use --no_python")
 
 
-def build_children(argv: List[str], environ: Mapping[str, str]):
+def build_children(argv: List[str], environ: Mapping[str, str], check_script: bool = True):
     p = common_parser("python -m dsfast.launcher.node")
     p.add_argument("--node_rank", type=int, required=True)
     p.add_argument("--watch_stdin", action="store_true",
@@ -150,7 +151,8 @@ def build_children(argv: List[str], environ: Mapping[str, str]):
     info = parse_world_info(opts.world_info)
     if not 0 <= opts.node_rank < len(info):
         raise LaunchError(f"--node_rank {opts.node_rank} is outside 0..{len(info) - 1} ({', '.join(info)})")
-    check_user_program(opts, user)
+    if check_script:
+        check_user_program(opts, user)
     nlocal = len(info[list(info)[opts.node_rank]])
     cpus = core_sets(nlocal, opts.bind_core_list) if (opts.bind_cores_to_rank or opts.bind_core_list) else None
     if opts.each_rank_log:
