@@ -371,3 +371,49 @@ def test_dsconfig_is_reusable():
     c = cfg(fp16={"enabled": True})
     again = load_config(c, world_size=1)
     assert isinstance(again, DsConfig) and again.precision == "fp16"
+
+
+# ------------------------------------------------------------------------------------------------ hardening
+def test_bool_is_not_a_number():
+    _, msg = problems({"train_batch_size": True})
+    assert "train_batch_size: must be a number, not true" in msg
+    _, msg = problems({**BASE, "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": True,
+                                                                           "cycle_max_lr": 0.1}}})
+    assert "scheduler.params.cycle_min_lr: must be a number, not true" in msg
+
+
+def test_key_at_wrong_level_points_to_its_section():
+    _, msg = problems({**BASE, "loss_scale_window": 100})
+    assert "'loss_scale_window' is a key of 'fp16'; move it there" in msg
+    _, msg = problems({**BASE, "fp16": {"stage": 1}})
+    assert "'stage' is a key of 'zero_optimization'" in msg
+
+
+def test_auto_placeholder_nested():
+    _, msg = problems({**BASE, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}})
+    assert "optimizer.params.lr: 'auto' is a placeholder" in msg
+
+
+def test_raw_config_reresolves_for_another_world_size():
+    c = load_config({"train_batch_size": 16})
+    assert c.raw == {"train_batch_size": 16}
+    c2 = load_config(c, world_size=4)
+    assert (c2.train_micro_batch_size_per_gpu, c2.world_size) == (4, 4)
+
+
+def test_settings_not_honoured_yet_are_reported():
+    from dsfast.config.ds_config import NOT_YET_HONOURED
+    c = cfg(prescale_gradients=True, gradient_predivide_factor=2.0)
+    notes = c.ignored_settings()
+    assert len([n for n in notes if "ignored" in n and n.split(" ")[0] in NOT_YET_HONOURED]) == 2
+    assert cfg().ignored_settings() == []
+    _, msg = problems({**BASE, "gradient_predivide_factor": 0})
+    assert "gradient_predivide_factor" in msg
+
+
+def test_model_dump_round_trips():
+    c = cfg(optimizer={"type": "AdamW", "params": {"lr": 3e-4}}, scheduler={"type": "WarmupLR"},
+            fp16={"enabled": True})
+    dumped = json.loads(c.model_dump_json(by_alias=True))
+    again = load_config(dumped)
+    assert again.optimizer.torch_kwargs() == c.optimizer.torch_kwargs() and again.precision == "fp16"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import typing
 from typing import Any, Dict, List, Optional, Tuple, Type
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from .errors import dotted, suggest
@@ -20,6 +20,20 @@ PLAIN = "dsfast"           # error type whose message is final
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True,
                               validate_assignment=False, arbitrary_types_allowed=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data: Any):
+        # pydantic's lax mode reads true as 1; in a config that is a mistake ("train_batch_size": true).
+        if isinstance(data, dict):
+            bad = []
+            for name, field in cls.model_fields.items():
+                for key in (name, field.alias):
+                    if key in data and isinstance(data[key], bool) and _is_numeric(field.annotation):
+                        bad.append(((key,), f"must be a number, not {str(data[key]).lower()}"))
+            if bad:
+                raise nested_error(bad)
+        return data
 
     @classmethod
     def known_keys(cls) -> List[str]:
@@ -40,6 +54,14 @@ def nested_error(problems: List[Tuple[Tuple, str]]) -> PydanticCustomError:
     """Carry problems of a sub-schema (e.g. scheduler.params for the chosen type) up with their own paths."""
     return PydanticCustomError(NESTED, "{summary}", {"summary": "; ".join(m for _, m in problems),
                                                       "problems": problems})
+
+
+def _is_numeric(annotation) -> bool:
+    """int/float (possibly Optional or a per-group list) and not bool."""
+    if annotation in (int, float):
+        return True
+    args = typing.get_args(annotation)
+    return bool(args) and bool not in args and any(_is_numeric(a) for a in args if a is not type(None))
 
 
 def _models_in(annotation) -> List[Type[BaseModel]]:
@@ -68,6 +90,23 @@ def model_at(root: Type[BaseModel], path: Tuple) -> Optional[Type[BaseModel]]:
     return cls
 
 
+def _home_of(root: Type[BaseModel], key: str) -> Optional[str]:
+    """The dotted section (below root) whose schema has `key`, for a key put at the wrong level."""
+    queue = [((), root)]
+    seen = set()
+    while queue:
+        path, cls = queue.pop(0)
+        if cls in seen:
+            continue
+        seen.add(cls)
+        if path and issubclass(cls, StrictModel) and key in cls.known_keys():
+            return dotted(path)
+        for name, field in cls.model_fields.items():
+            for sub in _models_in(field.annotation):
+                queue.append((path + (name,), sub))
+    return None
+
+
 def _got(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -87,7 +126,12 @@ def translate(err: ValidationError, root: Type[BaseModel], prefix: Tuple = ()) -
         value = e.get("input")
         if kind == "extra_forbidden":
             parent = model_at(root, loc[:-1])
-            hint = suggest(str(loc[-1]), parent.known_keys() if parent and issubclass(parent, StrictModel) else [])
+            key = str(loc[-1])
+            hint = suggest(key, parent.known_keys() if parent and issubclass(parent, StrictModel) else [])
+            if not hint.startswith("did you mean"):
+                home = _home_of(root, key)
+                if home:
+                    hint = f"{key!r} is a key of {home!r}; move it there"
             msg = "unknown key" + (f"; {hint}" if hint else "")
         elif kind == "missing":
             msg = "required key is missing"

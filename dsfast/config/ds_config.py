@@ -1,6 +1,7 @@
 """DsConfig: the whole ds_config.json as one typed pydantic schema (DeepSpeed's keys and defaults)."""
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, List, Optional
 
@@ -16,6 +17,14 @@ from .optimizer import OptimizerConfig
 from .precision import AmpConfig, Bf16Config, Fp16Config
 from .scheduler import SchedulerConfig
 from .zero import ZeroConfig
+
+
+# Valid settings the engine does not act on yet -> a warning when set to a non-default value. When the engine
+# implements one, delete its line here (this is the one place to change).
+NOT_YET_HONOURED = {
+    "prescale_gradients": "dsfast averages gradients in one step; only rounding could differ",
+    "gradient_predivide_factor": "dsfast averages gradients in one step; only rounding could differ",
+}
 
 
 class DsConfig(StrictModel):
@@ -79,6 +88,7 @@ class DsConfig(StrictModel):
 
     _world_size: int = PrivateAttr(1)
     _source: Optional[str] = PrivateAttr(None)
+    _raw: Optional[dict] = PrivateAttr(None)
 
     # ----------------------------------------------------------------------------------------------- validators
     @model_validator(mode="before")
@@ -162,12 +172,23 @@ class DsConfig(StrictModel):
         return self._source
 
     @property
+    def raw(self) -> dict:
+        """A copy of the mapping the user gave (before defaults and batch resolution), e.g. for checkpoints."""
+        return copy.deepcopy(self._raw) if self._raw is not None else self.model_dump(exclude_unset=True)
+
+    @property
     def dynamic_loss_scale(self) -> bool:
         return self.fp16.enabled and self.fp16.dynamic
 
     def ignored_settings(self) -> List[str]:
         """Human-readable notes for settings that are valid DeepSpeed but have no effect in dsfast."""
         notes: List[str] = []
+        for path, why in NOT_YET_HONOURED.items():
+            section, _, key = path.rpartition(".")
+            owner = getattr(self, section) if section else self
+            default = type(owner).model_fields[key].default
+            if getattr(owner, key) != default:
+                notes.append(f"{path} is ignored: {why}")
         notes += self.bf16.ignored()
         for name in ("flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "compile",
                      "activation_checkpointing", "timers"):

@@ -1,6 +1,7 @@
 """load_config: find the ds_config (path, dict or args), parse it, validate it, report ignored settings."""
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -67,7 +68,7 @@ def _no_duplicate_keys(path):
 def parse_config(data: Mapping[str, Any], world_size: int = 1, source: Optional[str] = None) -> DsConfig:
     """Validate a config mapping into a DsConfig (batch sizes resolved for `world_size`)."""
     if isinstance(data, DsConfig):
-        data = data.model_dump(by_alias=False, exclude_unset=True)
+        data = data.raw     # re-resolve from what the user wrote (e.g. for another world size)
     if not isinstance(data, Mapping):
         raise DsConfigError(f"a ds_config must be a dict or a path to a JSON file (got {type(data).__name__})")
     try:
@@ -76,6 +77,7 @@ def parse_config(data: Mapping[str, Any], world_size: int = 1, source: Optional[
         problems = [(dotted(loc), msg) for loc, msg in translate(err, DsConfig)]
         raise DsConfigError(format_problems(problems, source), problems, source) from None
     cfg._source = source
+    cfg._raw = copy.deepcopy(dict(data))
     return cfg
 
 
