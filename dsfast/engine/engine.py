@@ -195,7 +195,7 @@ class Engine(torch.nn.Module):
         if self._precision.name != "fp16" or self.loss_scaler is None:
             return
         before = self.loss_scale
-        self.loss_scaler.update_scale(overflow)
+        self.loss_scaler.update_scale(overflow, step=self.global_steps)
         if overflow and self.global_rank == 0:
             print(f"[dsfast] step {self.global_steps}: fp16 gradient overflow, step skipped; loss scale "
                   f"{before:g} -> {self.loss_scale:g}", flush=True)

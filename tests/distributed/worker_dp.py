@@ -1,0 +1,53 @@
+"""One rank of a data-parallel engine run on a fixed global batch; rank 0 saves the results.
+
+argv: out_path precision gas clip steps [inject_overflow_rank]
+The global batch of every step is generated from a seed (same on all ranks); micro-step i of rank r takes
+samples [(i * world + r) * micro, ... + micro), so the union over ranks and micro-steps is the global batch.
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dsfast as deepspeed  # noqa: E402
+from dp_common import MICRO, build_model, global_batch, ds_config  # noqa: E402
+
+
+def main():
+    out, precision, gas, clip, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+    inject_rank = int(sys.argv[6]) if len(sys.argv) > 6 else -1
+    deepspeed.init_distributed()
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    model = build_model()
+    cfg = ds_config(precision, gas, world, clip)
+    engine, opt, _, sched = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    record = {"losses": [], "norms": [], "scales": [], "skipped": [], "global_steps": [], "lr_iter": [],
+              "params": [], "states": []}
+    for step in range(steps):
+        x, y = global_batch(step, MICRO * gas * world)
+        for i in range(gas):
+            lo = (i * world + rank) * MICRO
+            loss = torch.nn.functional.mse_loss(engine(x[lo:lo + MICRO]).float(), y[lo:lo + MICRO])
+            if step == 1 and rank == inject_rank:
+                loss = loss * float("inf")  # an fp16 overflow on one rank only
+            engine.backward(loss)
+            engine.step()
+        record["norms"].append(engine.get_global_grad_norm())
+        record["scales"].append(engine.loss_scale)
+        record["skipped"].append(engine.skipped_steps)
+        record["global_steps"].append(engine.global_steps)
+        record["lr_iter"].append(getattr(sched, "last_batch_iteration", None))
+        masters = engine._precision.masters
+        record["params"].append([m.detach().float().clone() for m in masters])
+        record["states"].append({k: v.clone() for m in masters for k, v in opt.state[m].items()
+                                 if torch.is_tensor(v)} if masters and opt.state[masters[0]] else {})
+    record["model_dtype"] = str(next(engine.module.parameters()).dtype)
+    gathered = [None] * world
+    torch.distributed.all_gather_object(gathered, record)
+    if rank == 0:
+        torch.save(gathered, out)
+
+
+if __name__ == "__main__":
+    main()
