@@ -343,11 +343,27 @@ def test_missing_file_names_it(tmp_path):
 
 def test_bad_json_names_file_line_and_column(tmp_path):
     path = tmp_path / "bad.json"
-    path.write_text('{\n  "train_batch_size": 8,\n  "fp16": {"enabled": true,}\n}\n')
+    path.write_text('{\n  "train_batch_size": 8,\n  "fp16": {"enabled": true "hysteresis": 2}\n}\n')
     with pytest.raises(DsConfigError) as info:
         load_config(str(path))
     msg = str(info.value)
-    assert "bad.json" in msg and "line 3" in msg and "column 28" in msg
+    assert "bad.json" in msg and "line 3" in msg and "column 28" in msg and "delimiter" in msg
+
+
+def test_json_comments_and_trailing_commas_accepted_like_deepspeed(tmp_path):
+    # DeepSpeed reads files with hjson, so configs in the wild carry comments and trailing commas.
+    path = tmp_path / "commented.json"
+    path.write_text('{\n  // batch\n  "train_batch_size": 8, # per step\n  /* precision */\n'
+                    '  "fp16": {"enabled": true,},\n  "zero_optimization": {"offload_optimizer": {"nvme_path": '
+                    '"//not/a/comment", "device": "none"}},\n}\n')
+    c = load_config(str(path))
+    assert c.precision == "fp16" and c.zero_optimization.offload_optimizer.nvme_path == "//not/a/comment"
+
+
+def test_base64_config_string_like_deepspeed():
+    import base64
+    text = base64.urlsafe_b64encode(json.dumps({"train_batch_size": 4}).encode()).decode()
+    assert load_config(text).train_batch_size == 4
 
 
 def test_json_duplicate_key_and_non_object(tmp_path):

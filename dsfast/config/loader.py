@@ -1,6 +1,7 @@
 """load_config: find the ds_config (path, dict or args), parse it, validate it, report ignored settings."""
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import logging
@@ -9,6 +10,7 @@ from typing import Any, Mapping, Optional
 
 from pydantic import ValidationError
 
+from . import jsonish
 from .base import translate
 from .ds_config import DsConfig
 from .errors import DsConfigError, dotted, format_problems
@@ -31,6 +33,9 @@ def read_json_file(path: str) -> dict:
     """Read a JSON config file with errors that name the file (and line/column for syntax errors)."""
     path = os.fspath(path)
     if not os.path.exists(path):
+        decoded = _base64_config(path)
+        if decoded is not None:
+            return decoded
         raise DsConfigError(f"ds_config file not found: {path!r} (cwd: {os.getcwd()})", source=path)
     if os.path.isdir(path):
         raise DsConfigError(f"ds_config path is a directory, not a JSON file: {path!r}", source=path)
@@ -40,7 +45,7 @@ def read_json_file(path: str) -> dict:
     except (OSError, UnicodeDecodeError) as err:
         raise DsConfigError(f"cannot read ds_config file {path!r}: {err}", source=path) from None
     try:
-        data = json.loads(text, object_pairs_hook=_no_duplicate_keys(path))
+        data = jsonish.loads(text, object_pairs_hook=_no_duplicate_keys(path))
     except json.JSONDecodeError as err:
         line_text = text.splitlines()[err.lineno - 1] if 0 < err.lineno <= len(text.splitlines()) else ""
         raise DsConfigError(
@@ -50,6 +55,17 @@ def read_json_file(path: str) -> dict:
         raise DsConfigError(f"ds_config file {path!r} must hold a JSON object, not {type(data).__name__}",
                             source=path)
     return data
+
+
+def _base64_config(text: str) -> Optional[dict]:
+    """DeepSpeed also accepts the config as a urlsafe-base64 JSON string (its launcher passes it that way)."""
+    if len(text) < 8 or any(c in text for c in "/\\. "):
+        return None
+    try:
+        data = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _no_duplicate_keys(path):
