@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 
 from . import env
-from .errors import DsfastOpError
+from .errors import DsfastOpLockTimeout
 
 
 @contextmanager
@@ -30,7 +30,7 @@ def build_lock(path, what, timeout):
             except BlockingIOError:
                 waited = time.monotonic() - start
                 if waited >= timeout:
-                    raise DsfastOpError(
+                    raise DsfastOpLockTimeout(
                         f"{what}: gave up after waiting {waited:.0f} s for another process's build "
                         f"(lock file {path} is held by a live process). Wait for it to finish, "
                         f"or raise {env.LOCK_TIMEOUT} (now {timeout:g} s).") from None

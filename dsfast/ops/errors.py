@@ -10,3 +10,7 @@ class DsfastOpError(RuntimeError):
 
 class DsfastOpWarning(UserWarning):
     """An op runs on its pure-torch reference (slower) instead of the native kernel."""
+
+
+class DsfastOpLockTimeout(DsfastOpError):
+    """Another live process held the op's build lock for longer than we may wait (retryable)."""

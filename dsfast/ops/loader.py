@@ -12,7 +12,7 @@ import threading
 import warnings
 
 from . import env, jit, prebuilt, toolchain
-from .errors import DsfastOpError, DsfastOpWarning
+from .errors import DsfastOpError, DsfastOpLockTimeout, DsfastOpWarning
 
 PREBUILT, JIT, REFERENCE = "prebuilt", "jit", "reference"
 AOT_HINT = "DSFAST_BUILD_OPS=1 pip install --no-build-isolation ."
@@ -41,6 +41,8 @@ def load(name):
             raise DsfastOpError(_failed[name])
         try:
             module, origin = _resolve(get_spec(name))
+        except DsfastOpLockTimeout:
+            raise               # another process is still building: a later call may succeed
         except DsfastOpError as e:
             _failed[name] = str(e)
             raise
@@ -55,6 +57,7 @@ def loaded_from(name):
 
 
 def _resolve(spec):
+    env.require_mode()          # a misspelt setting is an error before anything is built
     if env.disabled(spec.name):
         return _fallback(spec, f"disabled by {env.DISABLE}={os.environ.get(env.DISABLE)}")
     module, note = prebuilt.load(spec.name)
