@@ -6,7 +6,7 @@ engine can run. The ZeRO issue widens it; everything else here already validates
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from pydantic import Field, field_validator, model_validator
 
@@ -37,6 +37,8 @@ class OffloadOptimizerConfig(StrictModel):
     pipeline_write: bool = False
     fast_init: bool = False
     ratio: float = Field(1.0, ge=0.0, le=1.0)   # < 1: offload only part of the states (stage 3 only)
+    super_offload: bool = False
+    cpuadam_cores_perc: float = Field(0.8, ge=0.0, le=1.0)
 
     @field_validator("device", mode="before")
     @classmethod
@@ -68,6 +70,13 @@ class OffloadParamConfig(StrictModel):
         if self.device == "nvme" and not self.nvme_path:
             raise plain_error('device "nvme" needs "nvme_path" (a directory on a fast local disk)')
         return self
+
+
+class LeafModuleConfig(StrictModel):
+    """Stage 3: modules gathered as a whole (DeepSpeed's defaults name HF MoE blocks)."""
+    classes: List[str] = Field(default_factory=list)
+    names: List[str] = Field(default_factory=list)
+    name_suffixes: List[str] = Field(default_factory=list)
 
 
 class ZeroConfig(StrictModel):
@@ -110,11 +119,22 @@ class ZeroConfig(StrictModel):
     log_trace_cache_warnings: bool = False
     legacy_stage1: bool = False
     parameter_alignment: bool = False
+    enable_sanity_checks: bool = False
+    save_muon_momentum_buffer_in_memory: bool = False
+    leaf_module: LeafModuleConfig = Field(default_factory=LeafModuleConfig)
+    zenflow: Optional[Dict[str, Any]] = None    # ZenFlow (DeepSpeed 0.18+): rejected below
     # Deprecated DeepSpeed spellings, mapped onto the keys above in _map_deprecated.
     cpu_offload: Optional[bool] = None
     cpu_offload_param: Optional[bool] = None
     cpu_offload_use_pin_memory: Optional[bool] = None
     stage3_gather_fp16_weights_on_model_save: Optional[bool] = None
+
+    @field_validator("zenflow")
+    @classmethod
+    def _no_zenflow(cls, v):
+        if v:
+            raise plain_error("ZenFlow (stall-free offloading) is not supported by dsfast; remove \"zenflow\"")
+        return v
 
     @field_validator("stage")
     @classmethod
