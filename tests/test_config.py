@@ -433,3 +433,20 @@ def test_model_dump_round_trips():
     dumped = json.loads(c.model_dump_json(by_alias=True))
     again = load_config(dumped)
     assert again.optimizer.torch_kwargs() == c.optimizer.torch_kwargs() and again.precision == "fp16"
+
+
+def test_remaining_deepspeed_top_level_keys():
+    c = cfg(disable_python_gc=True, managed_gradient_accumulation=False, log_level="info",
+            use_data_before_expert_parallelism=True, gradient_allreduce_op="mean", sequence_parallel_size=1,
+            optimizer={"type": "sgd", "legacy_fusion": True})
+    notes = "\n".join(c.ignored_settings())
+    for key in ("disable_python_gc", "managed_gradient_accumulation", "log_level",
+                "use_data_before_expert_parallelism", "optimizer.legacy_fusion"):
+        assert key in notes
+    for bad, key in (({"gradient_allreduce_op": "sum"}, "gradient_allreduce_op"),
+                     ({"sequence_parallel_size": 2}, "sequence_parallel_size"),
+                     ({"expert_parallel": {"enabled": True}}, "expert_parallel"),
+                     ({"log_level": "loud"}, "log_level"),
+                     ({"zero_optimization": {"zenflow": {"topk_ratio": 0.1}}}, "zero_optimization.zenflow")):
+        _, msg = problems({**BASE, **bad})
+        assert f"{key}: " in msg

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Union
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
@@ -58,6 +58,12 @@ class DsConfig(StrictModel):
     dataloader_drop_last: bool = False
     sparse_gradients: bool = False
     disable_allgather: bool = False
+    disable_python_gc: Union[bool, int] = False
+    managed_gradient_accumulation: bool = True
+    gradient_allreduce_op: str = "mean"              # DeepSpeed 0.19: "mean" | "sum"
+    log_level: Optional[str] = None
+    sequence_parallel_size: int = Field(1, ge=1)
+    use_data_before_expert_parallelism: bool = False
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     # --- accepted, reported as ignored when enabled ---
     activation_checkpointing: ActivationCheckpointingConfig = Field(default_factory=ActivationCheckpointingConfig)
@@ -85,6 +91,8 @@ class DsConfig(StrictModel):
     tensor_parallel: Any = None
     nebula: Any = None
     aio: Any = None
+    expert_parallel: Any = None
+    graph_harvesting: Any = None
 
     _world_size: int = PrivateAttr(1)
     _source: Optional[str] = PrivateAttr(None)
@@ -117,6 +125,31 @@ class DsConfig(StrictModel):
     @classmethod
     def _dtype(cls, v):
         return normalize_dtype(v)
+
+    @field_validator("gradient_allreduce_op", mode="before")
+    @classmethod
+    def _allreduce_op(cls, v):
+        if v == "sum":
+            raise plain_error('"sum" (summed instead of averaged gradients) is not supported by dsfast; dsfast '
+                              'averages over ranks as DeepSpeed does by default: use "mean" or remove the key')
+        if v != "mean":
+            raise plain_error(f'must be "mean" (got {v!r})')
+        return v
+
+    @field_validator("sequence_parallel_size")
+    @classmethod
+    def _no_sp(cls, v):
+        if v != 1:
+            raise plain_error(f"sequence parallelism is not supported by dsfast (got {v}); remove the key or use 1")
+        return v
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level(cls, v):
+        valid = ("debug", "info", "warning", "error", "critical")
+        if v is not None and (not isinstance(v, str) or v.lower() not in valid):
+            raise plain_error(f"must be one of {', '.join(valid)} (got {v!r})")
+        return v
 
     @field_validator("sparse_gradients")
     @classmethod
@@ -200,9 +233,16 @@ class DsConfig(StrictModel):
         if self.seq_parallel_communication_data_type is not None:
             notes.append("seq_parallel_communication_data_type is ignored; dsfast has no sequence parallelism")
         for flag, why in (("memory_breakdown", "no memory report"), ("dump_state", "no state dump"),
-                          ("disable_allgather", "no ZeRO all-gather at stage 0")):
+                          ("disable_allgather", "no ZeRO all-gather at stage 0"),
+                          ("disable_python_gc", "dsfast leaves Python's garbage collector alone"),
+                          ("use_data_before_expert_parallelism", "dsfast has no expert parallelism"),
+                          ("log_level", 'configure the "dsfast" logger with the logging module')):
             if getattr(self, flag):
                 notes.append(f"{flag} is ignored ({why})")
+        if not self.managed_gradient_accumulation:
+            notes.append("managed_gradient_accumulation=false is ignored; the engine always accumulates")
+        if self.optimizer is not None and self.optimizer.legacy_fusion:
+            notes.append("optimizer.legacy_fusion is ignored (a DeepSpeed fp16 optimizer variant)")
         for key in UNSUPPORTED_FEATURES:
             if getattr(self, key) is not None:
                 notes.append(f'"{key}" is present but disabled; ignored')

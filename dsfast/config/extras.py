@@ -163,6 +163,8 @@ UNSUPPORTED_FEATURES = {
     "tensor_parallel": "tensor parallelism",
     "nebula": "Nebula checkpointing",
     "aio": "NVMe async I/O",
+    "expert_parallel": "expert parallelism (MoE)",
+    "graph_harvesting": "graph harvesting (removed in DeepSpeed 0.19 too)",
 }
 
 

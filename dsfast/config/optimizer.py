@@ -102,6 +102,7 @@ OPTIMIZER_PARAMS = {"adam": AdamParams, "adamw": AdamParams, "sgd": SGDParams}
 class OptimizerConfig(StrictModel):
     type: str
     params: Any = None   # validated into the type's schema (AdamParams / SGDParams) by _typed_params
+    legacy_fusion: bool = False   # DeepSpeed's old fused fp16 optimizer switch; reported as ignored
 
     @model_validator(mode="before")
     @classmethod
