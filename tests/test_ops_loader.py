@@ -322,3 +322,18 @@ def test_import_dsfast_builds_and_imports_nothing(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert out.returncode == 0, out.stderr
     assert not (tmp_path / "cache").exists()
+
+
+def test_status_follows_the_op_through_its_states(tiny, monkeypatch):
+    from dsfast.ops import status
+    state, detail = status.op_status(tiny.spec)
+    assert state == "buildable" and str(tiny.cache) in detail
+    loader.load(OP)
+    state, detail = status.op_status(tiny.spec)
+    assert state == "cached" and "built in" in detail
+    monkeypatch.setenv("CXX", str(tiny.tmp / "no-such-compiler"))
+    write_op(tiny.root, tiny.value + 5)            # new sources, not in the cache, no compiler
+    state, detail = status.op_status(tiny.spec)
+    assert state == "unavailable" and "no C++ compiler" in detail
+    monkeypatch.setenv("DSFAST_DISABLE_OPS", OP)
+    assert status.op_status(tiny.spec)[0] == "disabled"
