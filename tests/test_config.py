@@ -450,3 +450,8 @@ def test_remaining_deepspeed_top_level_keys():
                      ({"zero_optimization": {"zenflow": {"topk_ratio": 0.1}}}, "zero_optimization.zenflow")):
         _, msg = problems({**BASE, **bad})
         assert f"{key}: " in msg
+
+
+def test_section_given_as_scalar():
+    _, msg = problems({**BASE, "fp16": True})
+    assert 'fp16: must be a JSON object (a mapping of settings) such as {"enabled": true} (got True)' in msg

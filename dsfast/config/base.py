@@ -137,6 +137,10 @@ def translate(err: ValidationError, root: Type[BaseModel], prefix: Tuple = ()) -
             msg = "required key is missing"
         elif kind == PLAIN:
             msg = ctx["message"]
+        elif kind == "model_type":
+            target = model_at(root, loc)
+            example = ' such as {"enabled": true}' if target is not None and "enabled" in target.model_fields else ""
+            msg = f"must be a JSON object (a mapping of settings){example} (got {_got(value)})"
         elif isinstance(value, str) and value == "auto":
             msg = ("'auto' is a placeholder that the Hugging Face Trainer fills in before the config reaches the "
                    "engine; give a concrete value here")
