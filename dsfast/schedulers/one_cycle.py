@@ -16,7 +16,7 @@ from typing import List, Optional, Tuple, Union
 
 from dsfast.config.scheduler import LRRangeTestParams, OneCycleParams
 
-from .base import LRSchedule, per_group, validated
+from .base import LRSchedule, per_group, validated, write_lr
 from .warmup import _args
 
 logger = logging.getLogger("dsfast.schedulers")
@@ -59,9 +59,7 @@ class OneCycle(LRSchedule):
             self.beta2s = [float(g["betas"][1]) for g in groups]
         if self.last_batch_iteration == -1:
             # DeepSpeed starts at the low end of both ranges.
-            self._last_lr = [float(v) for v in self.min_lrs]
-            for g, lr in zip(groups, self.min_lrs):
-                g["lr"] = lr
+            self._last_lr = write_lr(groups, self.min_lrs)
             if self.cycle_momentum:
                 self._write_betas(self.min_moms)
 
@@ -132,7 +130,6 @@ class LRRangeTest(LRSchedule):
         self.step_rate = p.lr_range_test_step_rate
         self.staircase = p.lr_range_test_staircase
         if self.last_batch_iteration == -1:
-            from .base import write_lr
             self._last_lr = write_lr(self.param_groups, self.min_lrs)
 
     def _interval(self) -> float:
