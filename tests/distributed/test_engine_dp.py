@@ -36,11 +36,20 @@ def _close(got, want, atol, rtol=0):
         torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
 
 
+FP32, BF16, FP16 = f"fp32:2:0.05:{STEPS}", f"bf16:2:0:{STEPS}", f"fp16:1:0:{STEPS}:1"
+
+
 @pytest.fixture(scope="module")
-def fp32_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dp") / "fp32.pt"
-    launch(WORKER, [out, "fp32", 2, 0.05, STEPS], nprocs=2, timeout=120)
+def runs(tmp_path_factory):
+    """All 2-rank runs in one launch (process start-up dominates on a small CPU)."""
+    out = tmp_path_factory.mktemp("dp") / "runs.pt"
+    launch(WORKER, [out, FP32, BF16, FP16], nprocs=2, timeout=150)
     return torch.load(out)
+
+
+@pytest.fixture
+def fp32_run(runs):
+    return runs[FP32]
 
 
 def test_fp32_two_ranks_gas2_match_torch_on_global_batch_with_clipping(fp32_run):
@@ -54,10 +63,8 @@ def test_fp32_two_ranks_gas2_match_torch_on_global_batch_with_clipping(fp32_run)
     assert min(want_norms) > 0.05, "test premise: clipping must be active"
 
 
-def test_bf16_two_ranks_gas2_match_one_rank_gas4(tmp_path):
-    out = tmp_path / "bf16.pt"
-    launch(WORKER, [out, "bf16", 2, 0.0, STEPS], nprocs=2, timeout=120)
-    ranks = torch.load(out)
+def test_bf16_two_ranks_gas2_match_one_rank_gas4(runs):
+    ranks = runs[BF16]
     assert ranks[0]["model_dtype"] == "torch.bfloat16"
     single = run_engine_in_process("bf16", gas=4, clip=0.0)
     fp32_ref, _ = torch_reference(STEPS, MICRO * 4, clip=0.0)
@@ -69,3 +76,19 @@ def test_bf16_two_ranks_gas2_match_one_rank_gas4(tmp_path):
         # and bf16 training stays near fp32 training (Adam turns tiny sign flips into +-lr, so compare overall)
         got, want = torch.cat([p.flatten() for p in ranks[0]["params"][step]]), torch.cat([p.flatten() for p in fp32_ref[step]])
         assert (got - want).norm() / want.norm() < 1e-2
+
+
+def test_fp16_overflow_on_one_rank_skips_the_step_on_all_ranks(runs):
+    ranks = runs[FP16]  # rank 1 overflows at step 1
+    assert ranks[0]["model_dtype"] == "torch.float16"
+    for r in ranks:
+        assert r["skipped"] == [0, 1, 1] and r["global_steps"] == [1, 2, 3]
+        assert r["scales"] == [256, 128, 128]             # initial_scale_power 8, hysteresis 1
+        it = r["lr_iter"]
+        assert it[1] == it[0] and it[2] == it[0] + 1       # the scheduler did not step on the skipped step
+        _close(r["params"][1], r["params"][0], atol=0)     # params and optimizer state untouched
+        for k in r["states"][0]:
+            torch.testing.assert_close(r["states"][1][k], r["states"][0][k], atol=0, rtol=0)
+        assert all(torch.isfinite(p).all() for p in r["params"][2])
+        assert any(not torch.equal(a, b) for a, b in zip(r["params"][2], r["params"][1]))
+    _close(ranks[1]["params"][2], ranks[0]["params"][2], atol=0)

@@ -1,6 +1,7 @@
 """One rank of a data-parallel engine run on a fixed global batch; rank 0 saves the results.
 
-argv: out_path precision gas clip steps [inject_overflow_rank]
+argv: out_path run [run ...], each run "precision:gas:clip:steps[:inject_overflow_rank]"; the runs share the
+processes (one start-up for several checks). Saves {run: [record per rank]}.
 The global batch of every step is generated from a seed (same on all ranks); micro-step i of rank r takes
 samples [(i * world + r) * micro, ... + micro), so the union over ranks and micro-steps is the global batch.
 """
@@ -15,9 +16,18 @@ from dp_common import MICRO, build_model, global_batch, ds_config  # noqa: E402
 
 
 def main():
-    out, precision, gas, clip, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
-    inject_rank = int(sys.argv[6]) if len(sys.argv) > 6 else -1
     deepspeed.init_distributed()
+    results = {run: train(*parse(run)) for run in sys.argv[2:]}
+    if torch.distributed.get_rank() == 0:
+        torch.save(results, sys.argv[1])
+
+
+def parse(run):
+    parts = run.split(":")
+    return parts[0], int(parts[1]), float(parts[2]), int(parts[3]), int(parts[4]) if len(parts) > 4 else -1
+
+
+def train(precision, gas, clip, steps, inject_rank):
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     model = build_model()
     cfg = ds_config(precision, gas, world, clip)
@@ -45,8 +55,7 @@ def main():
     record["model_dtype"] = str(next(engine.module.parameters()).dtype)
     gathered = [None] * world
     torch.distributed.all_gather_object(gathered, record)
-    if rank == 0:
-        torch.save(gathered, out)
+    return gathered
 
 
 if __name__ == "__main__":
