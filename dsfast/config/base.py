@@ -6,7 +6,7 @@ translator turns that into "fp16.loss_scale_windw: unknown key; did you mean 'lo
 from __future__ import annotations
 
 import typing
-from typing import Any, Dict, List, Optional, Tuple, Type
+from typing import Any, List, Optional, Tuple, Type
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
