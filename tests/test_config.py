@@ -191,7 +191,7 @@ def test_zero_stage_above_supported_is_an_error_not_stage0():
 
 def test_zero_bool_forms():
     _, msg = problems({**BASE, "zero_optimization": True})  # true = stage 1, as DeepSpeed
-    assert "ZeRO stage 1" in msg and "means stage 1" in msg
+    assert "zero_optimization: true means ZeRO stage 1 (as in DeepSpeed)" in msg
     assert cfg(zero_optimization=False).zero_stage == 0
 
 
@@ -292,6 +292,14 @@ def test_other_top_level_keys_accepted_or_rejected():
                 "communication_data_type", "grad_accum_dtype"):
         assert key in notes
     assert "wandb" not in notes and "csv_monitor" not in notes
+
+
+def test_io_tuning_sections_are_ignored_with_a_note():
+    c = cfg(aio={"block_size": 1048576, "queue_depth": 16}, nebula={"enabled": True})
+    notes = "\n".join(c.ignored_settings())
+    assert '"aio" is ignored' in notes and '"nebula" is ignored' in notes
+    _, msg = problems({**BASE, "aio": 3})
+    assert "aio: " in msg
 
 
 def test_unsupported_features_error_when_enabled():

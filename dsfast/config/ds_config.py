@@ -3,20 +3,20 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from .base import StrictModel, nested_error, plain_error
 from .batch import BatchSizeError, resolve_batch_sizes
-from .extras import (UNSUPPORTED_FEATURES, ActivationCheckpointingConfig, CheckpointConfig, CometConfig,
+from .extras import (IGNORED_SECTIONS, UNSUPPORTED_FEATURES, ActivationCheckpointingConfig, CheckpointConfig, CometConfig,
                      CommsLoggerConfig, CompileConfig, CsvMonitorConfig, DataTypesConfig, FlopsProfilerConfig,
                      TensorboardConfig, TimersConfig, TorchAutocastConfig, WandbConfig, check_unsupported_feature,
                      normalize_dtype)
 from .optimizer import OptimizerConfig
 from .precision import AmpConfig, Bf16Config, Fp16Config
 from .scheduler import SchedulerConfig
-from .zero import ZeroConfig
+from .zero import SUPPORTED_ZERO_STAGES, ZeroConfig
 
 
 # Valid settings the engine does not act on yet -> a warning when set to a non-default value. When the engine
@@ -89,10 +89,11 @@ class DsConfig(StrictModel):
     hybrid_engine: Any = None
     weight_quantization: Any = None
     tensor_parallel: Any = None
-    nebula: Any = None
-    aio: Any = None
     expert_parallel: Any = None
     graph_harvesting: Any = None
+    # --- I/O tuning for features dsfast lacks: accepted with a warning (see extras.IGNORED_SECTIONS) ---
+    aio: Optional[Dict[str, Any]] = None
+    nebula: Optional[Dict[str, Any]] = None
 
     _world_size: int = PrivateAttr(1)
     _source: Optional[str] = PrivateAttr(None)
@@ -111,6 +112,9 @@ class DsConfig(StrictModel):
     def _zero_bool(cls, v):
         # DeepSpeed's legacy form: true means stage 1, false stage 0.
         if isinstance(v, bool):
+            if v and 1 not in SUPPORTED_ZERO_STAGES:
+                raise plain_error('true means ZeRO stage 1 (as in DeepSpeed), which dsfast does not support yet: '
+                                  'only stage 0 runs today. Use "zero_optimization": {"stage": 0} or remove the key')
             return {"stage": 1 if v else 0}
         return {} if v is None else v
 
@@ -246,4 +250,7 @@ class DsConfig(StrictModel):
         for key in UNSUPPORTED_FEATURES:
             if getattr(self, key) is not None:
                 notes.append(f'"{key}" is present but disabled; ignored')
+        for key, why in IGNORED_SECTIONS.items():
+            if getattr(self, key):
+                notes.append(f'"{key}" is ignored: {why}')
         return notes

@@ -145,8 +145,7 @@ class ZeroConfig(StrictModel):
                 f"ZeRO stage {v} is not supported by dsfast yet: only stage "
                 f"{', '.join(str(s) for s in sorted(SUPPORTED_ZERO_STAGES))} (data parallelism without "
                 "partitioning) runs today; partitioning lands in a later release. Set "
-                '"zero_optimization": {"stage": 0} or remove the key ("zero_optimization": true means stage 1, '
-                "as in DeepSpeed)")
+                '"zero_optimization": {"stage": 0} or remove the key')
         return v
 
     @model_validator(mode="before")
