@@ -102,7 +102,7 @@ dc::AmpScalars amp_scalars(const char* op, const at::Device& d, const c10::optio
 void adam_(TensorList grads, TensorList params, TensorList exp_avgs, TensorList exp_avg_sqs,
            TensorList steps, TensorList model_copies, double lr, double beta1, double beta2, double eps,
            double weight_decay, bool adamw, bool bias_correction, c10::optional<Tensor> inv_scale,
-           c10::optional<Tensor> clip_coef, c10::optional<Tensor> found_inf) {
+           c10::optional<Tensor> clip_coef, c10::optional<Tensor> found_inf, bool maximize) {
   const char* op = "dsfast adam_";
   if (params.empty()) return;
   const at::Device dev = first_device(op, params);
@@ -154,6 +154,7 @@ void adam_(TensorList grads, TensorList params, TensorList exp_avgs, TensorList 
   a.weight_decay = (float)weight_decay;
   a.adamw = adamw;
   a.bias_correction = bias_correction;
+  a.maximize = maximize;
   a.amp = amp_scalars(op, dev, inv_scale, clip_coef, found_inf);
   const c10::cuda::CUDAGuard guard(dev);
   dc::adam(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream());
@@ -161,7 +162,8 @@ void adam_(TensorList grads, TensorList params, TensorList exp_avgs, TensorList 
 
 void sgd_(TensorList grads, TensorList params, TensorList momentum_buffers, TensorList model_copies,
           double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool first_step,
-          c10::optional<Tensor> inv_scale, c10::optional<Tensor> clip_coef, c10::optional<Tensor> found_inf) {
+          c10::optional<Tensor> inv_scale, c10::optional<Tensor> clip_coef, c10::optional<Tensor> found_inf,
+          bool maximize) {
   const char* op = "dsfast sgd_";
   if (params.empty()) return;
   const at::Device dev = first_device(op, params);
@@ -204,6 +206,7 @@ void sgd_(TensorList grads, TensorList params, TensorList momentum_buffers, Tens
   a.weight_decay = (float)weight_decay;
   a.nesterov = nesterov;
   a.first_step = first_step;
+  a.maximize = maximize;
   a.amp = amp_scalars(op, dev, inv_scale, clip_coef, found_inf);
   const c10::cuda::CUDAGuard guard(dev);
   dc::sgd(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream());
@@ -264,11 +267,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("exp_avgs"), py::arg("exp_avg_sqs"), py::arg("steps"), py::arg("model_copies"), py::arg("lr"),
         py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("adamw"),
         py::arg("bias_correction"), py::arg("inv_scale") = py::none(), py::arg("clip_coef") = py::none(),
-        py::arg("found_inf") = py::none());
+        py::arg("found_inf") = py::none(), py::arg("maximize") = false);
   m.def("sgd_", &sgd_, "SGD over tensor lists", py::arg("grads"), py::arg("params"),
         py::arg("momentum_buffers"), py::arg("model_copies"), py::arg("lr"), py::arg("momentum"),
         py::arg("dampening"), py::arg("weight_decay"), py::arg("nesterov"), py::arg("first_step"),
-        py::arg("inv_scale") = py::none(), py::arg("clip_coef") = py::none(), py::arg("found_inf") = py::none());
+        py::arg("inv_scale") = py::none(), py::arg("clip_coef") = py::none(), py::arg("found_inf") = py::none(),
+        py::arg("maximize") = false);
   m.def("unscale_and_check_", &unscale_and_check_, "grads *= inv_scale; found_inf = 1 on inf/nan",
         py::arg("grads"), py::arg("inv_scale"), py::arg("found_inf"));
   m.def("l2_norm", &l2_norm, "L2 norms: (total, per_tensor, clip_coef)", py::arg("tensors"),

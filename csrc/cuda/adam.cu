@@ -15,6 +15,7 @@ struct AdamArgs {
   AdamCoeffs coeffs;  // built on the host without bias correction; the kernel adds it per tensor
   float lr;
   bool bias_correction;
+  bool maximize;
   AmpScalars amp;
 };
 
@@ -64,6 +65,7 @@ struct AdamFunctor {
     float scale = 1.0f;
     if (a.amp.inv_scale != nullptr) scale *= *a.amp.inv_scale;
     if (a.amp.clip_coef != nullptr) scale *= *a.amp.clip_coef;
+    if (a.maximize) scale = -scale;
     b.c.grad_scale = scale;
     if (a.bias_correction) {  // same formula as make_adam_coeffs, with this tensor's step
       const double step = *static_cast<const float*>(meta.addr[4][t]);
@@ -102,6 +104,7 @@ void adam(const AdamParams& p, cudaStream_t stream) {
   a.lr = p.lr;
   a.bias_correction = p.bias_correction;
   a.amp = p.amp;
+  a.maximize = p.maximize;
   dispatch_dtype(p.grad_dtype, "dsfast adam grads", [&](auto gt) {
     using G = typename decltype(gt)::type;
     if (p.model_copies != nullptr) {

@@ -41,6 +41,7 @@ struct AdamParams {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
   bool adamw = true;
   bool bias_correction = true;
+  bool maximize = false;    // ascend: the gradient's sign is flipped
   AmpScalars amp;
 };
 void adam(const AdamParams& p, cudaStream_t stream);
@@ -60,6 +61,7 @@ struct SGDParams {
   float lr = 1e-3f, momentum = 0.0f, dampening = 0.0f, weight_decay = 0.0f;
   bool nesterov = false;
   bool first_step = false;  // seed the buffers with the gradient (torch's first step)
+  bool maximize = false;
   AmpScalars amp;
 };
 void sgd(const SGDParams& p, cudaStream_t stream);

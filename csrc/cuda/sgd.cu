@@ -13,6 +13,7 @@ namespace {
 struct SGDArgs {
   SGDCoeffs coeffs;
   bool has_buffers;  // momentum != 0
+  bool maximize;
   AmpScalars amp;
 };
 
@@ -65,6 +66,7 @@ struct SGDFunctor {
     float scale = 1.0f;
     if (a.amp.inv_scale != nullptr) scale *= *a.amp.inv_scale;
     if (a.amp.clip_coef != nullptr) scale *= *a.amp.clip_coef;
+    if (a.maximize) scale = -scale;
     b.c.grad_scale = scale;
     bool aligned = is_aligned<W>(b.g) && is_aligned<W>(b.p);
     if (b.has_buf) aligned = aligned && is_aligned<W>(b.buf);
@@ -95,6 +97,7 @@ void sgd(const SGDParams& p, cudaStream_t stream) {
   a.coeffs = make_sgd_coeffs(p.lr, p.momentum, p.dampening, p.weight_decay, p.nesterov, p.first_step);
   a.has_buffers = p.momentum != 0.0f;
   a.amp = p.amp;
+  a.maximize = p.maximize;
   if (a.has_buffers && p.momentum_buffers == nullptr)
     throw std::invalid_argument("dsfast sgd: momentum != 0 needs momentum buffers");
   dispatch_dtype(p.grad_dtype, "dsfast sgd grads", [&](auto gt) {

@@ -1,0 +1,188 @@
+"""FusedAdam: torch.optim-compatible Adam/AdamW over dsfast's multi-tensor CUDA kernel.
+
+    opt = dsfast.optim.FusedAdam(model.parameters(), lr=1e-3, weight_decay=0.01)   # AdamW (adam_w_mode)
+    opt = dsfast.optim.FusedAdam(params, adam_w_mode=False)                         # Adam, L2 decay
+
+* DeepSpeed's FusedAdam signature. One kernel launch updates hundreds of tensors; params may be
+  fp32, fp16 or bf16 and gradients fp32, fp16 or bf16, read as they are (math in fp32).
+* State is torch's fused layout: `step` a float32 scalar tensor on the param's device,
+  `exp_avg`, `exp_avg_sq` in the param's dtype, so state dicts move to and from
+  torch.optim.Adam/AdamW. With master_weights=True a 16-bit param also gets an fp32
+  `master_param` and fp32 moments; the kernel updates the master and writes the rounded
+  value into the param in the same pass.
+* Mixed precision without host syncs: step(grad_scale=, found_inf=, clip_coef=) (device
+  tensors) unscales and clips the gradients inside the kernel and skips the whole update,
+  step counts included, when found_inf is set. torch.amp.GradScaler drives it as it drives
+  torch's fused optimizers (`_step_supports_amp_scaling`).
+* CUDA params use the native op (built on first use, see dsfast.ops); other devices, or a
+  machine that cannot build it, run the pure-torch reference with the same results.
+"""
+import torch
+
+from ..ops import multi_tensor
+from .validation import check_adam_hparams, check_unsupported_flags
+
+_HALF = (torch.float16, torch.bfloat16)
+_FLOAT = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def amp_scalars(device, grad_scale, found_inf, clip_coef, cache):
+    """(inv_scale, found_inf, clip_coef) on `device`, computed once per device per step."""
+    if device not in cache:
+        inv = None
+        if grad_scale is not None:
+            if not isinstance(grad_scale, torch.Tensor) or grad_scale.numel() != 1:
+                raise TypeError(f"grad_scale must be a one-element tensor (GradScaler's scale), got {grad_scale!r}")
+            # Same inverse as GradScaler.unscale_: computed in double, rounded once.
+            inv = grad_scale.to(device, non_blocking=True).double().reciprocal().float()
+        flag = multi_tensor._scalar("found_inf", found_inf, device)
+        coef = multi_tensor._scalar("clip_coef", clip_coef, device)
+        cache[device] = tuple(None if t is None else t.reshape(()) for t in (inv, flag, coef))
+    return cache[device]
+
+
+def check_param_and_grad(p, where):
+    if p.dtype not in _FLOAT:
+        raise TypeError(f"{where} has dtype {p.dtype}; FusedAdam/FusedSGD update float32, float16 or bfloat16 params")
+    g = p.grad
+    if g.is_sparse:
+        raise TypeError(f"{where}.grad is sparse; FusedAdam/FusedSGD need dense gradients")
+    if g.dtype not in _FLOAT:
+        raise TypeError(f"{where}.grad has dtype {g.dtype}; supported: float32, float16, bfloat16")
+    if g.shape != p.shape:
+        raise ValueError(f"{where}.grad has shape {tuple(g.shape)} but the parameter has {tuple(p.shape)}")
+    if not p.is_contiguous():
+        raise ValueError(f"{where} is not contiguous (stride {p.stride()}); the kernel updates params in place")
+    return g if g.is_contiguous() else g.contiguous()
+
+
+def steps_back_on_overflow(steps, found_inf):
+    """Undo the step-count increment of a skipped step, on the device (as torch's fused Adam)."""
+    if found_inf is not None and steps:
+        torch._foreach_sub_(steps, [found_inf] * len(steps))
+
+
+class FusedAdam(torch.optim.Optimizer):
+    """Adam/AdamW; adam_w_mode=True (default) decouples weight decay as AdamW does."""
+
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, adam_w_mode=True,
+                 weight_decay=0.0, amsgrad=False, set_grad_none=True, *, maximize=False, master_weights=False):
+        check_adam_hparams(lr, betas, eps, weight_decay, amsgrad)
+        if not isinstance(master_weights, bool):
+            raise TypeError(f"master_weights must be a bool, got {master_weights!r}")
+        self.adam_w_mode = bool(adam_w_mode)
+        self.master_weights = master_weights
+        self.set_grad_none = set_grad_none
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps, weight_decay=weight_decay,
+                        amsgrad=amsgrad, maximize=maximize)
+        super().__init__(params, defaults)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for group in self.param_groups:
+            _group_defaults(group)
+
+    def zero_grad(self, set_to_none=None):
+        super().zero_grad(self.set_grad_none if set_to_none is None else set_to_none)
+
+    def load_state_dict(self, state_dict):
+        # torch casts loaded state to the param's dtype; keep fp32 master state fp32.
+        saved = {k: dict(v) for k, v in state_dict.get("state", {}).items()}
+        super().load_state_dict(state_dict)
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for pid, p in zip(ids, params):
+            state = self.state.get(p)
+            if state:
+                _normalise_state(p, state, saved.get(pid, {}), self._uses_master(p))
+        for group in self.param_groups:
+            _group_defaults(group)
+
+    def _uses_master(self, p):
+        return self.master_weights and p.dtype in _HALF
+
+    @torch.no_grad()
+    def step(self, closure=None, *, grad_scale=None, found_inf=None, clip_coef=None):
+        """One step. grad_scale: the loss scale the gradients carry (divided out in the kernel);
+        found_inf: skip the step when nonzero; clip_coef: multiplies the unscaled gradients.
+        All three are optional one-element float32 tensors; GradScaler sets the first two."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if grad_scale is None:
+            grad_scale = getattr(self, "grad_scale", None)
+        if found_inf is None:
+            found_inf = getattr(self, "found_inf", None)
+        scalars = {}
+        for gi, group in enumerate(self.param_groups):
+            lr, (beta1, beta2), eps, wd = check_adam_hparams(group["lr"], group["betas"], group["eps"],
+                                                              group["weight_decay"], group.get("amsgrad", False))
+            check_unsupported_flags(group, ("differentiable",))
+            buckets = {}
+            for j, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                g = check_param_and_grad(p, f"param_groups[{gi}]['params'][{j}]")
+                state = self.state[p]
+                master = self._uses_master(p)
+                if len(state) == 0:
+                    _init_state(p, state, master)
+                key = (p.device, g.dtype, p.dtype, master)
+                b = buckets.get(key)
+                if b is None:
+                    b = buckets[key] = ([], [], [], [], [], [])
+                b[0].append(g)
+                b[1].append(state["master_param"] if master else p)
+                b[2].append(state["exp_avg"])
+                b[3].append(state["exp_avg_sq"])
+                b[4].append(state["step"])
+                if master:
+                    b[5].append(p)
+            for (device, _, _, master), (gs, ps, ms, vs, steps, copies) in buckets.items():
+                inv, flag, coef = amp_scalars(device, grad_scale, found_inf, clip_coef, scalars)
+                torch._foreach_add_(steps, 1)
+                multi_tensor.backend(device).adam_(
+                    gs, ps, ms, vs, steps, copies, lr, beta1, beta2, eps, wd, self.adam_w_mode,
+                    bool(group["bias_correction"]), inv, coef, flag, bool(group["maximize"]))
+                steps_back_on_overflow(steps, flag)
+        return loss
+
+
+def _group_defaults(group):
+    group.setdefault("bias_correction", True)
+    group.setdefault("amsgrad", False)
+    group.setdefault("maximize", False)
+
+
+def _init_state(p, state, master):
+    dtype = torch.float32 if master else p.dtype
+    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+    state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)
+    state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)
+    if master:
+        state["master_param"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format).clone()
+
+
+def _normalise_state(p, state, saved, master):
+    """Loaded state in the kernel's layout: step a float32 scalar on the param's device, moments
+    contiguous in the param's dtype (fp32 with master weights, from the saved full precision)."""
+    step = state.get("step")
+    if step is not None:
+        state["step"] = torch.as_tensor(step, dtype=torch.float32).reshape(()).to(p.device).clone()
+    dtype = torch.float32 if master else p.dtype
+    for key in ("exp_avg", "exp_avg_sq"):
+        if key in state:
+            if master:  # from the saved tensor, not torch's copy rounded to the param's dtype
+                state[key] = saved.get(key, state[key]).to(device=p.device, dtype=dtype, copy=True,
+                                                           memory_format=torch.contiguous_format)
+            else:
+                state[key] = state[key].to(device=p.device, dtype=dtype, memory_format=torch.contiguous_format)
+    if master:
+        src = saved.get("master_param")
+        state["master_param"] = (src if src is not None else p.detach()).to(
+            device=p.device, dtype=torch.float32, copy=True, memory_format=torch.contiguous_format)
+    else:
+        state.pop("master_param", None)

@@ -1,0 +1,115 @@
+"""FusedSGD: torch.optim.SGD-compatible SGD over dsfast's multi-tensor CUDA kernel.
+
+    opt = dsfast.optim.FusedSGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+
+* torch.optim.SGD's signature and semantics (momentum, dampening, nesterov, weight decay,
+  maximize); params fp32, fp16 or bf16, gradients fp32, fp16 or bf16 (math in fp32).
+* State is torch's layout (`momentum_buffer` in the param's dtype, only when momentum != 0),
+  so state dicts move to and from torch.optim.SGD. master_weights=True keeps an fp32
+  `master_param` (and an fp32 buffer) for 16-bit params and writes the param in the same pass.
+* step(grad_scale=, found_inf=, clip_coef=) as FusedAdam: unscale, clip and skip inside the
+  kernel; torch.amp.GradScaler drives it.
+* With dampening == 0 (the default) a new momentum buffer starts at zero, which gives exactly
+  torch's first step (buf = grad) and stays right when that step is skipped for overflow.
+"""
+import torch
+
+from ..ops import multi_tensor
+from .fused_adam import _HALF, amp_scalars, check_param_and_grad
+from .validation import check_sgd_hparams, check_unsupported_flags
+
+
+class FusedSGD(torch.optim.Optimizer):
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
+                 maximize=False, master_weights=False):
+        check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
+        if not isinstance(master_weights, bool):
+            raise TypeError(f"master_weights must be a bool, got {master_weights!r}")
+        self.master_weights = master_weights
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                        nesterov=nesterov, maximize=maximize)
+        super().__init__(params, defaults)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("nesterov", False)
+            group.setdefault("maximize", False)
+
+    def load_state_dict(self, state_dict):
+        saved = {k: dict(v) for k, v in state_dict.get("state", {}).items()}
+        super().load_state_dict(state_dict)
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for pid, p in zip(ids, params):
+            state = self.state.get(p)
+            if not state:
+                continue
+            master = self._uses_master(p)
+            dtype = torch.float32 if master else p.dtype
+            buf = state.get("momentum_buffer")
+            if buf is not None:
+                src = saved.get(pid, {}).get("momentum_buffer", buf) if master else buf
+                state["momentum_buffer"] = src.to(device=p.device, dtype=dtype, copy=master,
+                                                  memory_format=torch.contiguous_format)
+            if master:
+                src = saved.get(pid, {}).get("master_param")
+                state["master_param"] = (src if src is not None else p.detach()).to(
+                    device=p.device, dtype=torch.float32, copy=True, memory_format=torch.contiguous_format)
+            else:
+                state.pop("master_param", None)
+        for group in self.param_groups:
+            group.setdefault("nesterov", False)
+            group.setdefault("maximize", False)
+
+    def _uses_master(self, p):
+        return self.master_weights and p.dtype in _HALF
+
+    @torch.no_grad()
+    def step(self, closure=None, *, grad_scale=None, found_inf=None, clip_coef=None):
+        """One step; grad_scale / found_inf / clip_coef as in FusedAdam.step."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if grad_scale is None:
+            grad_scale = getattr(self, "grad_scale", None)
+        if found_inf is None:
+            found_inf = getattr(self, "found_inf", None)
+        scalars = {}
+        for gi, group in enumerate(self.param_groups):
+            lr, momentum, dampening, wd, nesterov = check_sgd_hparams(
+                group["lr"], group["momentum"], group["dampening"], group["weight_decay"], group["nesterov"])
+            check_unsupported_flags(group, ("differentiable",))
+            buckets = {}
+            for j, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                g = check_param_and_grad(p, f"param_groups[{gi}]['params'][{j}]")
+                state = self.state[p]
+                master = self._uses_master(p)
+                if master and "master_param" not in state:
+                    state["master_param"] = p.detach().to(torch.float32, copy=True,
+                                                          memory_format=torch.contiguous_format)
+                first = False
+                if momentum != 0.0 and state.get("momentum_buffer") is None:
+                    dtype = torch.float32 if master else p.dtype
+                    state["momentum_buffer"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)
+                    first = dampening != 0.0  # zeros + (1 - 0) * g == g: only dampening needs the seed
+                key = (p.device, g.dtype, p.dtype, master, first)
+                b = buckets.get(key)
+                if b is None:
+                    b = buckets[key] = ([], [], [], [])
+                b[0].append(g)
+                b[1].append(state["master_param"] if master else p)
+                if momentum != 0.0:
+                    b[2].append(state["momentum_buffer"])
+                if master:
+                    b[3].append(p)
+            for (device, _, _, _, first), (gs, ps, bufs, copies) in buckets.items():
+                inv, flag, coef = amp_scalars(device, grad_scale, found_inf, clip_coef, scalars)
+                multi_tensor.backend(device).sgd_(gs, ps, bufs, copies, lr, momentum, dampening, wd, nesterov, first,
+                                                  inv, coef, flag, bool(group["maximize"]))
+        return loss
