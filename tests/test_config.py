@@ -463,3 +463,8 @@ def test_remaining_deepspeed_top_level_keys():
 def test_section_given_as_scalar():
     _, msg = problems({**BASE, "fp16": True})
     assert 'fp16: must be a JSON object (a mapping of settings) such as {"enabled": true} (got True)' in msg
+
+
+def test_key_of_several_sections_lists_them():
+    _, msg = problems({**BASE, "enabled": True})
+    assert "'enabled' belongs inside a section such as 'fp16', 'bf16'" in msg

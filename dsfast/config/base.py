@@ -90,21 +90,21 @@ def model_at(root: Type[BaseModel], path: Tuple) -> Optional[Type[BaseModel]]:
     return cls
 
 
-def _home_of(root: Type[BaseModel], key: str) -> Optional[str]:
-    """The dotted section (below root) whose schema has `key`, for a key put at the wrong level."""
+def _homes_of(root: Type[BaseModel], key: str) -> List[str]:
+    """The dotted sections (below root) whose schema has `key`, for a key put at the wrong level."""
     queue = [((), root)]
-    seen = set()
+    seen, homes = set(), []
     while queue:
         path, cls = queue.pop(0)
         if cls in seen:
             continue
         seen.add(cls)
         if path and issubclass(cls, StrictModel) and key in cls.known_keys():
-            return dotted(path)
+            homes.append(dotted(path))
         for name, field in cls.model_fields.items():
             for sub in _models_in(field.annotation):
                 queue.append((path + (name,), sub))
-    return None
+    return homes
 
 
 def _got(value: Any) -> str:
@@ -129,9 +129,12 @@ def translate(err: ValidationError, root: Type[BaseModel], prefix: Tuple = ()) -
             key = str(loc[-1])
             hint = suggest(key, parent.known_keys() if parent and issubclass(parent, StrictModel) else [])
             if not hint.startswith("did you mean"):
-                home = _home_of(root, key)
-                if home:
-                    hint = f"{key!r} is a key of {home!r}; move it there"
+                homes = _homes_of(root, key)
+                if len(homes) == 1:
+                    hint = f"{key!r} is a key of {homes[0]!r}; move it there"
+                elif homes:
+                    shown = ", ".join(repr(h) for h in homes[:4]) + (", ..." if len(homes) > 4 else "")
+                    hint = f"{key!r} belongs inside a section such as {shown}"
             msg = "unknown key" + (f"; {hint}" if hint else "")
         elif kind == "missing":
             msg = "required key is missing"
