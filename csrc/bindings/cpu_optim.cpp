@@ -128,7 +128,7 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
     DType od = check_out(outs, i, params[i], w, &out);
     counters[i] = step_counter(steps[i], w);
     const int64_t step = int64_t(*counters[i]) + 1;
-    auto c = dsfast::make_adam_coeffs(float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), adamw,
+    auto c = dsfast::make_adam_coeffs(lr, beta1, beta2, eps, weight_decay, adamw,
                                       bias_correction, step);
     c.grad_scale = float(grad_scale);
     work[i] = {params[i].data_ptr<float>(), grads[i].data_ptr(), exp_avgs[i].data_ptr<float>(),
@@ -164,7 +164,7 @@ void sgd_step(const std::vector<at::Tensor>& params, const std::vector<at::Tenso
     }
     void* out = nullptr;
     DType od = check_out(outs, i, params[i], w, &out);
-    auto c = dsfast::make_sgd_coeffs(float(lr), float(momentum), float(dampening), float(weight_decay), nesterov,
+    auto c = dsfast::make_sgd_coeffs(lr, momentum, dampening, weight_decay, nesterov,
                                      mom && first_steps[i]);
     c.grad_scale = float(grad_scale);
     work[i] = {params[i].data_ptr<float>(), grads[i].data_ptr(), buf, out, params[i].numel(), gd, od, c};

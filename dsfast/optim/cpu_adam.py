@@ -56,8 +56,11 @@ class CPUAdam(torch.optim.Optimizer):
         if not fp32_optimizer_states:
             raise ValueError("fp32_optimizer_states=False is not supported: CPUAdam keeps fp32 states")
         self.isa = _cpu_op.check_isa(isa)
+        # decoupled_weight_decay is torch.optim.Adam's name for adamw_mode: kept equal so that
+        # state dicts carry the right rule to and from torch.
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                        bias_correction=bias_correction, adamw_mode=adamw_mode, maximize=maximize)
+                        bias_correction=bias_correction, adamw_mode=adamw_mode,
+                        decoupled_weight_decay=adamw_mode, maximize=maximize)
         super().__init__(params, defaults)
 
     def __setstate__(self, state):
@@ -66,7 +69,9 @@ class CPUAdam(torch.optim.Optimizer):
             group.setdefault("amsgrad", False)
             group.setdefault("maximize", False)
             group.setdefault("bias_correction", True)
-            group.setdefault("adamw_mode", getattr(self, "_default_adamw", True))
+            if "adamw_mode" not in group:   # a state dict from torch.optim.Adam/AdamW
+                group["adamw_mode"] = bool(group.get("decoupled_weight_decay", getattr(self, "_default_adamw", True)))
+            group["decoupled_weight_decay"] = group["adamw_mode"]
 
     def load_state_dict(self, state_dict):
         super().load_state_dict(state_dict)
@@ -109,8 +114,10 @@ class CPUAdam(torch.optim.Optimizer):
                     outs.append(halves[j])
             if not params:
                 continue
+            adamw = bool(group["adamw_mode"])
+            group["decoupled_weight_decay"] = adamw
             _cpu_op.call(op.adam_step, gi, indices, params, grads, ms, vs, outs, steps, lr, beta1, beta2, eps, wd,
-                         bool(group["adamw_mode"]), bool(group["bias_correction"]),
+                         adamw, bool(group["bias_correction"]),
                          -1.0 if group.get("maximize") else 1.0, threads, self.isa)
         return loss
 

@@ -32,22 +32,24 @@ struct AdamCoeffs {
   float grad_scale;       // g *= grad_scale first (1 = off; e.g. an inverse loss scale, -1 = maximize)
 };
 
-// `step` is the 1-based count after this update, as torch stores it.
-inline AdamCoeffs make_adam_coeffs(float lr, float beta1, float beta2, float eps,
-                                   float weight_decay, bool adamw, bool bias_correction,
+// `step` is the 1-based count after this update, as torch stores it. Arguments are
+// double so that 1 - beta and lr * wd are formed before rounding to float, as torch does
+// (1.0f - 0.999f is 1.3e-5 away from 0.001f).
+inline AdamCoeffs make_adam_coeffs(double lr, double beta1, double beta2, double eps,
+                                   double weight_decay, bool adamw, bool bias_correction,
                                    int64_t step) {
   AdamCoeffs c;
-  c.beta1 = beta1;
-  c.beta2 = beta2;
-  c.one_minus_beta1 = 1.0f - beta1;
-  c.one_minus_beta2 = 1.0f - beta2;
-  c.eps = eps;
-  double bc1 = bias_correction ? 1.0 - std::pow((double)beta1, (double)step) : 1.0;
-  double bc2 = bias_correction ? 1.0 - std::pow((double)beta2, (double)step) : 1.0;
+  c.beta1 = (float)beta1;
+  c.beta2 = (float)beta2;
+  c.one_minus_beta1 = (float)(1.0 - beta1);
+  c.one_minus_beta2 = (float)(1.0 - beta2);
+  c.eps = (float)eps;
+  double bc1 = bias_correction ? 1.0 - std::pow(beta1, (double)step) : 1.0;
+  double bc2 = bias_correction ? 1.0 - std::pow(beta2, (double)step) : 1.0;
   c.step_size = (float)(lr / bc1);
   c.inv_bc2_sqrt = (float)(1.0 / std::sqrt(bc2));
-  c.l2_decay = adamw ? 0.0f : weight_decay;
-  c.decoupled_decay = adamw ? lr * weight_decay : 0.0f;
+  c.l2_decay = adamw ? 0.0f : (float)weight_decay;
+  c.decoupled_decay = adamw ? (float)(lr * weight_decay) : 0.0f;
   c.grad_scale = 1.0f;
   return c;
 }
@@ -59,7 +61,8 @@ inline AdamCoeffs make_adam_coeffs(float lr, float beta1, float beta2, float eps
 template <typename V>
 DSFAST_HD void adam_update(V& p, V g, V& m, V& v, const AdamCoeffs& c) {
   g = g * V(c.grad_scale);
-  g = g + V(c.l2_decay) * p;
+  // skipped when zero, as torch does: 0 * inf would turn an infinite param into NaN
+  if (c.l2_decay != 0.0f) g = g + V(c.l2_decay) * p;
   m = m + V(c.one_minus_beta1) * (g - m);
   v = V(c.beta2) * v + V(c.one_minus_beta2) * g * g;
   V denom = dsfast_sqrt(v) * V(c.inv_bc2_sqrt) + V(c.eps);
@@ -78,16 +81,17 @@ struct SGDCoeffs {
   float grad_scale; // g *= grad_scale first (1 = off; -1 = maximize)
 };
 
-inline SGDCoeffs make_sgd_coeffs(float lr, float momentum, float dampening, float weight_decay,
+inline SGDCoeffs make_sgd_coeffs(double lr, double momentum, double dampening, double weight_decay,
                                  bool nesterov, bool first_step) {
-  return SGDCoeffs{lr, weight_decay, momentum, 1.0f - dampening, nesterov, first_step, 1.0f};
+  return SGDCoeffs{(float)lr, (float)weight_decay, (float)momentum, (float)(1.0 - dampening), nesterov,
+                   first_step, 1.0f};
 }
 
 // One element of SGD. `buf` is ignored when momentum == 0.
 template <typename V>
 DSFAST_HD void sgd_update(V& p, V g, V& buf, const SGDCoeffs& c) {
   g = g * V(c.grad_scale);
-  g = g + V(c.weight_decay) * p;
+  if (c.weight_decay != 0.0f) g = g + V(c.weight_decay) * p;  // skipped at 0, as torch does
   if (c.momentum != 0.0f) {
     buf = c.first_step ? g : V(c.momentum) * buf + V(c.one_minus_dampening) * g;
     g = c.nesterov ? g + V(c.momentum) * buf : buf;

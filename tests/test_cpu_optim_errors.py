@@ -1,0 +1,129 @@
+"""Every bad input to the CPU optimizers gets a ValueError/TypeError naming the parameter and
+the value, before anything is updated."""
+import pytest
+import torch
+
+import dsfast.optim as O
+from dsfast.optim.cpu_adam import adam_flat_step
+from dsfast.optim.cpu_sgd import sgd_flat_step
+from _cpu_optim_helpers import cpu_op
+
+
+def p_(n=8):
+    return torch.zeros(n, requires_grad=True)
+
+
+@pytest.mark.parametrize("kwargs,exc,words", [
+    (dict(lr=-1.0), ValueError, ["lr", "-1.0"]),
+    (dict(lr="fast"), TypeError, ["lr", "fast"]),
+    (dict(betas=(1.0, 0.999)), ValueError, ["beta1", "1.0", "[0, 1)"]),
+    (dict(betas=(0.9, -0.1)), ValueError, ["beta2", "-0.1"]),
+    (dict(betas=(0.9,)), TypeError, ["betas"]),
+    (dict(eps=0.0), ValueError, ["eps", "0.0"]),
+    (dict(eps=float("nan")), ValueError, ["eps", "nan"]),
+    (dict(weight_decay=-0.1), ValueError, ["weight_decay", "-0.1"]),
+    (dict(amsgrad=True), ValueError, ["amsgrad"]),
+    (dict(fp32_optimizer_states=False), ValueError, ["fp32_optimizer_states"]),
+    (dict(isa="sse9"), ValueError, ["isa", "sse9"]),
+])
+def test_adam_bad_hyperparameters(kwargs, exc, words):
+    with pytest.raises(exc) as e:
+        O.CPUAdam([p_()], **kwargs)
+    for w in words:
+        assert w in str(e.value), f"{w!r} missing from: {e.value}"
+
+
+@pytest.mark.parametrize("kwargs,exc,words", [
+    (dict(lr=-0.5), ValueError, ["lr", "-0.5"]),
+    (dict(momentum=-0.9), ValueError, ["momentum", "-0.9"]),
+    (dict(weight_decay=-1), ValueError, ["weight_decay", "-1"]),
+    (dict(nesterov=True), ValueError, ["nesterov", "momentum"]),
+    (dict(momentum=0.9, dampening=0.1, nesterov=True), ValueError, ["nesterov", "dampening"]),
+])
+def test_sgd_bad_hyperparameters(kwargs, exc, words):
+    with pytest.raises(exc) as e:
+        O.CPUSGD([p_()], **kwargs)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_bad_hyperparameter_set_later_is_caught_at_step():
+    p = p_()
+    opt = O.CPUAdamW([p], lr=1e-3)
+    opt.param_groups[0]["lr"] = -1e-3
+    p.grad = torch.ones_like(p)
+    with pytest.raises(ValueError, match="lr"):
+        opt.step()
+    assert torch.equal(p.detach(), torch.zeros(8)), "a rejected step must not touch the parameter"
+
+
+@pytest.mark.parametrize("cls", [O.CPUAdam, O.CPUSGD])
+def test_non_contiguous_param_is_refused_not_copied(cls):
+    good = p_()
+    base = torch.zeros(4, 6)
+    bad = base.t().requires_grad_()           # a non-contiguous leaf
+    opt = cls([good, bad], lr=0.1)
+    good.grad, bad.grad = torch.ones_like(good), torch.ones_like(bad)
+    with pytest.raises(ValueError) as e:
+        opt.step()
+    assert "param_groups[0]['params'][1]" in str(e.value) and "contiguous" in str(e.value)
+    assert torch.equal(good.detach(), torch.zeros(8)), "nothing may be updated when one tensor is refused"
+
+
+@pytest.mark.parametrize("cls", [O.CPUAdam, O.CPUSGD])
+def test_non_cpu_param_is_refused(cls):
+    p = torch.zeros(8, device="meta", requires_grad=True)
+    opt = cls([p], lr=0.1)
+    p.grad = torch.zeros(8, device="meta")
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[0\].*meta"):
+        opt.step()
+
+
+@pytest.mark.parametrize("cls", [O.CPUAdam, O.CPUSGD])
+def test_non_fp32_param_is_refused(cls):
+    p = torch.zeros(8, dtype=torch.float64, requires_grad=True)
+    opt = cls([p], lr=0.1)
+    p.grad = torch.ones_like(p)
+    with pytest.raises(TypeError, match="float64|Double"):
+        opt.step()
+
+
+def test_flat_entry_point_checks_grads_and_outputs():
+    n = 10
+    p, m, v = torch.zeros(n), torch.zeros(n), torch.zeros(n)
+    with pytest.raises(ValueError, match="shape"):
+        adam_flat_step(p, torch.zeros(n + 1), m, v, 0, lr=1e-3)
+    with pytest.raises(TypeError, match="gradient dtypes"):
+        adam_flat_step(p, torch.zeros(n, dtype=torch.int32), m, v, 0, lr=1e-3)
+    with pytest.raises(ValueError, match="not contiguous"):
+        adam_flat_step(p, torch.zeros(2 * n)[::2], m, v, 0, lr=1e-3)
+    with pytest.raises(ValueError, match="exp_avg_sq"):
+        adam_flat_step(p, torch.zeros(n), m, torch.zeros(n - 1), 0, lr=1e-3)
+    with pytest.raises(TypeError, match="bfloat16 or float16"):
+        adam_flat_step(p, torch.zeros(n), m, v, 0, lr=1e-3, out16=torch.zeros(n))
+    with pytest.raises(ValueError, match="16-bit output"):
+        adam_flat_step(p, torch.zeros(n), m, v, 0, lr=1e-3, out16=torch.zeros(n + 2, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="momentum_buffer"):
+        sgd_flat_step(p, torch.zeros(n), lr=0.1, momentum=0.9)
+    with pytest.raises(ValueError, match="eps"):
+        adam_flat_step(p, torch.zeros(n), m, v, 0, lr=1e-3, eps=-1.0)
+    assert torch.equal(p, torch.zeros(n)) and torch.equal(m, torch.zeros(n)), "refused calls must not update"
+
+
+def test_fp16_param_groups_checked():
+    p = p_()
+    opt = O.CPUAdam([p])
+    p.grad = torch.ones_like(p)
+    with pytest.raises(ValueError, match="fp16_param_groups"):
+        opt.step(fp16_param_groups=[[torch.zeros(8, dtype=torch.bfloat16)] * 2])
+    with pytest.raises(TypeError, match="bfloat16 or float16"):
+        opt.step(fp16_param_groups=[[torch.zeros(8)]])
+
+
+def test_forcing_an_isa_the_cpu_lacks_is_refused():
+    op = cpu_op()
+    missing = [i for i in ("avx512", "avx2") if i not in op.available_isas()]
+    if not missing:
+        pytest.skip("this CPU runs every ISA body")
+    with pytest.raises(ValueError, match=missing[0]):
+        O.CPUAdam([p_()], isa=missing[0])
