@@ -14,6 +14,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import sys
 from typing import List, Optional
 
@@ -137,7 +138,13 @@ def execute(plan) -> int:
         if plan.ssh_port:
             env["PDSH_SSH_ARGS_APPEND"] = (env.get("PDSH_SSH_ARGS_APPEND", "") + f" -p {plan.ssh_port}").strip()
     child = Child(argv=plan.commands[0], label=plan.commands[0][0], env=env)
-    rc = Supervisor([child]).run()
+    sup = Supervisor([child])
+    if plan.launcher == "pdsh":
+        # pdsh waits for every node, so a rank failing on one node would leave the others running: watch the
+        # node launchers' own failure line in pdsh's output and stop the whole job on the first one.
+        child.prefix = ""
+        child.on_line = lambda line: _watch_pdsh_line(line, sup)
+    rc = sup.run()
     if plan.launcher == "pdsh" and rc != 0:
         from .runners import stop_pdsh_job
         stop_pdsh_job(plan, env)
@@ -147,6 +154,15 @@ def execute(plan) -> int:
 def format_plan(obj: dict) -> str:
     """One JSON object, one top-level key per line (readable, still plain JSON for tools)."""
     return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in obj.items()) + "\n}"
+
+
+_FAILURE_LINE = re.compile(rb"dsfast: rank (\d+) exited with code (\d+)")
+
+
+def _watch_pdsh_line(line: bytes, sup) -> None:
+    m = _FAILURE_LINE.search(line)
+    if m:
+        sup.fail(int(m.group(2)), f"rank {int(m.group(1))} failed on a remote node (exit code {int(m.group(2))})")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

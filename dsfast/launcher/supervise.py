@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 GRACE_S = float(os.environ.get("DSFAST_KILL_GRACE", "3"))
 POLL_S = 0.05
@@ -39,6 +39,7 @@ class Child:
     cpus: Optional[List[int]] = None    # pin to these cores
     stdin_pipe: bool = False            # hold a pipe as its stdin; closing it asks the child to stop (ssh)
     stdin_devnull: bool = False
+    on_line: Optional[Callable[[bytes], None]] = None  # sees each captured output line (pdsh failure detection)
     proc: Optional[subprocess.Popen] = field(default=None, repr=False)
 
 
@@ -64,6 +65,7 @@ class _Output:
 
     def __init__(self, child: Child):
         self.prefix = child.prefix.encode()
+        self.on_line = child.on_line
         self.log = open(child.log_path, "wb") if child.log_path else None
         self.log_lock = threading.Lock()
         self.threads = [threading.Thread(target=self._pump, args=(child.proc.stdout, 1), daemon=True),
@@ -88,6 +90,8 @@ class _Output:
                     stream.flush()
                 except (OSError, ValueError):  # our reader went away: keep draining so the child never blocks
                     pass
+            if self.on_line is not None:
+                self.on_line(line)
         pipe.close()
 
     def join(self, timeout):
@@ -123,6 +127,13 @@ class Supervisor:
         self.stop_signal: Optional[int] = None
         self.signals_seen = 0
         self.outputs: List[_Output] = []
+        self.reported_failure = None  # (exit code, message) from fail(), e.g. a remote rank seen in pdsh output
+
+    def fail(self, code: int, message: str):
+        """Stop everything and return `code` (callable from any thread)."""
+        if self.reported_failure is None:
+            self.reported_failure = (code, message)
+        self.wake.set()
 
     # --- stop requests -------------------------------------------------------------------------------------------
     def _on_signal(self, signum, frame):
@@ -199,6 +210,9 @@ class Supervisor:
                          f"{' (signal ' + signal.Signals(-rc).name + ')' if rc < 0 else ''}"
                          f"{'; ' + hint if hint else ''}"
                          f"{f'; stopping the other {others}' if others else ''}")
+            if result == 0 and self.reported_failure is not None:
+                result, message = self.reported_failure
+                _say(f"{message}; stopping the job")
             if result != 0 or running == 0 or self.stop_signal is not None:
                 break
             self.wake.wait(POLL_S)

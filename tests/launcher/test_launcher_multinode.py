@@ -136,16 +136,31 @@ def test_pdsh_two_nodes(sshd, job):
     check_three_ranks(out, port)
 
 
-def test_ssh_failing_rank_on_one_node_stops_all_nodes(sshd, job):
-    (job / ".dsfast_env").write_text("FAIL=2:3\nFAIL_AFTER=1.5\n")  # reaches the ranks only via the env file
+def runner_args(launcher, sshd):
+    """(extra dsfast options, extra environment) to reach the test sshd with each runner."""
+    tool = {"ssh": "ssh", "pdsh": "pdsh", "openmpi": "mpirun"}[launcher]
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} not installed")
+    if launcher == "ssh":
+        return ["--launcher_args", f"-F {sshd}"], {}
+    if launcher == "pdsh":
+        return ["--launcher", "pdsh"], {"PDSH_SSH_ARGS_APPEND": f"-F {sshd}"}
+    return ["--launcher", "openmpi", "--launcher_args", f"--mca plm_rsh_args '-F {sshd}'"], {}
+
+
+@pytest.mark.parametrize("launcher", ["ssh", "pdsh", "openmpi"])
+def test_failing_rank_on_one_node_stops_all_nodes(sshd, job, launcher):
+    opts, extra_env = runner_args(launcher, sshd)
+    (job / ".dsfast_env").write_text("FAIL=2:3\nFAIL_AFTER=1.5\n")  # reaches remote ranks only via the env file
     t0 = time.monotonic()
-    rc, out, err = run([sys.executable, "-m", "dsfast.launcher", "-H", "hf", "--launcher_args", f"-F {sshd}",
-                        "sleep.py"], job, env=cpu_env(), timeout=40)
+    rc, out, err = run([sys.executable, "-m", "dsfast.launcher", "-H", "hf"] + opts + ["sleep.py"], job,
+                       env=cpu_env(**extra_env), timeout=40)
+    elapsed = time.monotonic() - t0
     assert rc == 3, err
-    assert time.monotonic() - t0 < 20
+    assert elapsed < 20, f"took {elapsed:.1f}s"
     pids = [int(p) for line in out.splitlines() if "PID " in line for p in line.split("PID ")[1].split()]
     assert len(pids) == 6 and wait_gone(pids, 8) == []
-    assert "node 1 (127.0.0.2) exited with code 3" in err
+    assert "rank 2 exited with code 3" in err
 
 
 def test_ssh_sigterm_stops_every_node(sshd, job):

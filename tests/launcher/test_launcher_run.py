@@ -107,3 +107,18 @@ def test_module_launch_and_missing_script(tmp_path):
     assert "[rank0]: HELLO 0 ['--local_rank=0', 'a']" in out
     rc, out, err = run([sys.executable, "-m", "dsfast.launcher", "nope.py"], tmp_path, env=cpu_env())
     assert rc == 2 and "user script 'nope.py' not found" in err
+
+
+def test_bind_cores_and_stderr_prefix(tmp_path):
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs at least 2 usable cores to give 2 ranks one each")
+    (tmp_path / "aff.py").write_text(
+        "import os, sys\n"
+        "print('AFF', os.environ['RANK'], sorted(os.sched_getaffinity(0)), os.environ['OMP_NUM_THREADS'])\n"
+        "print('ERRLINE', os.environ['RANK'], file=sys.stderr)\n")
+    rc, out, err = run([sys.executable, "-m", "dsfast.launcher", "--num_procs", "2", "--bind_core_list",
+                        f"{cores[0]},{cores[1]}", "aff.py"], tmp_path, env=cpu_env())
+    assert rc == 0, err
+    assert f"[rank0]: AFF 0 [{cores[0]}] 1" in out and f"[rank1]: AFF 1 [{cores[1]}] 1" in out
+    assert "[rank0]: ERRLINE 0" in err and "[rank1]: ERRLINE 1" in err and "ERRLINE" not in out
