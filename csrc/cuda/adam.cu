@@ -13,7 +13,7 @@ namespace {
 
 struct AdamArgs {
   AdamCoeffs coeffs;  // built on the host without bias correction; the kernel adds it per tensor
-  float lr;
+  double lr, beta1, beta2;
   bool bias_correction;
   bool maximize;
   AmpScalars amp;
@@ -69,8 +69,8 @@ struct AdamFunctor {
     b.c.grad_scale = scale;
     if (a.bias_correction) {  // same formula as make_adam_coeffs, with this tensor's step
       const double step = *static_cast<const float*>(meta.addr[4][t]);
-      b.c.step_size = (float)(a.lr / (1.0 - pow((double)a.coeffs.beta1, step)));
-      b.c.inv_bc2_sqrt = (float)(1.0 / sqrt(1.0 - pow((double)a.coeffs.beta2, step)));
+      b.c.step_size = (float)(a.lr / (1.0 - pow(a.beta1, step)));
+      b.c.inv_bc2_sqrt = (float)(1.0 / sqrt(1.0 - pow(a.beta2, step)));
     }
     bool aligned = is_aligned<W>(b.g) && is_aligned<W>(b.p) && is_aligned<W>(b.m) && is_aligned<W>(b.v);
     if constexpr (kCopy) aligned = aligned && is_aligned<W>(b.out);
@@ -102,6 +102,8 @@ void adam(const AdamParams& p, cudaStream_t stream) {
   a.coeffs = make_adam_coeffs(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.adamw,
                               /*bias_correction=*/false, /*step=*/1);
   a.lr = p.lr;
+  a.beta1 = p.beta1;
+  a.beta2 = p.beta2;
   a.bias_correction = p.bias_correction;
   a.amp = p.amp;
   a.maximize = p.maximize;

@@ -38,7 +38,8 @@ struct AdamParams {
   float* const* steps = nullptr;           // fp32 step counts per tensor, already incremented
   void* const* model_copies = nullptr;     // optional
   DType model_dtype = DType::kBFloat16;
-  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  // double, as torch passes them: 1 - beta and lr * wd are formed before rounding to float
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   bool adamw = true;
   bool bias_correction = true;
   bool maximize = false;    // ascend: the gradient's sign is flipped
@@ -58,7 +59,7 @@ struct SGDParams {
   void* const* momentum_buffers = nullptr;
   void* const* model_copies = nullptr;
   DType model_dtype = DType::kBFloat16;
-  float lr = 1e-3f, momentum = 0.0f, dampening = 0.0f, weight_decay = 0.0f;
+  double lr = 1e-3, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
   bool nesterov = false;
   bool first_step = false;  // seed the buffers with the gradient (torch's first step)
   bool maximize = false;

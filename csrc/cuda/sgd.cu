@@ -95,7 +95,7 @@ void sgd(const SGDParams& p, cudaStream_t stream) {
   if (p.ntensors == 0) return;
   SGDArgs a;
   a.coeffs = make_sgd_coeffs(p.lr, p.momentum, p.dampening, p.weight_decay, p.nesterov, p.first_step);
-  a.has_buffers = p.momentum != 0.0f;
+  a.has_buffers = p.momentum != 0.0;
   a.amp = p.amp;
   a.maximize = p.maximize;
   if (a.has_buffers && p.momentum_buffers == nullptr)

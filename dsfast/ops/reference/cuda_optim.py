@@ -59,19 +59,21 @@ def adam_(grads, params, exp_avgs, exp_avg_sqs, steps, model_copies, lr, beta1, 
     if _skipped(found_inf):
         return
     gmul = _grad_multiplier(inv_scale, clip_coef, maximize)
-    l2 = 0.0 if adamw else weight_decay
     f32 = torch.float32
-    # Same float32 roundings of the coefficients as make_adam_coeffs.
-    decay = float(torch.tensor(1.0, dtype=f32) - torch.tensor(lr, dtype=f32) * torch.tensor(weight_decay, dtype=f32)) \
-        if adamw else 1.0
-    one_minus_b1 = float(1.0 - torch.tensor(beta1, dtype=f32))
-    one_minus_b2 = float(1.0 - torch.tensor(beta2, dtype=f32))
+
+    def r32(x):  # round a Python float to float32, as the kernel's coefficients are
+        return float(torch.tensor(x, dtype=f32))
+
+    # make_adam_coeffs: 1 - beta and lr * wd formed in double, then rounded once.
+    l2 = 0.0 if adamw else r32(weight_decay)
+    decay = float(torch.tensor(1.0, dtype=f32) - r32(lr * weight_decay)) if adamw else 1.0
+    one_minus_b1, one_minus_b2 = r32(1.0 - beta1), r32(1.0 - beta2)
     for i, p in enumerate(params):
         step = float(steps[i])
-        bc1 = 1.0 - math.pow(float(torch.tensor(beta1, dtype=f32)), step) if bias_correction else 1.0
-        bc2 = 1.0 - math.pow(float(torch.tensor(beta2, dtype=f32)), step) if bias_correction else 1.0
-        step_size = float(torch.tensor(float(torch.tensor(lr, dtype=f32)) / bc1, dtype=f32))
-        inv_bc2_sqrt = float(torch.tensor(1.0 / math.sqrt(bc2), dtype=f32))
+        bc1 = 1.0 - math.pow(beta1, step) if bias_correction else 1.0
+        bc2 = 1.0 - math.pow(beta2, step) if bias_correction else 1.0
+        step_size = r32(lr / bc1)
+        inv_bc2_sqrt = r32(1.0 / math.sqrt(bc2))
         g = grads[i].to(f32) * gmul
         pv = p.to(f32)
         m = exp_avgs[i].to(f32)
@@ -102,8 +104,8 @@ def sgd_(grads, params, momentum_buffers, model_copies, lr, momentum, dampening,
     if _skipped(found_inf):
         return
     gmul = _grad_multiplier(inv_scale, clip_coef, maximize)
+    one_minus_damp = float(torch.tensor(1.0 - dampening, dtype=torch.float32))
     f32 = torch.float32
-    one_minus_damp = float(1.0 - torch.tensor(dampening, dtype=f32))
     for i, p in enumerate(params):
         g = grads[i].to(f32) * gmul
         pv = p.to(f32)
