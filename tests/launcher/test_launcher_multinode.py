@@ -173,3 +173,14 @@ def test_ssh_sigterm_stops_every_node(sshd, job):
         assert wait_gone(pids, 8) == []
     finally:
         cleanup(proc, pids)
+
+
+def test_ssh_unreachable_node_is_reported(job):
+    if shutil.which("ssh") is None:
+        pytest.skip("ssh not installed")
+    closed = free_port()  # nothing listens there: ssh fails at once with 255
+    rc, out, err = run([sys.executable, "-m", "dsfast.launcher", "-H", "hf", "--ssh_port", str(closed),
+                        "--launcher_args", "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+                        "sleep.py"], job, env=cpu_env(), timeout=40)
+    assert rc == 255
+    assert "exited with code 255; ssh could not connect or authenticate" in err

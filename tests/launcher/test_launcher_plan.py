@@ -213,3 +213,13 @@ def test_missing_subcommand_module_is_a_clear_error(monkeypatch, capsys):
 
 def test_report_subcommand_targets_dsfast_report_main():
     assert cli.SUBCOMMANDS["report"] == "dsfast.report:main"
+
+
+def test_report_module_when_present_has_main():
+    import importlib.util
+    if importlib.util.find_spec("dsfast.report") is None:
+        pytest.skip("dsfast/report.py not written yet")
+    import inspect
+
+    import dsfast.report
+    assert callable(dsfast.report.main) and len(inspect.signature(dsfast.report.main).parameters) >= 1
