@@ -468,3 +468,21 @@ def test_section_given_as_scalar():
 def test_key_of_several_sections_lists_them():
     _, msg = problems({**BASE, "enabled": True})
     assert "'enabled' belongs inside a section such as 'fp16', 'bf16'" in msg
+
+
+def test_check_command(tmp_path, capsys):
+    from dsfast.config.__main__ import main
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"train_batch_size": 32, "fp16": {"enabled": True}, "tensorboard": {"enabled": True},
+                                "optimizer": {"type": "AdamW"}}))
+    assert main([str(good), "--world-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "micro 8 x accumulation 1 x world 4" in out and "dynamic from 2**16" in out and "note: tensorboard" in out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"train_batch_size": 32, "fp16": {"hysteresys": 2}}))
+    assert main([str(bad)]) == 1
+    assert "fp16.hysteresys: unknown key; did you mean 'hysteresis'?" in capsys.readouterr().err
+    assert main(["--defaults"]) == 0
+    out = capsys.readouterr().out
+    assert "fp16.loss_scale_window = 1000  [>= 1]" in out
+    assert 'scheduler.params ("type": "WarmupDecayLR") total_num_steps = required' in out

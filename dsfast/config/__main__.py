@@ -1,0 +1,80 @@
+"""Check a ds_config before launching: `python -m dsfast.config ds_config.json [--world-size N]`.
+
+Prints the resolved batch sizes, precision, ZeRO stage, optimizer and schedule, and every setting dsfast ignores;
+or the problems, one per line, and exit status 1. `--defaults` prints every key with its default instead.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+from typing import List, Optional, Type
+
+from pydantic import BaseModel
+
+from .base import _models_in
+from .ds_config import DsConfig
+from .errors import DsConfigError
+from .loader import load_config
+from .optimizer import AdamParams, SGDParams
+from .scheduler import SCHEDULER_PARAMS
+
+
+def _default_lines(cls: Type[BaseModel], prefix: str = "") -> List[str]:
+    lines = []
+    for name, field in cls.model_fields.items():
+        path = f"{prefix}{name}"
+        subs = _models_in(field.annotation)
+        if subs and not typing.get_args(field.annotation) and field.default_factory is not None:
+            lines.extend(_default_lines(subs[0], path + "."))
+            continue
+        default = "required" if field.is_required() else repr(field.get_default(call_default_factory=True))
+        bounds = " ".join(f"{sym} {getattr(m, attr)}" for m in field.metadata
+                          for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")) if hasattr(m, attr))
+        alias = f" (alias {field.alias})" if field.alias else ""
+        lines.append(f"{path} = {default}{alias}" + (f"  [{bounds}]" if bounds else ""))
+    return lines
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dsfast.config", description=__doc__.splitlines()[0])
+    parser.add_argument("config", nargs="?", help="path to ds_config.json")
+    parser.add_argument("--world-size", type=int, default=1, help="data-parallel world size (default 1)")
+    parser.add_argument("--defaults", action="store_true", help="print every key with its default and bounds")
+    args = parser.parse_args(argv)
+    if args.defaults:
+        lines = _default_lines(DsConfig)
+        for name, model in (("Adam/AdamW", AdamParams), ("SGD", SGDParams)):
+            lines += _default_lines(model, f'optimizer.params ("type": "{name}") ')
+        for name, model in SCHEDULER_PARAMS.items():
+            lines += _default_lines(model, f'scheduler.params ("type": "{name}") ')
+        print("\n".join(lines))
+        return 0
+    if not args.config:
+        parser.error("give a config file, or --defaults")
+    try:
+        cfg = load_config(args.config, world_size=args.world_size, log_ignored=False)
+    except DsConfigError as err:
+        print(err, file=sys.stderr)
+        return 1
+    print(f"ok: {args.config} (world size {cfg.world_size})")
+    print(f"  train_batch_size={cfg.train_batch_size} = micro {cfg.train_micro_batch_size_per_gpu} x "
+          f"accumulation {cfg.gradient_accumulation_steps} x world {cfg.world_size}")
+    print(f"  precision={cfg.precision} zero_stage={cfg.zero_stage} gradient_clipping={cfg.gradient_clipping}")
+    if cfg.precision == "fp16":
+        f = cfg.fp16
+        scale = (f"dynamic from 2**{f.initial_scale_power}, window {f.loss_scale_window}, hysteresis {f.hysteresis}"
+                 f", floor {f.min_loss_scale:g}" if f.dynamic else f"static {f.loss_scale:g}")
+        print(f"  loss scale: {scale}")
+    if cfg.optimizer is not None:
+        print(f"  optimizer={cfg.optimizer.type} {cfg.optimizer.torch_kwargs()}"
+              + (" (decoupled weight decay)" if cfg.optimizer.adamw_mode else ""))
+    if cfg.scheduler is not None:
+        print(f"  scheduler={cfg.scheduler.type} {cfg.scheduler.params.model_dump()}")
+    for note in cfg.ignored_settings():
+        print(f"  note: {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
