@@ -219,7 +219,8 @@ class Supervisor:
             self.wake.clear()
         if self.stop_signal is not None and result == 0:
             result = 128 + self.stop_signal
-            _say(f"received {signal.Signals(self.stop_signal).name}; stopping {len(self.children)} process(es)")
+            live = sum(1 for c in self.children if c.proc is not None and c.proc.poll() is None)
+            _say(f"received {signal.Signals(self.stop_signal).name}; stopping {live} process(es)")
         self._stop_all(signal.SIGINT if self.stop_signal == signal.SIGINT else signal.SIGTERM)
         for out in self.outputs:
             out.join(timeout=2.0)

@@ -76,7 +76,7 @@ def wait_gone(pids, timeout=5.0):
     return alive
 
 
-def dry(argv, capsys, cwd=None, monkeypatch=None):
+def dry(argv, capsys):
     """cli.main in-process: (exit code, parsed JSON or None, stderr)."""
     import json
     rc = cli.main(["--dry_run"] + argv)

@@ -1,5 +1,4 @@
 """Real local runs: gloo all_reduce over 2 and 4 ranks, env files, failing ranks, signals, no orphans."""
-import json
 import os
 import shutil
 import signal
