@@ -14,6 +14,7 @@
 namespace dc = dsfast::cuda;
 using at::Tensor;
 using at::TensorList;
+using TensorVec = std::vector<Tensor>;
 
 namespace {
 
@@ -99,8 +100,9 @@ dc::AmpScalars amp_scalars(const char* op, const at::Device& d, const c10::optio
   return a;
 }
 
-void adam_(TensorList grads, TensorList params, TensorList exp_avgs, TensorList exp_avg_sqs,
-           TensorList steps, TensorList model_copies, double lr, double beta1, double beta2, double eps,
+void adam_(const TensorVec& grads, const TensorVec& params, const TensorVec& exp_avgs,
+           const TensorVec& exp_avg_sqs, const TensorVec& steps, const TensorVec& model_copies, double lr,
+           double beta1, double beta2, double eps,
            double weight_decay, bool adamw, bool bias_correction, c10::optional<Tensor> inv_scale,
            c10::optional<Tensor> clip_coef, c10::optional<Tensor> found_inf, bool maximize) {
   const char* op = "dsfast adam_";
@@ -160,7 +162,8 @@ void adam_(TensorList grads, TensorList params, TensorList exp_avgs, TensorList 
   dc::adam(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream());
 }
 
-void sgd_(TensorList grads, TensorList params, TensorList momentum_buffers, TensorList model_copies,
+void sgd_(const TensorVec& grads, const TensorVec& params, const TensorVec& momentum_buffers,
+          const TensorVec& model_copies,
           double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool first_step,
           c10::optional<Tensor> inv_scale, c10::optional<Tensor> clip_coef, c10::optional<Tensor> found_inf,
           bool maximize) {
@@ -212,7 +215,7 @@ void sgd_(TensorList grads, TensorList params, TensorList momentum_buffers, Tens
   dc::sgd(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream());
 }
 
-void unscale_and_check_(TensorList grads, Tensor inv_scale, Tensor found_inf) {
+void unscale_and_check_(const TensorVec& grads, Tensor inv_scale, Tensor found_inf) {
   const char* op = "dsfast unscale_and_check_";
   if (grads.empty()) return;
   const at::Device dev = first_device(op, grads);
@@ -230,7 +233,7 @@ void unscale_and_check_(TensorList grads, Tensor inv_scale, Tensor found_inf) {
 }
 
 // Returns (total, per_tensor or an empty tensor, clip_coef or an empty tensor).
-std::tuple<Tensor, Tensor, Tensor> l2_norm(TensorList tensors, bool per_tensor, c10::optional<Tensor> inv_scale,
+std::tuple<Tensor, Tensor, Tensor> l2_norm(const TensorVec& tensors, bool per_tensor, c10::optional<Tensor> inv_scale,
                                            c10::optional<Tensor> found_inf, double max_norm) {
   const char* op = "dsfast l2_norm";
   const at::Device dev = first_device(op, tensors);
