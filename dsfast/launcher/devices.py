@@ -4,14 +4,22 @@ Slot ids are positions in the node's visible device list: with CUDA_VISIBLE_DEVI
 GPU indices; with CUDA_VISIBLE_DEVICES=2,3 slot 0 is GPU 2 and slot 1 is GPU 3 (the variable is honoured, UUIDs too).
 """
 import os
+import re
 from typing import List, Mapping, Optional, Sequence
 
 _NVIDIA_PROC = "/proc/driver/nvidia/gpus"
+_DEV_DIR = "/dev"
+_NVIDIA_DEV = re.compile(r"^nvidia\d+$")
 
 
 def physical_gpu_count() -> int:
+    """NVIDIA GPUs of this machine: the driver's /proc entries, else the /dev/nvidiaN nodes (some containers)."""
     try:
         return len(os.listdir(_NVIDIA_PROC))
+    except OSError:
+        pass
+    try:
+        return sum(1 for name in os.listdir(_DEV_DIR) if _NVIDIA_DEV.match(name))
     except OSError:
         return 0
 

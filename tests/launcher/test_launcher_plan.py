@@ -10,6 +10,7 @@ import types
 import pytest
 
 from dsfast.launcher import cli, node
+from dsfast.launcher.devices import physical_gpu_count as REAL_GPU_COUNT  # before conftest's "no GPU" patch
 from dsfast.launcher.errors import LaunchError
 from launcher_util import dry
 
@@ -223,3 +224,24 @@ def test_report_module_when_present_has_main():
 
     import dsfast.report
     assert callable(dsfast.report.main) and len(inspect.signature(dsfast.report.main).parameters) >= 1
+
+
+def test_gpu_count_from_proc_then_dev(tmp_path, monkeypatch):
+    from dsfast.launcher import devices
+    proc, dev = tmp_path / "gpus", tmp_path / "dev"
+    proc.mkdir(), dev.mkdir()
+    for name in ("0000:01:00.0", "0000:02:00.0", "0000:03:00.0"):
+        (proc / name).mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-caps", "null"):
+        (dev / name).write_text("")
+    monkeypatch.setattr(devices, "_NVIDIA_PROC", str(proc))
+    monkeypatch.setattr(devices, "_DEV_DIR", str(dev))
+    assert REAL_GPU_COUNT() == 3
+    monkeypatch.setattr(devices, "_NVIDIA_PROC", str(tmp_path / "absent"))
+    assert REAL_GPU_COUNT() == 2
+    monkeypatch.setattr(devices, "_DEV_DIR", str(tmp_path / "absent"))
+    assert REAL_GPU_COUNT() == 0
+    assert devices.visible_devices({"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb"}, physical=2) == ["GPU-aa", "GPU-bb"]
+    assert devices.visible_devices({"CUDA_VISIBLE_DEVICES": "1,-1,0"}, physical=2) == ["1"]
+    assert devices.visible_devices({"CUDA_VISIBLE_DEVICES": ""}, physical=2) == []
+    assert devices.visible_devices({}, physical=0) == []
