@@ -4,7 +4,8 @@ local         this process runs the node launcher (dsfast.launcher.node) in-proc
               standalone equivalent.
 ssh           one `ssh HOST 'cd CWD && exec python -u -m dsfast.launcher.node --node_rank=I ...'` per node; the
               node launcher stops its ranks when the ssh connection closes (stdin EOF).
-pdsh          one `pdsh -w HOSTS ... --node_rank=%n`; stopping runs a pkill of this job's unique id on every host.
+pdsh          one `pdsh -w HOSTS ... --node_rank=%n`; dsfast watches pdsh's output for a node launcher's failure
+              line, and stopping runs a pkill of this job's unique --job_id on every host.
 openmpi/mpich one `mpirun` with hosts and slots; every rank runs dsfast.launcher.rank, which maps the MPI rank to
               RANK/LOCAL_RANK/... and starts the user script.
 slurm         one `srun` with nodes and tasks per node; same per-rank shim.
