@@ -127,3 +127,15 @@ def test_forcing_an_isa_the_cpu_lacks_is_refused():
         pytest.skip("this CPU runs every ISA body")
     with pytest.raises(ValueError, match=missing[0]):
         O.CPUAdam([p_()], isa=missing[0])
+
+
+def test_refused_sgd_step_leaves_no_unseeded_momentum_buffer():
+    good, bad = p_(), torch.zeros(4, 6).t().requires_grad_()
+    opt = O.CPUSGD([good, bad], lr=0.1, momentum=0.9, dampening=0.5)
+    good.grad, bad.grad = torch.ones_like(good), torch.ones_like(bad)
+    with pytest.raises(ValueError):
+        opt.step()
+    assert "momentum_buffer" not in opt.state[good]
+    opt.param_groups[0]["params"] = [good]
+    opt.step()                                   # first real step seeds the buffer with the grad
+    assert torch.equal(opt.state[good]["momentum_buffer"], torch.ones(8))

@@ -195,3 +195,26 @@ def test_reference_module_matches_native():
             results.append((ps, outs))
         for a, b in zip(results[0][0], results[1][0]):
             assert_close(a, b, PARAM_TOL, f"reference vs native {mod_args}")
+
+
+def test_cached_tensor_lists_follow_state_changes():
+    """The per-group cache of tensor lists must never keep updating tensors the optimizer
+    no longer owns: load_state_dict mid-run, a replaced state tensor, a missing grad."""
+    pa = params()
+    pb = clone_params(pa)
+    ours, ref = O.CPUAdam(pa, lr=1e-2), torch.optim.AdamW(pb, lr=1e-2, weight_decay=0.0)
+    run(ours, pa, 2)
+    run(ref, pb, 2)
+    snapshot = copy.deepcopy(ref.state_dict())
+    run(ours, pa, 2, start=2)                                # cache in use
+    ours.load_state_dict(snapshot)                           # rewind the states to torch's step 2
+    for p, q in zip(pa, pb):
+        p.data.copy_(q.detach())
+    ours.state[pa[1]]["exp_avg"] = ours.state[pa[1]]["exp_avg"].clone()   # a replaced state tensor
+    run(ours, pa, 2, start=2)
+    run(ref, pb, 2, start=2)
+    compare_states(ours, pa, ref, pb)
+    pa[0].grad = None                                        # a param without grad this step
+    before = pa[0].detach().clone()
+    ours.step()
+    assert torch.equal(pa[0].detach(), before)

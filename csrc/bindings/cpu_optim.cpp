@@ -1,7 +1,7 @@
 // Torch binding of the CPU optimizer kernels: argument checks and dtype mapping only.
 // The kernels (csrc/cpu) never see a torch header. Errors are ValueError/TypeError
 // naming the tensor ("<label>[i]") and what would be valid.
-#include <torch/extension.h>
+#include <torch/python.h>  // not torch/extension.h: the nn/optim/autograd API headers cost compile time
 
 #include <string>
 #include <vector>
@@ -13,9 +13,17 @@ using dsfast::cpu::DType;
 
 namespace {
 
-std::string where(const std::string& label, size_t i) { return label + "[" + std::to_string(i) + "]"; }
+// Names tensor i in error messages. Built only when an error is raised: a step over
+// thousands of tensors must not allocate a string per tensor.
+struct Where {
+  const std::string& label;
+  size_t i;
+  operator std::string() const { return label + "[" + std::to_string(i) + "]"; }
+};
+std::string operator+(const Where& w, const std::string& s) { return std::string(w) + s; }
+std::string operator+(const Where& w, const char* s) { return std::string(w) + s; }
 
-DType grad_dtype(const at::Tensor& g, const std::string& w) {
+DType grad_dtype(const at::Tensor& g, const Where& w) {
   switch (g.scalar_type()) {
     case at::kFloat: return DType::F32;
     case at::kBFloat16: return DType::BF16;
@@ -26,7 +34,7 @@ DType grad_dtype(const at::Tensor& g, const std::string& w) {
   }
 }
 
-void check_fp32(const at::Tensor& t, const at::Tensor& p, const std::string& w, const char* what) {
+void check_fp32(const at::Tensor& t, const at::Tensor& p, const Where& w, const char* what) {
   if (!t.defined()) throw py::value_error(w + " " + what + " is missing");
   if (t.device().type() != at::kCPU) throw py::value_error(w + " " + what + " is on " + t.device().str() + ", not cpu");
   if (t.scalar_type() != at::kFloat)
@@ -39,7 +47,7 @@ void check_fp32(const at::Tensor& t, const at::Tensor& p, const std::string& w, 
                           std::to_string(p.numel()));
 }
 
-void check_param(const at::Tensor& p, const std::string& w) {
+void check_param(const at::Tensor& p, const Where& w) {
   if (!p.defined()) throw py::value_error(w + " is undefined");
   if (p.device().type() != at::kCPU)
     throw py::value_error(w + " is on device " + p.device().str() + "; CPU optimizers update cpu tensors only");
@@ -50,7 +58,7 @@ void check_param(const at::Tensor& p, const std::string& w) {
     throw py::value_error(w + " is not contiguous; updating a contiguous copy would silently lose the update");
 }
 
-DType check_grad(const at::Tensor& g, const at::Tensor& p, const std::string& w) {
+DType check_grad(const at::Tensor& g, const at::Tensor& p, const Where& w) {
   if (!g.defined()) throw py::value_error(w + ".grad is missing");
   if (g.device().type() != at::kCPU) throw py::value_error(w + ".grad is on " + g.device().str() + ", not cpu");
   DType d = grad_dtype(g, w);
@@ -61,7 +69,7 @@ DType check_grad(const at::Tensor& g, const at::Tensor& p, const std::string& w)
   return d;
 }
 
-DType check_out(const std::vector<at::Tensor>& outs, size_t i, const at::Tensor& p, const std::string& w,
+DType check_out(const std::vector<at::Tensor>& outs, size_t i, const at::Tensor& p, const Where& w,
                 void** ptr) {
   *ptr = nullptr;
   if (outs.empty() || !outs[i].defined()) return DType::None;
@@ -91,7 +99,7 @@ void check_lengths(size_t n, std::initializer_list<std::pair<const char*, size_t
                           std::to_string(n) + ")");
 }
 
-float* step_counter(const at::Tensor& s, const std::string& w) {
+float* step_counter(const at::Tensor& s, const Where& w) {
   if (!s.defined() || s.device().type() != at::kCPU || s.scalar_type() != at::kFloat || s.numel() != 1)
     throw py::value_error(w + " step must be a one-element float32 cpu tensor (torch's layout)");
   return s.data_ptr<float>();
@@ -118,8 +126,10 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
   const auto isa_v = isa_arg(isa);
   std::vector<dsfast::cpu::AdamTensor> work(n);
   std::vector<float*> counters(n);
+  int64_t last_step = -1;
+  dsfast::AdamCoeffs c{};
   for (size_t i = 0; i < n; ++i) {
-    const std::string w = where(label, i);
+    const Where w{label, i};
     check_param(params[i], w);
     DType gd = check_grad(grads[i], params[i], w);
     check_fp32(exp_avgs[i], params[i], w, "state['exp_avg']");
@@ -128,9 +138,11 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
     DType od = check_out(outs, i, params[i], w, &out);
     counters[i] = step_counter(steps[i], w);
     const int64_t step = int64_t(*counters[i]) + 1;
-    auto c = dsfast::make_adam_coeffs(lr, beta1, beta2, eps, weight_decay, adamw,
-                                      bias_correction, step);
-    c.grad_scale = float(grad_scale);
+    if (step != last_step) {  // bias corrections: once per distinct step count, not per tensor
+      last_step = step;
+      c = dsfast::make_adam_coeffs(lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, step);
+      c.grad_scale = float(grad_scale);
+    }
     work[i] = {params[i].data_ptr<float>(), grads[i].data_ptr(), exp_avgs[i].data_ptr<float>(),
                exp_avg_sqs[i].data_ptr<float>(), out, params[i].numel(), gd, od, c};
   }
@@ -154,7 +166,7 @@ void sgd_step(const std::vector<at::Tensor>& params, const std::vector<at::Tenso
   const auto isa_v = isa_arg(isa);
   std::vector<dsfast::cpu::SGDTensor> work(n);
   for (size_t i = 0; i < n; ++i) {
-    const std::string w = where(label, i);
+    const Where w{label, i};
     check_param(params[i], w);
     DType gd = check_grad(grads[i], params[i], w);
     float* buf = nullptr;

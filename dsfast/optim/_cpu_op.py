@@ -51,3 +51,43 @@ def half_outputs(half_param_groups, group_index, group):
         raise ValueError(f"fp16_param_groups[{group_index}] has {len(entry)} tensors but param group {group_index} "
                          f"has {len(group['params'])} params")
     return entry
+
+
+class GroupCache:
+    """Per param group, the tensor lists of the last step, reused while provably unchanged.
+
+    Gathering 2000 params' states costs milliseconds of Python (Tensor.__hash__ is Python);
+    the cache turns that into identity checks. An entry is used only if the group's params
+    list is the same object with the same length, the optimizer's state mapping is the same
+    object (load_state_dict replaces it), every param has a gradient, and every cached state
+    tensor is still the one stored in the param's state. Otherwise the slow path rebuilds it.
+    """
+
+    def __init__(self):
+        self._entries = {}
+
+    def lookup(self, optimizer, group_index, group, keys):
+        """(params, grads, {key: tensors}) or None."""
+        e = self._entries.get(group_index)
+        plist = group["params"]
+        if e is None or e["plist"] is not plist or e["n"] != len(plist) or e["state"] is not optimizer.state \
+                or any(k not in e["tensors"] for k in keys):
+            return None
+        grads = [p.grad for p in e["params"]]
+        if any(g is None for g in grads):
+            return None
+        for key in keys:
+            tensors = e["tensors"][key]
+            for st, t in zip(e["states"], tensors):
+                if st.get(key) is not t:
+                    return None
+        return e["params"], grads, e["tensors"]
+
+    def store(self, optimizer, group_index, group, params, keys):
+        plist = group["params"]
+        if len(params) != len(plist):      # some params had no grad: don't cache a partial list
+            self._entries.pop(group_index, None)
+            return
+        states = [optimizer.state[p] for p in params]
+        self._entries[group_index] = dict(plist=plist, n=len(plist), state=optimizer.state, params=list(params),
+                                          states=states, tensors={k: [st[k] for st in states] for k in keys})

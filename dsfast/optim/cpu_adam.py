@@ -23,6 +23,8 @@ import torch
 from . import _cpu_op
 from .validation import check_adam_hparams, check_unsupported_flags
 
+_STATE_KEYS = ("exp_avg", "exp_avg_sq", "step")
+
 
 def adam_flat_step(param, grad, exp_avg, exp_avg_sq, step, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                    adamw=True, bias_correction=True, grad_scale=1.0, out16=None, num_threads=None, isa="auto"):
@@ -56,6 +58,7 @@ class CPUAdam(torch.optim.Optimizer):
         if not fp32_optimizer_states:
             raise ValueError("fp32_optimizer_states=False is not supported: CPUAdam keeps fp32 states")
         self.isa = _cpu_op.check_isa(isa)
+        self._cache = _cpu_op.GroupCache()
         # decoupled_weight_decay is torch.optim.Adam's name for adamw_mode: kept equal so that
         # state dicts carry the right rule to and from torch.
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
@@ -94,24 +97,14 @@ class CPUAdam(torch.optim.Optimizer):
                                                               group["weight_decay"], group.get("amsgrad", False))
             check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
             halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
-            params, grads, ms, vs, steps, outs, indices = [], [], [], [], [], [], []
-            for j, p in enumerate(group["params"]):
-                g = p.grad
-                if g is None:
-                    continue
-                state = self.state[p]
-                if len(state) == 0:
-                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                params.append(p)
-                grads.append(g)
-                ms.append(state["exp_avg"])
-                vs.append(state["exp_avg_sq"])
-                steps.append(state["step"])
-                indices.append(j)
-                if halves is not None:
-                    outs.append(halves[j])
+            cached = self._cache.lookup(self, gi, group, _STATE_KEYS)
+            if cached is not None:
+                params, grads, t = cached
+                ms, vs, steps = t["exp_avg"], t["exp_avg_sq"], t["step"]
+                outs, indices = (halves or []), range(len(params))
+            else:
+                params, grads, ms, vs, steps, outs, indices = self._gather(group, halves)
+                self._cache.store(self, gi, group, params, _STATE_KEYS)
             if not params:
                 continue
             adamw = bool(group["adamw_mode"])
@@ -120,6 +113,27 @@ class CPUAdam(torch.optim.Optimizer):
                          adamw, bool(group["bias_correction"]),
                          -1.0 if group.get("maximize") else 1.0, threads, self.isa)
         return loss
+
+    def _gather(self, group, halves):
+        params, grads, ms, vs, steps, outs, indices = [], [], [], [], [], [], []
+        for j, p in enumerate(group["params"]):
+            g = p.grad
+            if g is None:
+                continue
+            state = self.state[p]
+            if len(state) == 0:
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            params.append(p)
+            grads.append(g)
+            ms.append(state["exp_avg"])
+            vs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+            indices.append(j)
+            if halves is not None:
+                outs.append(halves[j])
+        return params, grads, ms, vs, steps, outs, indices
 
 
 class CPUAdamW(CPUAdam):

@@ -36,6 +36,7 @@ class CPUSGD(torch.optim.Optimizer):
                  maximize=False, isa="auto"):
         check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
         self.isa = _cpu_op.check_isa(isa)
+        self._cache = _cpu_op.GroupCache()
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                         nesterov=nesterov, maximize=maximize)
         super().__init__(params, defaults)
@@ -65,27 +66,44 @@ class CPUSGD(torch.optim.Optimizer):
                 group["lr"], group["momentum"], group["dampening"], group["weight_decay"], group["nesterov"])
             check_unsupported_flags(group, ("foreach", "fused", "differentiable"))
             halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
-            params, grads, bufs, firsts, outs, indices = [], [], [], [], [], []
-            for j, p in enumerate(group["params"]):
-                g = p.grad
-                if g is None:
-                    continue
-                params.append(p)
-                grads.append(g)
-                indices.append(j)
-                if momentum != 0:
-                    state = self.state[p]
-                    buf = state.get("momentum_buffer")
-                    first = buf is None
-                    if first:
-                        buf = torch.empty_like(p, memory_format=torch.contiguous_format)
-                        state["momentum_buffer"] = buf
-                    bufs.append(buf)
-                    firsts.append(first)
-                if halves is not None:
-                    outs.append(halves[j])
+            keys = ("momentum_buffer",) if momentum != 0 else ()
+            cached = self._cache.lookup(self, gi, group, keys)
+            if cached is not None:
+                params, grads, t = cached
+                bufs = t["momentum_buffer"] if momentum != 0 else []
+                firsts = [False] * len(params) if momentum != 0 else []
+                outs, indices = (halves or []), range(len(params))
+            else:
+                params, grads, bufs, firsts, outs, indices = self._gather(group, halves, momentum)
             if not params:
                 continue
             _cpu_op.call(op.sgd_step, gi, indices, params, grads, bufs, outs, firsts, lr, momentum, dampening, wd,
                          nesterov, -1.0 if group.get("maximize") else 1.0, threads, self.isa)
+            if cached is None:
+                # new buffers enter the state only once seeded: a refused step leaves no garbage buffer
+                for p, buf, first in zip(params, bufs, firsts):
+                    if first:
+                        self.state[p]["momentum_buffer"] = buf
+                self._cache.store(self, gi, group, params, keys)
         return loss
+
+    def _gather(self, group, halves, momentum):
+        params, grads, bufs, firsts, outs, indices = [], [], [], [], [], []
+        for j, p in enumerate(group["params"]):
+            g = p.grad
+            if g is None:
+                continue
+            params.append(p)
+            grads.append(g)
+            indices.append(j)
+            if momentum != 0:
+                state = self.state[p]
+                buf = state.get("momentum_buffer")
+                first = buf is None
+                if first:   # torch seeds the buffer with the first gradient; the kernel does the same
+                    buf = torch.empty_like(p, memory_format=torch.contiguous_format)
+                bufs.append(buf)
+                firsts.append(first)
+            if halves is not None:
+                outs.append(halves[j])
+        return params, grads, bufs, firsts, outs, indices
