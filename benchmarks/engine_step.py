@@ -1,0 +1,173 @@
+"""Engine step time: dsfast vs a plain torch DDP loop vs DeepSpeed stage 0, 2 CPU ranks, one thread each.
+
+    python benchmarks/engine_step.py                                   # dsfast + DDP (+ floor)
+    DS_ACCELERATOR=cpu /work/venv-ds/bin/python benchmarks/engine_step.py   # + DeepSpeed when importable
+
+Model: GPT of 4 blocks, d_model 256, seq 128, vocab 8192 (tied), 5.3M parameters; micro batch 8 per rank; AdamW
+(lr 1e-3, wd 0.01), gradient clipping at 1.0 in every implementation:
+  ddp        torch DDP, torch.optim.AdamW(fused=True), clip_grad_norm_
+  dsfast     dsfast.initialize (stage 0, config optimizer AdamW -> dsfast CPUAdam)
+  deepspeed  deepspeed.initialize (stage 0, AdamW; DeepSpeed's fused Adam is CUDA-only, so torch_adam fused=True)
+  floor      forward + backward of the same model alone, no gradient sync, no optimizer (the compute ceiling)
+Correctness first: after the warm-up the dsfast and DDP replicas, started from the same weights and fed the same
+batches, must agree. Then the implementations are interleaved (round-robin blocks of steps), each block's time
+is the slowest rank's, and the medians are compared as ratios to DDP.
+"""
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=7, help="round-robin rounds (one timed block per impl each)")
+    p.add_argument("--block", type=int, default=5, help="steps per timed block")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per implementation")
+    p.add_argument("--nprocs", type=int, default=2)
+    p.add_argument("--impls", default="ddp,dsfast,deepspeed,floor")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+def launch(args):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(args.nprocs):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.nprocs), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                   PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", *sys.argv[1:]], env=env))
+    rc = [p.wait(timeout=1800) for p in procs]
+    sys.exit(max(rc))
+
+
+# ------------------------------------------------------------------------------------------------ worker side
+def worker(args):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, os.path.join(REPO, "examples", "gpt"))
+    from model import GPT, GPTConfig
+
+    import dsfast
+    dsfast.init_distributed(verbose=False)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = GPTConfig(vocab_size=8192, seq_len=128, n_layer=4, n_head=4, d_model=256)
+    micro, lr, wd, clip = 8, 1e-3, 0.01, 1.0
+
+    def fresh():
+        torch.manual_seed(0)
+        return GPT(cfg)
+
+    def batch(i):
+        g = torch.Generator().manual_seed(1000 * i + rank)
+        x = torch.randint(0, cfg.vocab_size, (micro, cfg.seq_len + 1), generator=g)
+        return x[:, :-1], x[:, 1:]
+
+    impls = {}
+    wanted = args.impls.split(",")
+    if "ddp" in wanted:
+        ddp_model = torch.nn.parallel.DistributedDataParallel(fresh())
+        ddp_opt = torch.optim.AdamW(ddp_model.parameters(), lr=lr, weight_decay=wd, fused=True)
+
+        def ddp_step(i):
+            loss = ddp_model(*batch(i))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(ddp_model.parameters(), clip)
+            ddp_opt.step()
+            ddp_opt.zero_grad(set_to_none=True)
+        impls["ddp"] = (ddp_step, lambda: list(ddp_model.module.parameters()))
+    if "dsfast" in wanted:
+        m = fresh()
+        engine, *_ = dsfast.initialize(model=m, model_parameters=m.parameters(), config={
+            "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "steps_per_print": None,
+            "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd}}, "gradient_clipping": clip})
+
+        def ds_step(i):
+            loss = engine(*batch(i))
+            engine.backward(loss)
+            engine.step()
+        impls["dsfast"] = (ds_step, lambda: list(engine.module.parameters()))
+        optimizer_name = type(engine.optimizer).__name__
+    if "deepspeed" in wanted:
+        try:
+            import deepspeed
+        except ImportError:
+            deepspeed = None
+            if rank == 0:
+                print("deepspeed: not importable here (run under /work/venv-ds with DS_ACCELERATOR=cpu)")
+        if deepspeed is not None:
+            import logging
+            logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+            m = fresh()
+            ds_engine, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config={
+                "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
+                "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd, "torch_adam": True,
+                                                          "fused": True}},
+                "gradient_clipping": clip, "zero_optimization": {"stage": 0}})
+
+            def deepspeed_step(i):
+                loss = ds_engine(*batch(i))
+                ds_engine.backward(loss)
+                ds_engine.step()
+            impls["deepspeed"] = (deepspeed_step, lambda: list(ds_engine.module.parameters()))
+    if "floor" in wanted:
+        floor_model = fresh()
+
+        def floor_step(i):
+            floor_model(*batch(i)).backward()
+            floor_model.zero_grad(set_to_none=True)
+        impls["floor"] = (floor_step, lambda: [])
+
+    # warm-up on the same batches, then the correctness check
+    for name, (step, _) in impls.items():
+        for i in range(args.warmup):
+            step(i)
+    if "ddp" in impls and "dsfast" in impls:
+        worst = max(float((a.detach().float() - b.detach().float()).abs().max())
+                    for a, b in zip(impls["ddp"][1](), impls["dsfast"][1]()))
+        if rank == 0:
+            print(f"check: after {args.warmup} identical steps, max |dsfast - ddp| parameter difference = {worst:.2e}")
+        if worst > 1e-4:
+            raise SystemExit(f"dsfast and DDP disagree after warm-up (max diff {worst:.2e}); not timing")
+
+    times = {name: [] for name in impls}
+    i = args.warmup
+    for _ in range(args.rounds):
+        for name, (step, _) in impls.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(args.block):
+                step(i)
+                i += 1
+            dt = torch.tensor([(time.perf_counter() - t0) / args.block])
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            times[name].append(float(dt))
+    if rank == 0:
+        n_params = sum(p.numel() for p in fresh().parameters())
+        print(f"model {n_params / 1e6:.2f}M params, micro batch {micro}, seq {cfg.seq_len}, {world} ranks x 1 thread, "
+              f"{args.rounds} rounds x {args.block} steps (median of per-block slowest-rank step time)")
+        if "dsfast" in impls:
+            print(f"dsfast optimizer: {optimizer_name}")
+        base = statistics.median(times["ddp"]) if "ddp" in times else None
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            ratio = f"  x{med / base:.3f} vs ddp" if base else ""
+            print(f"{name:10s} {1000 * med:8.1f} ms/step  (min {1000 * min(ts):.1f}, max {1000 * max(ts):.1f}){ratio}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    a = parse()
+    worker(a) if a.worker else launch(a)
