@@ -41,17 +41,19 @@ def amp_scalars(device, grad_scale, found_inf, clip_coef, cache):
     return cache[device]
 
 
-def check_param_and_grad(p, where):
-    if p.dtype not in _FLOAT:
-        raise TypeError(f"{where} has dtype {p.dtype}; FusedAdam/FusedSGD update float32, float16 or bfloat16 params")
-    g = p.grad
-    if g.is_sparse:
-        raise TypeError(f"{where}.grad is sparse; FusedAdam/FusedSGD need dense gradients")
-    if g.dtype not in _FLOAT:
-        raise TypeError(f"{where}.grad has dtype {g.dtype}; supported: float32, float16, bfloat16")
-    if g.shape != p.shape:
-        raise ValueError(f"{where}.grad has shape {tuple(g.shape)} but the parameter has {tuple(p.shape)}")
-    if not p.is_contiguous():
+def grad_for_kernel(p, g, gi, j):
+    """The gradient as the kernel reads it. The fast path is a few attribute reads (this runs
+    once per param per step); the message names the param. Shapes need no check: torch
+    refuses a .grad of another shape."""
+    if g.is_sparse or p.dtype not in _FLOAT or g.dtype not in _FLOAT or not p.is_contiguous():
+        where = f"param_groups[{gi}]['params'][{j}]"
+        if p.dtype not in _FLOAT:
+            raise TypeError(f"{where} has dtype {p.dtype}; FusedAdam/FusedSGD update float32, float16 or "
+                            f"bfloat16 params")
+        if g.is_sparse:
+            raise TypeError(f"{where}.grad is sparse; FusedAdam/FusedSGD need dense gradients")
+        if g.dtype not in _FLOAT:
+            raise TypeError(f"{where}.grad has dtype {g.dtype}; supported: float32, float16, bfloat16")
         raise ValueError(f"{where} is not contiguous (stride {p.stride()}); the kernel updates params in place")
     return g if g.is_contiguous() else g.contiguous()
 
@@ -121,16 +123,18 @@ class FusedAdam(torch.optim.Optimizer):
             lr, (beta1, beta2), eps, wd = check_adam_hparams(group["lr"], group["betas"], group["eps"],
                                                               group["weight_decay"], group.get("amsgrad", False))
             check_unsupported_flags(group, ("differentiable",))
-            buckets = {}
+            buckets, states, use_master = {}, self.state, self.master_weights
             for j, p in enumerate(group["params"]):
-                if p.grad is None:
+                g = p.grad
+                if g is None:
                     continue
-                g = check_param_and_grad(p, f"param_groups[{gi}]['params'][{j}]")
-                state = self.state[p]
-                master = self._uses_master(p)
-                if len(state) == 0:
+                g = grad_for_kernel(p, g, gi, j)
+                state = states[p]
+                pdt = p.dtype
+                master = use_master and pdt in _HALF
+                if not state:
                     _init_state(p, state, master)
-                key = (p.device, g.dtype, p.dtype, master)
+                key = (p.device, g.dtype, pdt, master)
                 b = buckets.get(key)
                 if b is None:
                     b = buckets[key] = ([], [], [], [], [], [])

@@ -15,7 +15,7 @@
 import torch
 
 from ..ops import multi_tensor
-from .fused_adam import _HALF, amp_scalars, check_param_and_grad
+from .fused_adam import _HALF, amp_scalars, grad_for_kernel
 from .validation import check_sgd_hparams, check_unsupported_flags
 
 
@@ -83,13 +83,14 @@ class FusedSGD(torch.optim.Optimizer):
             lr, momentum, dampening, wd, nesterov = check_sgd_hparams(
                 group["lr"], group["momentum"], group["dampening"], group["weight_decay"], group["nesterov"])
             check_unsupported_flags(group, ("differentiable",))
-            buckets = {}
+            buckets, states, use_master = {}, self.state, self.master_weights
             for j, p in enumerate(group["params"]):
-                if p.grad is None:
+                g = p.grad
+                if g is None:
                     continue
-                g = check_param_and_grad(p, f"param_groups[{gi}]['params'][{j}]")
-                state = self.state[p]
-                master = self._uses_master(p)
+                g = grad_for_kernel(p, g, gi, j)
+                state = states[p]
+                master = use_master and p.dtype in _HALF
                 if master and "master_param" not in state:
                     state["master_param"] = p.detach().to(torch.float32, copy=True,
                                                           memory_format=torch.contiguous_format)
