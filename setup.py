@@ -52,14 +52,14 @@ def aot_extensions(wanted):
         sys.exit(f"{BUILD_OPS} needs torch importable while building: install torch first, then run "
                  f"`{BUILD_OPS}=1 pip install --no-build-isolation .`")
     sys.path.insert(0, str(HERE))       # this tree's registry, not an installed dsfast's
-    from dsfast.ops import jit, toolchain
+    from dsfast.ops import cache_key, jit, toolchain
     from dsfast.ops.registry import OPS
 
     if wanted != "all":
         unknown = sorted(wanted - set(OPS))
         if unknown:
             sys.exit(f"{BUILD_OPS}: unknown op(s) {unknown}; registered ops: {sorted(OPS)}")
-    extensions, built = [], []
+    extensions, built, digests = [], [], {}
     for name, spec in sorted(OPS.items()):
         if wanted != "all" and name not in wanted:
             continue
@@ -82,15 +82,17 @@ def aot_extensions(wanted):
         extensions.append(kind(f"dsfast._ops.{name}", sources, include_dirs=[str(HERE / "csrc" / "include")],
                                extra_compile_args=args, extra_link_args=list(jit.BASE_LDFLAGS)))
         built.append(name)
+        digests[name] = cache_key.sources_digest(spec, HERE / "csrc")
 
     class BuildExtWithInfo(BuildExtension):
-        """Also record the torch the ops were compiled against (a mismatch is skipped at load)."""
+        """Also record the torch and the sources the ops were compiled from (a mismatch is skipped at load)."""
 
         def run(self):
             super().run()
             out = (HERE / "dsfast" / "_ops") if self.inplace else Path(self.build_lib) / "dsfast" / "_ops"
             out.mkdir(parents=True, exist_ok=True)
-            (out / "build_info.json").write_text(json.dumps({"torch": torch.__version__, "ops": built}))
+            (out / "build_info.json").write_text(json.dumps({"torch": torch.__version__, "ops": built,
+                                                               "sources": digests}))
 
     return extensions, BuildExtWithInfo
 

@@ -304,7 +304,9 @@ def test_prebuilt_is_preferred_unless_built_for_another_torch(tiny, monkeypatch)
     (pkg / f"{OP}.py").write_text("def answer():\n    return 'prebuilt'\n")
     monkeypatch.setattr(prebuilt, "PACKAGE", "fake_prebuilt_ops")
     monkeypatch.setattr(prebuilt, "_ops_dir", lambda: pkg)
-    (pkg / prebuilt.INFO_FILE).write_text(json.dumps({"torch": torch.__version__}))
+    from dsfast.ops import cache_key
+    digest = cache_key.sources_digest(tiny.spec, tiny.root)
+    (pkg / prebuilt.INFO_FILE).write_text(json.dumps({"torch": torch.__version__, "sources": {OP: digest}}))
     assert loader.load(OP).answer() == "prebuilt"
     assert loader.loaded_from(OP) == "prebuilt"
     assert not tiny.cache.exists()
@@ -313,6 +315,19 @@ def test_prebuilt_is_preferred_unless_built_for_another_torch(tiny, monkeypatch)
     reset_memory(monkeypatch)
     assert loader.load(OP).answer() == tiny.value
     assert loader.loaded_from(OP) == "jit"
+    # Built from other sources (an editable checkout edited after its AOT build): skipped too.
+    (pkg / prebuilt.INFO_FILE).write_text(json.dumps({"torch": torch.__version__, "sources": {OP: "0" * 64}}))
+    reset_memory(monkeypatch)
+    assert loader.load(OP).answer() == tiny.value
+    assert loader.loaded_from(OP) == "jit"
+
+
+def test_unwritable_cache_names_the_variable(tiny, monkeypatch):
+    blocker = tiny.tmp / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("DSFAST_CACHE_DIR", str(blocker / "cache"))
+    with pytest.raises(DsfastOpError, match="cannot write its build cache.*DSFAST_CACHE_DIR"):
+        loader.load(OP)
 
 
 def test_import_dsfast_builds_and_imports_nothing(tmp_path):

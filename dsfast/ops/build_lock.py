@@ -3,7 +3,6 @@
 torch's own FileBaton waits forever on a lock file left by a killed build; fcntl.flock is
 released by the kernel when the holding process exits, however it exits.
 """
-import fcntl
 import os
 import sys
 import time
@@ -16,6 +15,7 @@ from .errors import DsfastOpLockTimeout
 @contextmanager
 def build_lock(path, what, timeout):
     """Hold an exclusive flock on `path` for the body; DsfastOpError after `timeout` seconds."""
+    import fcntl       # POSIX only; imported here so that importing dsfast.ops never fails
     path = str(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

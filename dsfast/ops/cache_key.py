@@ -36,6 +36,16 @@ def source_files(spec, root):
     return files
 
 
+def sources_digest(spec, root):
+    """Hash of the op's sources and csrc/include alone (a prebuilt op records it to detect edits)."""
+    h = hashlib.sha256()
+    root = Path(root)
+    for path in source_files(spec, root):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
 def compute(spec, root, cflags, cuda_cflags, ldflags):
     import torch
     h = hashlib.sha256()

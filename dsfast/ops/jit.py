@@ -105,7 +105,14 @@ def build(p):
     module = import_built(p.build_dir)
     if module is not None:
         return module
-    p.build_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        p.build_dir.mkdir(parents=True, exist_ok=True)
+        probe = p.build_dir / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise DsfastOpError(f"dsfast op {p.spec.name!r}: cannot write its build cache {p.build_dir} ({e}); "
+                            f"point {env.CACHE_DIR} at a writable directory") from None
     waiting_since = time.time()
     with build_lock(p.build_dir / LOCK, f"dsfast op {p.spec.name!r}", env.lock_timeout()):
         module = import_built(p.build_dir)           # someone built it while we waited
@@ -143,6 +150,7 @@ def _compile(p, failed):
         failed.write_text(output)
         raise BuildFailed(output, failed) from None
     seconds = time.monotonic() - started
+    print(f"[dsfast] built op {p.spec.name!r} in {seconds:.1f} s", file=sys.stderr, flush=True)
     so_file = Path(module.__file__).name
     info = {"module": p.ext_name, "file": so_file, "key": p.key, "build_seconds": round(seconds, 2),
             "sources": [str(s) for s in p.sources], "cflags": list(p.cflags),

@@ -33,11 +33,25 @@ def find(name):
     if found is None or not found.origin:
         return None, None
     import torch
-    built_for = build_info().get("torch")
+    info = build_info()
+    built_for = info.get("torch")
     if built_for and built_for != torch.__version__:
         return found.origin, (f"the prebuilt {PACKAGE}.{name} was built for torch {built_for}, "
                               f"this is torch {torch.__version__}")
+    recorded = info.get("sources", {}).get(name)
+    if recorded and recorded != _current_digest(name):
+        # An editable checkout whose kernels were edited after `DSFAST_BUILD_OPS=1 pip install -e .`.
+        return found.origin, f"the kernel sources changed since {PACKAGE}.{name} was prebuilt"
     return found.origin, None
+
+
+def _current_digest(name):
+    from . import cache_key, paths
+    from .registry import OPS
+    try:
+        return cache_key.sources_digest(OPS[name], paths.csrc_root())
+    except (KeyError, OSError):
+        return None     # no sources to compare with (a wheel without csrc): trust the binary
 
 
 def load(name):
