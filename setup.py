@@ -45,14 +45,17 @@ def requested_ops():
 
 def aot_extensions(wanted):
     """torch extensions for every requested op whose toolchain exists here, plus their build_ext."""
+    sys.path.insert(0, str(HERE))       # this tree's dsfast (registry, toolchain), not an installed one
+    from dsfast.ops import toolchain
+    if toolchain.cuda_home() and not os.environ.get("CUDA_HOME"):
+        os.environ["CUDA_HOME"] = toolchain.cuda_home()   # torch's own guess trips on nvcc wrappers
     try:
         import torch
         from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
     except ImportError:
         sys.exit(f"{BUILD_OPS} needs torch importable while building: install torch first, then run "
                  f"`{BUILD_OPS}=1 pip install --no-build-isolation .`")
-    sys.path.insert(0, str(HERE))       # this tree's registry, not an installed dsfast's
-    from dsfast.ops import cache_key, jit, toolchain
+    from dsfast.ops import cache_key, jit
     from dsfast.ops.registry import OPS
 
     if wanted != "all":

@@ -352,3 +352,23 @@ def test_status_follows_the_op_through_its_states(tiny, monkeypatch):
     assert state == "unavailable" and "no C++ compiler" in detail
     monkeypatch.setenv("DSFAST_DISABLE_OPS", OP)
     assert status.op_status(tiny.spec)[0] == "disabled"
+
+
+def test_cuda_home_sees_through_nvcc_wrappers_and_symlinks(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    kit = tmp_path / "cuda-99.0"
+    (kit / "bin").mkdir(parents=True)
+    (kit / "include").mkdir()
+    (kit / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    (kit / "bin" / "nvcc").chmod(0o755)
+    (kit / "include" / "cuda_runtime.h").write_text("")
+    # A symlink on PATH: torch's dirname(dirname(nvcc)) guess would be tmp/links, which has no headers.
+    (tmp_path / "links" / "bin").mkdir(parents=True)
+    (tmp_path / "links" / "bin" / "nvcc").symlink_to(kit / "bin" / "nvcc")
+    monkeypatch.setenv("PATH", str(tmp_path / "links" / "bin"))
+    assert toolchain.cuda_home() == str(kit)
+    assert toolchain.nvcc_path() == str(kit / "bin" / "nvcc")
+    # An explicit CUDA_HOME wins.
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "mine"))
+    assert toolchain.cuda_home() == str(tmp_path / "mine")

@@ -130,6 +130,8 @@ def build(p):
 
 def _compile(p, failed):
     from torch.utils import cpp_extension
+    if p.spec.with_cuda:
+        _point_torch_at_cuda(cpp_extension)
     print(f"[dsfast] building op {p.spec.name!r} (first use; cached in {p.build_dir})",
           file=sys.stderr, flush=True)
     started = time.monotonic()
@@ -161,6 +163,14 @@ def _compile(p, failed):
     if failed.exists():
         failed.unlink()
     return module
+
+
+def _point_torch_at_cuda(cpp_extension):
+    """torch fixes its CUDA_HOME guess at import; correct it when it is not a real toolkit."""
+    home = toolchain.cuda_home()
+    if home and cpp_extension.CUDA_HOME != home and not toolchain._is_cuda_home(cpp_extension.CUDA_HOME):
+        cpp_extension.CUDA_HOME = home
+        os.environ.setdefault("CUDA_HOME", home)
 
 
 def tail_lines(output, n_tail=20, n_errors=5):

@@ -15,17 +15,36 @@ def cxx_path():
     return shutil.which(os.environ.get("CXX", "c++"))
 
 
-def nvcc_path():
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home:
-        candidate = Path(home) / "bin" / "nvcc"
-        if candidate.exists():
-            return str(candidate)
+def _is_cuda_home(path):
+    return bool(path) and Path(path, "bin", "nvcc").exists() and Path(path, "include", "cuda_runtime.h").exists()
+
+
+def cuda_home():
+    """The CUDA toolkit root: $CUDA_HOME/$CUDA_PATH, else the toolkit behind `nvcc` on PATH.
+
+    torch guesses dirname(dirname(which nvcc)), which is wrong when PATH holds a wrapper such as
+    /usr/local/bin/nvcc (it would look for headers in /usr/local/include), so we verify each guess.
+    """
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            return os.environ[var]
+    candidates = []
     found = shutil.which("nvcc")
     if found:
-        return found
-    default = Path("/usr/local/cuda/bin/nvcc")
-    return str(default) if default.exists() else None
+        candidates += [Path(found).parent.parent, Path(os.path.realpath(found)).parent.parent]
+    candidates.append(Path("/usr/local/cuda"))
+    candidates += sorted(Path("/usr/local").glob("cuda-*"), reverse=True)
+    for c in candidates:
+        if _is_cuda_home(c):
+            return str(c)
+    return None
+
+
+def nvcc_path():
+    home = cuda_home()
+    if home and Path(home, "bin", "nvcc").exists():
+        return str(Path(home, "bin", "nvcc"))
+    return None
 
 
 def tool_version(path, flag="--version"):
