@@ -372,3 +372,13 @@ def test_cuda_home_sees_through_nvcc_wrappers_and_symlinks(tmp_path, monkeypatch
     # An explicit CUDA_HOME wins.
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "mine"))
     assert toolchain.cuda_home() == str(tmp_path / "mine")
+
+
+def test_missing_sources_fall_back_with_the_reason(tiny, monkeypatch):
+    (tiny.root / "test" / "tiny.cpp").unlink()
+    with pytest.warns(DsfastOpWarning, match="source file.*missing.*tiny.cpp"):
+        assert loader.load(OP).answer() == -1
+    monkeypatch.setenv("DSFAST_CSRC_DIR", str(tiny.tmp / "nowhere"))
+    reset_memory(monkeypatch)
+    with pytest.raises(ValueError, match="DSFAST_CSRC_DIR"):
+        loader.load(OP)

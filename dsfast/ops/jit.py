@@ -54,8 +54,8 @@ def plan(spec):
     sources = [root / s for s in spec.sources]
     missing = [str(s) for s in sources if not s.is_file()]
     if missing:
-        raise DsfastOpError(f"dsfast op {spec.name!r}: source file(s) missing: {', '.join(missing)} "
-                            f"(csrc root {root}); the installation is incomplete, reinstall dsfast")
+        raise FileNotFoundError(f"source file(s) missing: {', '.join(missing)} (csrc root {root}); "
+                                "the installation is incomplete, reinstall dsfast")
     cflags = BASE_CFLAGS + tuple(spec.extra_cflags)
     cuda_cflags = (BASE_CUDA_CFLAGS + tuple(spec.extra_cuda_cflags)) if spec.with_cuda else ()
     key = cache_key.compute(spec, root, cflags, cuda_cflags, BASE_LDFLAGS)

@@ -67,7 +67,10 @@ def _resolve(spec):
     if problem is not None:
         reason = f"{problem}; {note}" if note else problem
         return _fallback(spec, f"cannot build it here: {reason}")
-    p = jit.plan(spec)
+    try:
+        p = jit.plan(spec)
+    except FileNotFoundError as e:       # no kernel sources in this installation
+        return _fallback(spec, f"cannot build it here: {e}")
     try:
         return jit.build(p), JIT
     except jit.BuildFailed as f:

@@ -17,7 +17,7 @@ def csrc_root():
     if override:
         root = Path(override).expanduser().resolve()
         if not root.is_dir():
-            raise FileNotFoundError(f"{env.CSRC_DIR}={override!r} is not a directory")
+            raise ValueError(f"{env.CSRC_DIR}={override!r} is not a directory")
         return root
     for root in _CANDIDATES:
         if (root / "include").is_dir():

@@ -18,7 +18,7 @@ def op_status(spec):
         return UNAVAILABLE, problem + note
     try:
         p = jit.plan(spec)
-    except (DsfastOpError, FileNotFoundError) as e:
+    except (DsfastOpError, FileNotFoundError, ValueError) as e:
         return UNAVAILABLE, str(e) + note
     info = jit.cached_info(p.build_dir)
     if info is not None:
