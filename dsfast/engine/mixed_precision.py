@@ -5,6 +5,7 @@ fp16/bf16: the model runs in half precision; the optimizer updates fp32 master c
 fp32 buckets, and the updated masters are copied back into the model after each applied step.
 """
 import importlib
+import math
 
 import torch
 
@@ -91,10 +92,15 @@ def finalize_grads(flats, factor, clip, check_overflow):
     """
     if not flats:
         return True, None
+    mt = _multi_tensor()
+    if check_overflow and clip <= 0 and mt is not None:
+        # no norm needed: one fused pass unscales and flags inf/NaN (grads are dropped anyway on overflow)
+        found_inf = torch.zeros((), device=flats[0].device)
+        mt.unscale_and_check_(flats, torch.full((), factor, device=flats[0].device), found_inf)
+        return (False, float("inf")) if bool(found_inf) else (True, None)
     if clip > 0 or check_overflow:
-        raw = global_norm(flats)
-        raw_value = float(raw)
-        if check_overflow and not torch.isfinite(torch.tensor(raw_value)):
+        raw_value = float(global_norm(flats))
+        if check_overflow and not math.isfinite(raw_value):
             return False, float("inf")
         norm = raw_value * factor
         coef = factor

@@ -23,7 +23,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--local_rank", type=int, default=-1, help="set by DeepSpeed-style launchers")
-    parser.add_argument("--steps", type=int, default=300, help="optimizer steps to run")
+    parser.add_argument("--steps", type=int, default=500,
+                        help="optimizer steps (the ds_config.json schedule decays to 0 at step 500)")
     parser.add_argument("--data", default=os.path.join(HERE, "data", "founding.txt"))
     parser.add_argument("--seq_len", type=int, default=128)
     parser.add_argument("--d_model", type=int, default=128)
