@@ -175,7 +175,9 @@ def _point_torch_at_cuda(cpp_extension):
 
 def tail_lines(output, n_tail=20, n_errors=5):
     """The lines a user needs: the first few 'error' lines and the last few lines."""
-    lines = [ln.rstrip() for ln in output.splitlines() if ln.strip()]
+    # Compiler command lines (thousands of characters of include paths) say nothing useful here.
+    lines = [ln.rstrip() for ln in output.splitlines()
+             if ln.strip() and " -isystem " not in ln and " -MMD " not in ln]
     errors = [ln for ln in lines if "error" in ln.lower()][:n_errors]
     tail = lines[-n_tail:]
     picked = [ln for ln in errors if ln not in tail] + tail
