@@ -240,7 +240,8 @@ def main():
     big = 16 * M if args.quick else 64 * M
     ntensors = 500 if args.quick else 2000
 
-    op = O.cpu_adam._cpu_op.op()
+    from dsfast.optim import _cpu_op
+    op = _cpu_op.op()
     from dsfast.ops import loaded_from
     print(f"dsfast cpu_optim: {loaded_from('cpu_optim')}, ISA {op.best_isa()}; torch {torch.__version__}; "
           f"{torch.get_num_threads()} threads; {'quick' if args.quick else 'full'} run, {rounds} rounds")

@@ -5,6 +5,8 @@ import pytest
 import torch
 
 import dsfast.optim as O
+from dsfast.optim.cpu_adam import adam_flat_step
+from dsfast.optim.cpu_sgd import sgd_flat_step
 from _cpu_optim_helpers import EXP_AVG_TOL, PARAM_TOL, STATE_TOL, assert_close, cpu_op, grads_as, isas
 
 SIZES = [1, 7, 8, 15, 16, 17, 4097]
@@ -148,9 +150,9 @@ def test_large_flat_partition(isa, gdtype, opt):
     for k, (g,) in enumerate(grad_seq([n], 3)):
         low, exact = grads_as(gdtype, [g])
         if opt == "sgd":
-            O.cpu_sgd.sgd_flat_step(p, low[0], buf, lr=0.05, momentum=0.9, nesterov=True, first_step=k == 0, isa=isa)
+            sgd_flat_step(p, low[0], buf, lr=0.05, momentum=0.9, nesterov=True, first_step=k == 0, isa=isa)
         else:
-            O.cpu_adam.adam_flat_step(p, low[0], m, v, step, lr=1e-3, weight_decay=0.05, adamw=opt == "adamw",
+            adam_flat_step(p, low[0], m, v, step, lr=1e-3, weight_decay=0.05, adamw=opt == "adamw",
                                       isa=isa)
         q.grad = exact[0]
         ref.step()

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import dsfast.optim as O
+from dsfast.optim.cpu_adam import adam_flat_step
+from dsfast.optim.cpu_sgd import sgd_flat_step
 from _cpu_optim_helpers import EXP_AVG_TOL, PARAM_TOL, STATE_TOL, assert_close, cpu_op, isas
 
 SIZES = [3, 17, 1000]
@@ -135,7 +137,7 @@ def test_fused_16bit_copy_is_exact_rne_cast(isa, half):
     if half is torch.float16:
         p = torch.tensor([70000.0, -70000.0, 65519.0, 1.0 + 2 ** -11, 1.0 + 3 * 2 ** -11] * 4)
         out = torch.empty(p.shape, dtype=half)
-        O.cpu_sgd.sgd_flat_step(p, torch.zeros_like(p), lr=0.0, out16=out, isa=isa)
+        sgd_flat_step(p, torch.zeros_like(p), lr=0.0, out16=out, isa=isa)
         assert torch.equal(out.view(torch.int16), p.to(half).view(torch.int16))
 
 
@@ -151,7 +153,7 @@ def test_flat_offload_step_matches_optimizer(gdtype):
     opt = torch.optim.AdamW([ref], lr=1e-3, weight_decay=0.01)
     for k in range(3):
         g = torch.randn(n).to(gdtype)
-        new_step = O.cpu_adam.adam_flat_step(master, g, m, v, step, lr=1e-3, weight_decay=0.01, out16=out)
+        new_step = adam_flat_step(master, g, m, v, step, lr=1e-3, weight_decay=0.01, out16=out)
         assert new_step == k + 1 and float(step) == k + 1
         ref.grad = g.float()
         opt.step()
