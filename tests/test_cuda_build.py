@@ -57,13 +57,18 @@ def test_cmake_builds_every_kernel_for_sm80_and_sm90(tmp_path):
     build = tmp_path / "build"
     env = dict(os.environ, CUDACXX=NVCC)  # cmake finds nvcc even when it is not on PATH
     _run(["cmake", "-S", str(ROOT), "-B", str(build), "-DDSFAST_CUDA=ON"], ROOT, 300, env)
-    _run(["cmake", "--build", str(build), "--target", "dsfast_cuda_kernels", "-j2"], ROOT, 600, env)
-    objects = sorted(build.rglob("*.cu.o"))
+    _run(["cmake", "--build", str(build), "--target", "dsfast_cuda_kernels", "dsfast_cuda_plan_test", "-j2"],
+         ROOT, 600, env)
+    objects = sorted(o for o in build.rglob("*.cu.o") if "plan_test" not in str(o))
     assert sorted(o.name for o in objects) == sorted(p.name + ".o" for p in CUDA_DIR.glob("*.cu"))
     for obj in objects:
         data = obj.read_bytes()
         for arch in (b"sm_80", b"sm_90"):
             assert arch in data, f"{obj.name} has no {arch.decode()} code"
+    # The launcher's plan runs on the host: every element once, right pointers, >2^31 offsets.
+    plan = next(build.rglob("dsfast_cuda_plan_test"))
+    out = _run([str(plan)], ROOT, 60)
+    assert "all passed" in out
 
 
 @pytest.mark.slow

@@ -38,7 +38,6 @@ struct TensorListMeta {
   int64_t numel[kMaxTensors];
   int32_t chunk_start[kMaxTensors + 1];  // prefix of chunk counts inside this launch
   int32_t ntensors;
-  int32_t tensor_offset;        // global index of this launch's tensor 0
   int64_t chunk_offset;         // global index of this launch's chunk 0 (for per-chunk outputs)
 };
 
@@ -58,9 +57,9 @@ struct ChunkRef {
   int n;            // elements in this chunk (1..kChunkElems)
 };
 
+// Block b of a launch -> its tensor and chunk. Host-callable so the plan is tested on a CPU.
 template <int Depth>
-__device__ __forceinline__ ChunkRef locate_chunk(const TensorListMeta<Depth>& m) {
-  const int b = blockIdx.x;
+__host__ __device__ __forceinline__ ChunkRef locate_chunk(const TensorListMeta<Depth>& m, int b) {
   int lo = 0, hi = m.ntensors - 1;
   while (lo < hi) {  // last tensor whose first chunk is <= b (empty tensors are never packed)
     int mid = (lo + hi + 1) >> 1;
@@ -77,7 +76,7 @@ __device__ __forceinline__ ChunkRef locate_chunk(const TensorListMeta<Depth>& m)
 template <int Depth, typename Functor, typename Args>
 __global__ void __launch_bounds__(kBlockThreads)
 multi_tensor_kernel(const __grid_constant__ TensorListMeta<Depth> meta, const __grid_constant__ Args args) {
-  const ChunkRef c = locate_chunk(meta);
+  const ChunkRef c = locate_chunk(meta, blockIdx.x);
   Functor()(meta, c, args);
 }
 
@@ -86,13 +85,11 @@ inline void check_cuda(cudaError_t err, const char* what) {
     throw std::runtime_error(std::string("dsfast CUDA: ") + what + " failed: " + cudaGetErrorString(err));
 }
 
-// Launch Functor over every chunk of every non-empty tensor. Throws std::invalid_argument on
-// bad arguments and std::runtime_error when a launch fails (the message names the op).
-template <int Depth, typename Functor, typename Args>
-void multi_tensor_apply(const TensorLists<Depth>& lists, const Args& args, cudaStream_t stream,
-                        const char* op_name) {
+// Pack every non-empty tensor into launches and call launch(meta, blocks) for each; one block
+// per chunk. Throws std::invalid_argument on bad arguments (the message names the op).
+template <int Depth, typename Launch>
+void plan_launches(const TensorLists<Depth>& lists, const char* op_name, Launch&& launch) {
   using Meta = TensorListMeta<Depth>;
-  static_assert(sizeof(Meta) + sizeof(Args) <= kParamBytes, "kernel parameters exceed the limit");
   if (lists.ntensors < 0 || (lists.ntensors > 0 && lists.numel == nullptr))
     throw std::invalid_argument(std::string(op_name) + ": bad tensor list description");
   for (int d = 0; d < Depth; ++d)
@@ -102,19 +99,16 @@ void multi_tensor_apply(const TensorLists<Depth>& lists, const Args& args, cudaS
   Meta meta;
   meta.ntensors = 0;
   meta.chunk_start[0] = 0;
-  meta.tensor_offset = 0;
   meta.chunk_offset = 0;
   int64_t global_chunks = 0;
 
-  auto launch = [&](int next_tensor) {
+  auto flush = [&]() {
     if (meta.ntensors > 0) {
       const int blocks = meta.chunk_start[meta.ntensors];
-      multi_tensor_kernel<Depth, Functor, Args><<<blocks, kBlockThreads, 0, stream>>>(meta, args);
-      check_cuda(cudaGetLastError(), op_name);
+      launch(static_cast<const Meta&>(meta), blocks);
       global_chunks += blocks;
     }
     meta.ntensors = 0;
-    meta.tensor_offset = next_tensor;
     meta.chunk_offset = global_chunks;
   };
 
@@ -126,8 +120,7 @@ void multi_tensor_apply(const TensorLists<Depth>& lists, const Args& args, cudaS
     if (chunks > INT32_MAX / 2)
       throw std::invalid_argument(std::string(op_name) + ": tensor " + std::to_string(t) + " is too large");
     if (meta.ntensors == Meta::kMaxTensors || (int64_t)meta.chunk_start[meta.ntensors] + chunks > INT32_MAX)
-      launch((int)t);
-    if (meta.ntensors == 0) meta.tensor_offset = (int)t;
+      flush();
     const int i = meta.ntensors;
     for (int d = 0; d < Depth; ++d) {
       if (lists.ptrs[d][t] == nullptr)
@@ -139,21 +132,41 @@ void multi_tensor_apply(const TensorLists<Depth>& lists, const Args& args, cudaS
     meta.chunk_start[i + 1] = meta.chunk_start[i] + (int32_t)chunks;
     meta.ntensors = i + 1;
   }
-  launch((int)lists.ntensors);
+  flush();
+}
+
+// Launch Functor over every chunk of every non-empty tensor. Throws std::invalid_argument on
+// bad arguments and std::runtime_error when a launch fails (the message names the op).
+template <int Depth, typename Functor, typename Args>
+void multi_tensor_apply(const TensorLists<Depth>& lists, const Args& args, cudaStream_t stream,
+                        const char* op_name) {
+  using Meta = TensorListMeta<Depth>;
+  static_assert(sizeof(Meta) + sizeof(Args) <= kParamBytes, "kernel parameters exceed the limit");
+  plan_launches(lists, op_name, [&](const Meta& meta, int blocks) {
+    multi_tensor_kernel<Depth, Functor, Args><<<blocks, kBlockThreads, 0, stream>>>(meta, args);
+    check_cuda(cudaGetLastError(), op_name);
+  });
 }
 
 // Walk the `n` elements of a chunk: W-wide vector steps over the aligned body when every
 // pointer allows it, then a masked scalar tail (or a scalar walk when misaligned).
-// Body must provide `template <int W> __device__ void step(int i)`.
+// Body must provide `template <int W> void step(int i)`. Thread `tid` of `nthreads`; the
+// host-callable form lets a CPU test check that every element is visited exactly once.
+#pragma nv_exec_check_disable
 template <int W, typename Body>
-__device__ __forceinline__ void chunk_loop(int n, bool aligned, Body& body) {
+__host__ __device__ __forceinline__ void chunk_loop(int n, bool aligned, int tid, int nthreads, Body& body) {
   int start = 0;
   if (aligned) {
     const int nv = n - n % W;
-    for (int i = threadIdx.x * W; i < nv; i += blockDim.x * W) body.template step<W>(i);
+    for (int i = tid * W; i < nv; i += nthreads * W) body.template step<W>(i);
     start = nv;
   }
-  for (int i = start + threadIdx.x; i < n; i += blockDim.x) body.template step<1>(i);
+  for (int i = start + tid; i < n; i += nthreads) body.template step<1>(i);
+}
+
+template <int W, typename Body>
+__device__ __forceinline__ void chunk_loop(int n, bool aligned, Body& body) {
+  chunk_loop<W>(n, aligned, (int)threadIdx.x, (int)blockDim.x, body);
 }
 
 }  // namespace cuda
