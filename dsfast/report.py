@@ -58,7 +58,7 @@ def collect():
                   "location": os.path.dirname(torch.__file__)},
         "compilers": {"c++": f"{cxx}: {toolchain.tool_version(cxx)}" if cxx else "not found",
                       "nvcc": f"{nvcc}: {toolchain.tool_version(nvcc)}" if nvcc else "not found",
-                      "ninja": toolchain.tool_version(toolchain.shutil.which("ninja")) or "not found"},
+                      "ninja": toolchain.tool_version(toolchain.ninja_path()) or "not found"},
         "cpu": {"model": _cpu_model(), "machine": platform.machine(), "cores": os.cpu_count(),
                 "torch_threads": torch.get_num_threads(), "isa": toolchain.cpu_isa(),
                 "torch_capability": torch_isa},

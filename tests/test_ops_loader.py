@@ -5,6 +5,7 @@ real kernels or on the user's ~/.cache.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -383,3 +384,20 @@ def test_missing_sources_fall_back_with_the_reason(tiny, monkeypatch):
     reset_memory(monkeypatch)
     with pytest.raises(ValueError, match="DSFAST_CSRC_DIR"):
         loader.load(OP)
+
+
+def test_ninja_from_the_pip_package_is_used_when_not_on_path(tiny, monkeypatch):
+    ninja = pytest.importorskip("ninja")
+    if not os.path.isfile(os.path.join(getattr(ninja, "BIN_DIR", ""), "ninja")):
+        pytest.skip("the ninja package has no BIN_DIR binary")
+    compiler = toolchain.cxx_path()
+    bare = tiny.tmp / "bare-bin"          # PATH with the compiler but no ninja
+    bare.mkdir()
+    for tool in ("c++", "cc", "g++", "gcc", "ld", "as"):
+        found = shutil.which(tool)
+        if found:
+            (bare / tool).symlink_to(found)
+    monkeypatch.setenv("PATH", str(bare))
+    monkeypatch.setenv("CXX", compiler)
+    assert toolchain.ninja_path() is not None
+    assert loader.load(OP).answer() == tiny.value

@@ -130,6 +130,7 @@ def build(p):
 
 def _compile(p, failed):
     from torch.utils import cpp_extension
+    toolchain.put_ninja_on_path()
     if p.spec.with_cuda:
         _point_torch_at_cuda(cpp_extension)
     print(f"[dsfast] building op {p.spec.name!r} (first use; cached in {p.build_dir})",

@@ -47,6 +47,26 @@ def nvcc_path():
     return None
 
 
+def ninja_path():
+    """ninja on PATH, else the binary of the `ninja` pip package (in a venv run without activating it)."""
+    found = shutil.which("ninja")
+    if found:
+        return found
+    try:
+        import ninja
+    except ImportError:
+        return None
+    candidate = Path(getattr(ninja, "BIN_DIR", ""), "ninja")
+    return str(candidate) if candidate.is_file() else None
+
+
+def put_ninja_on_path():
+    """torch runs plain `ninja`; make sure that name resolves to the one we found."""
+    found = ninja_path()
+    if found and shutil.which("ninja") is None:
+        os.environ["PATH"] = os.path.dirname(found) + os.pathsep + os.environ.get("PATH", "")
+
+
 def tool_version(path, flag="--version"):
     """First informative line of `path --version`, or None (for reports, not for cache keys)."""
     if not path:
@@ -67,11 +87,8 @@ def cpu_build_problem():
     if cxx_path() is None:
         return (f"no C++ compiler ({os.environ.get('CXX', 'c++')} not found on PATH; "
                 "install g++ or set CXX)")
-    if shutil.which("ninja") is None:
-        try:
-            import ninja  # noqa: F401  (the pip package puts the binary beside python)
-        except ImportError:
-            return "ninja not found (pip install ninja)"
+    if ninja_path() is None:
+        return "ninja not found (pip install ninja)"
     include = sysconfig.get_path("include", scheme="posix_prefix")
     if not include or not Path(include, "Python.h").exists():
         return f"Python headers missing (no Python.h in {include}; install python3-dev)"
