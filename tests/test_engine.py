@@ -89,9 +89,9 @@ def test_clipping_equals_torch_clip_grad_norm():
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-6)
 
 
-def _fp16_engine(**fp16):
+def _fp16_engine(clip=0.0, **fp16):
     sched = {"type": "WarmupLR", "params": {"warmup_num_steps": 5, "warmup_max_lr": 1e-2}}
-    return init(config=config(fp16={"enabled": True, **fp16}, scheduler=sched))
+    return init(config=config(fp16={"enabled": True, **fp16}, scheduler=sched, gradient_clipping=clip))
 
 
 def _snapshot(engine, opt, sched):
@@ -135,8 +135,9 @@ def test_fp16_overflow_skips_step_and_scheduler_and_leaves_no_nan():
         assert all(torch.isfinite(v).all() for v in s.values() if torch.is_tensor(v))
 
 
-def test_fp16_static_scale_skips_overflow_without_changing_scale():
-    engine, opt, _, sched = _fp16_engine(loss_scale=128)
+def test_fp16_static_scale_with_clipping_skips_overflow_without_changing_scale():
+    # with clipping, the overflow is found through the global norm (the other path than unscale_and_check_)
+    engine, opt, _, sched = _fp16_engine(clip=1.0, loss_scale=128)
     engine.backward(mse(engine, *batch(0)))
     engine.step()
     before = _snapshot(engine, opt, sched)
@@ -144,6 +145,9 @@ def test_fp16_static_scale_skips_overflow_without_changing_scale():
     engine.step()
     _assert_same(before, _snapshot(engine, opt, sched))
     assert (engine.loss_scale, engine.skipped_steps) == (128, 1)
+    engine.backward(mse(engine, *batch(2)))
+    engine.step()
+    assert engine.was_step_applied() and 0 < engine.get_global_grad_norm() < float("inf")
 
 
 def test_fp16_overflow_at_floor_is_a_clear_error():
@@ -196,6 +200,21 @@ def test_client_optimizer_object_wins_over_config_with_a_warning():
         torch.testing.assert_close(p, a - 0.5 * g)
 
 
+def test_client_optimizer_is_retargeted_at_fp32_masters_in_bf16():
+    model = make_model()
+    client = torch.optim.SGD(model.parameters(), lr=0.5)
+    engine, opt, _, _ = init(model, optimizer=client, config={"train_batch_size": MICRO, "bf16": {"enabled": True}})
+    masters = engine._precision.masters
+    assert [id(p) for p in opt.param_groups[0]["params"]] == [id(m) for m in masters]
+    m0 = [m.detach().clone() for m in masters]
+    engine.backward(mse(engine, *batch(0)))
+    grads = [m.grad.clone() for m in masters]
+    engine.step()
+    for m, a, g in zip(masters, m0, grads):
+        torch.testing.assert_close(m, a - 0.5 * g)
+    assert all(torch.equal(p, m.to(torch.bfloat16)) for p, m in zip(model.parameters(), masters))
+
+
 def test_client_optimizer_callable_and_client_scheduler_callable():
     engine, opt, _, sched = init(optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
                                  lr_scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5),
@@ -241,10 +260,11 @@ def test_properties():
 
 
 def test_progress_prints_every_steps_per_print_on_rank0_only(capsys):
-    engine, _, _, _ = init(config=config(steps_per_print=2))
+    engine, _, _, _ = init(config=config(steps_per_print=2, wall_clock_breakdown=True))
     for i in range(5):
         engine.backward(mse(engine, *batch(i)))
         engine.step()
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[dsfast]")]
     assert [line.split("|")[0].strip() for line in lines] == ["[dsfast] step 2", "[dsfast] step 4"]
     assert "loss " in lines[0] and "lr 1.00e-02" in lines[0] and "samples/s" in lines[0]
+    assert "fwd " in lines[0] and "bwd " in lines[0] and "step " in lines[0].split("|")[-1]  # wall_clock_breakdown

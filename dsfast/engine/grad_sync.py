@@ -24,6 +24,7 @@ class AllReduceGradSync:
         self._reduce = False
         self._in_backward = False
         self._next = 0  # index of the next bucket to launch (launch order must be identical on every rank)
+        self.collectives_launched = 0  # for tests and diagnostics
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in buffers.params]
 
     def begin_backward(self, reduce):
@@ -53,6 +54,7 @@ class AllReduceGradSync:
 
     def _launch(self, bucket):
         bucket.handle = dist.all_reduce(bucket.flat, group=self.group, async_op=True)
+        self.collectives_launched += 1
         self._next += 1
 
     def end_backward(self):

@@ -53,6 +53,8 @@ def train(precision, gas, clip, steps, inject_rank):
         record["states"].append({k: v.clone() for m in masters for k, v in opt.state[m].items()
                                  if torch.is_tensor(v)} if masters and opt.state[masters[0]] else {})
     record["model_dtype"] = str(next(engine.module.parameters()).dtype)
+    record["collectives"] = engine._grad_sync.collectives_launched
+    record["buckets"] = len(engine._precision.buffers.buckets)
     gathered = [None] * world
     torch.distributed.all_gather_object(gathered, record)
     return gathered
