@@ -152,7 +152,7 @@ def test_adam_master_weights_write_the_model_copy_in_the_same_pass():
     assert again.state[q]["master_param"].data_ptr() != opt.state[ps[0]]["master_param"].data_ptr()
 
 
-def _scaled_run(opt_cls, make_opt, inf_at):
+def _scaled_run(make_opt, inf_at):
     ps = make_params(5)
     opt = make_opt(ps)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1000)
@@ -177,8 +177,8 @@ def test_grad_scaler_drives_the_fused_step_like_torch(name):
         ours = lambda ps: FusedSGD(ps, lr=1e-2, momentum=0.9, weight_decay=0.01)
         theirs = lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, weight_decay=0.01)
     assert FusedAdam._step_supports_amp_scaling and FusedSGD._step_supports_amp_scaling
-    ours_p, ours_opt, ours_scales = _scaled_run(None, ours, inf_at=2)
-    ref_p, ref_opt, ref_scales = _scaled_run(None, theirs, inf_at=2)
+    ours_p, ours_opt, ours_scales = _scaled_run(ours, inf_at=2)
+    ref_p, ref_opt, ref_scales = _scaled_run(theirs, inf_at=2)
     assert ours_scales == ref_scales == [1024.0, 1024.0, 512.0, 512.0]
     assert_close_lists(ours_p, ref_p)
     if name == "adam":  # the skipped step did not count
