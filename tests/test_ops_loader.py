@@ -213,6 +213,26 @@ def test_two_processes_starting_together_build_once(tiny):
     assert sum("building op" in err for _, err in results) == 1
 
 
+def test_two_processes_with_a_broken_op_compile_it_once_and_both_explain(tiny):
+    write_op(tiny.root, tiny.value, broken=True)
+    go = tiny.tmp / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", SUBPROCESS_LOAD, str(go)], env=child_env(tiny),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        go.touch()
+        results = [p.communicate(timeout=TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode != 0
+        assert "DsfastOpError" in err and "this_is_not_cpp" in err
+    # The second one reused the first one's fresh failure instead of compiling it again.
+    assert sum("building op" in err for _, err in results) == 1
+
+
 def test_build_failure_is_a_clear_error_at_first_use_and_every_use(tiny, monkeypatch):
     write_op(tiny.root, tiny.value, broken=True)
     with pytest.raises(DsfastOpError) as err:
