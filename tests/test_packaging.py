@@ -125,3 +125,28 @@ def test_aot_build_installs_prebuilt_ops_used_without_jit(tmp_path):
     assert not (tmp_path / "cache").exists()            # nothing was JIT-built
     report = run([python, "-m", "dsfast.report"], cwd=tmp_path, env=env)
     assert any(ln.split()[:2] == ["tiny", "prebuilt"] for ln in report.splitlines())
+
+
+def run_setup(tmp_path, build_ops, hide_torch=False):
+    """Run this repo's setup.py (`--name`, writes nothing) the way pip would, with DSFAST_BUILD_OPS set."""
+    lines = ["import runpy, sys",
+             "sys.modules['torch'] = None" if hide_torch else "",       # `import torch` now fails
+             "sys.argv = ['setup.py', '--name']",
+             f"runpy.run_path({str(REPO / 'setup.py')!r}, run_name='__main__')"]
+    return subprocess.run([sys.executable, "-c", "\n".join(lines)], cwd=str(REPO),
+                          env=clean_env(tmp_path, DSFAST_BUILD_OPS=build_ops),
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def test_aot_build_without_torch_says_how(tmp_path):
+    out = run_setup(tmp_path, "1", hide_torch=True)
+    assert out.returncode != 0
+    assert "needs torch importable" in out.stderr and "--no-build-isolation" in out.stderr
+
+
+def test_aot_build_of_an_unknown_op_lists_the_known_ones(tmp_path):
+    out = run_setup(tmp_path, "no_such_op")
+    assert out.returncode != 0
+    assert "unknown op(s) ['no_such_op']" in out.stderr
+    for name in OPS:
+        assert name in out.stderr
