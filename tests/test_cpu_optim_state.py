@@ -144,7 +144,7 @@ def test_fused_16bit_copy_is_exact_rne_cast(isa, half):
 @pytest.mark.parametrize("gdtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_flat_offload_step_matches_optimizer(gdtype):
     """The engine's path: flat fp32 master + 16-bit grads in + 16-bit params out, one pass.
-    150001 elements: per-thread spans long enough for the non-temporal 16-bit stores."""
+    150001 elements: spread over several work chunks."""
     n = 150001
     master = torch.randn(n)
     ref = master.clone().requires_grad_()

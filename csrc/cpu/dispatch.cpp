@@ -4,6 +4,7 @@
 #include "cpu_optim.h"
 
 #include <algorithm>
+#include <atomic>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -22,6 +23,8 @@ namespace {
 constexpr int64_t kAlign = 64;
 // Below this many elements per thread, fork/join costs more than it saves.
 constexpr int64_t kMinPerThread = 1 << 15;
+// Elements per claimed chunk: ~0.1-0.3 ms of work, so claiming one costs nothing measurable.
+constexpr int64_t kChunk = 1 << 18;
 
 bool cpu_has(Isa isa) {
 #if defined(DSFAST_HAVE_X86_ISAS) && (defined(__GNUC__) || defined(__clang__))
@@ -64,6 +67,10 @@ void check_dtypes(DType grad, DType out, const void* out_ptr, int64_t index) {
 }
 
 // Calls fn(tensor, begin, end) over disjoint spans covering every element exactly once.
+// The concatenation of all tensors is cut into equal chunks (boundaries rounded down to
+// kAlign elements inside a tensor) that threads claim from an atomic counter: on a shared
+// machine a thread that loses its core leaves its remaining chunks to the others instead
+// of holding up the whole step, as a static split would.
 template <class T, class Fn>
 void run_work_list(const T* ts, int64_t count, int num_threads, Fn fn) {
   std::vector<int64_t> prefix(count + 1, 0);
@@ -78,19 +85,20 @@ void run_work_list(const T* ts, int64_t count, int num_threads, Fn fn) {
   threads = 1;
 #endif
   threads = int(std::max<int64_t>(1, std::min<int64_t>(threads, total / kMinPerThread)));
+  const int64_t nchunks = std::max<int64_t>(threads, (total + kChunk - 1) / kChunk);
 
-  // Boundary of thread t among nt: (tensor index, element offset within it).
-  auto boundary = [&](int t, int nt, int64_t* idx, int64_t* off) {
-    if (t >= nt) { *idx = count; *off = 0; return; }
-    const int64_t target = (int64_t)((__int128)total * t / nt);
+  // Start of chunk c: (tensor index, element offset within it).
+  auto boundary = [&](int64_t c, int64_t* idx, int64_t* off) {
+    if (c >= nchunks) { *idx = count; *off = 0; return; }
+    const int64_t target = (int64_t)((__int128)total * c / nchunks);
     const int64_t k = int64_t(std::upper_bound(prefix.begin(), prefix.end(), target) - prefix.begin()) - 1;
     *idx = k;
     *off = (target - prefix[k]) / kAlign * kAlign;
   };
-  auto run_thread = [&](int t, int nt) {
+  auto run_chunk = [&](int64_t c) {
     int64_t i0, o0, i1, o1;
-    boundary(t, nt, &i0, &o0);
-    boundary(t + 1, nt, &i1, &o1);
+    boundary(c, &i0, &o0);
+    boundary(c + 1, &i1, &o1);
     for (int64_t k = i0; k <= i1 && k < count; ++k) {
       const int64_t b = (k == i0) ? o0 : 0;
       const int64_t e = (k == i1) ? o1 : ts[k].numel;
@@ -99,12 +107,16 @@ void run_work_list(const T* ts, int64_t count, int num_threads, Fn fn) {
   };
 
   if (threads == 1) {
-    run_thread(0, 1);
+    for (int64_t c = 0; c < nchunks; ++c) run_chunk(c);
     return;
   }
 #ifdef _OPENMP
+  std::atomic<int64_t> next{0};
 #pragma omp parallel num_threads(threads)
-  run_thread(omp_get_thread_num(), omp_get_num_threads());
+  for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < nchunks;
+       c = next.fetch_add(1, std::memory_order_relaxed)) {
+    run_chunk(c);
+  }
 #endif
 }
 

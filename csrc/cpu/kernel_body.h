@@ -20,131 +20,80 @@ inline Vec load_grad(const void* g, int64_t i) {
   else return Vec::load_f16(static_cast<const uint16_t*>(g) + i);
 }
 
-template <int O, bool NT>
+template <int O>
 inline void store_out(void* o, int64_t i, const Vec& p) {
-  if constexpr (O == kBF16) {
-    if constexpr (NT) p.stream_bf16(static_cast<uint16_t*>(o) + i);
-    else p.store_bf16(static_cast<uint16_t*>(o) + i);
-  } else if constexpr (O == kF16) {
-    if constexpr (NT) p.stream_f16(static_cast<uint16_t*>(o) + i);
-    else p.store_f16(static_cast<uint16_t*>(o) + i);
-  }
+  if constexpr (O == kBF16) p.store_bf16(static_cast<uint16_t*>(o) + i);
+  else if constexpr (O == kF16) p.store_f16(static_cast<uint16_t*>(o) + i);
 }
 
-// Copies bytes; the partial-vector path runs one full vector on padded stack buffers, so
-// it needs no masked instructions and no scalar code of this target.
+// Copies `n` elements of `bytes` each; the tail path runs one full vector on padded
+// stack buffers so it needs no masked instructions and no scalar code of this target.
 inline void copy_bytes(void* dst, const void* src, int64_t nbytes) {
   auto* d = static_cast<unsigned char*>(dst);
   auto* s = static_cast<const unsigned char*>(src);
   for (int64_t k = 0; k < nbytes; ++k) d[k] = s[k];
 }
 
-// The 16-bit output copy is write-only: on spans this long it is written with non-temporal
-// stores, which skip the read-for-ownership of every output line (2 of ~30 bytes/param).
-#ifndef DSFAST_STREAM_MIN
-#define DSFAST_STREAM_MIN (1 << 16)
-#endif
-constexpr int64_t kStreamMin = DSFAST_STREAM_MIN;
-
-// Number of leading elements before o + i is aligned for a full-vector non-temporal store,
-// or -1 when streaming should not be used for this span.
-inline int64_t stream_head(const void* o, int64_t n) {
-  constexpr int64_t B = Vec::W * 2;
-  const uintptr_t addr = reinterpret_cast<uintptr_t>(o);
-  if (!Vec::kStreamOut || o == nullptr || n < kStreamMin || addr % 2 != 0) return -1;
-  return int64_t((B - int64_t(addr % B)) % B) / 2;
-}
-
-template <int G, int O, bool NT>
+template <int G, int O>
 inline void adam_vec(float* p, const void* g, float* m, float* v, void* o, int64_t i, const AdamCoeffs& c) {
   Vec pv = Vec::load(p + i), mv = Vec::load(m + i), vv = Vec::load(v + i);
   adam_update(pv, load_grad<G>(g, i), mv, vv, c);
   pv.store(p + i);
   mv.store(m + i);
   vv.store(v + i);
-  store_out<O, NT>(o, i, pv);
-}
-
-// Elements [i, i + count), count < W, through padded buffers.
-template <int G, int O>
-void adam_partial(float* p, const void* g, float* m, float* v, void* o, int64_t i, int64_t count,
-                  const AdamCoeffs& c) {
-  constexpr int W = Vec::W;
-  constexpr int GB = (G == kF32) ? 4 : 2;
-  alignas(64) float bp[W] = {}, bm[W] = {}, bv[W] = {};
-  alignas(64) unsigned char bg[W * 4] = {};
-  alignas(64) uint16_t bo[W] = {};
-  copy_bytes(bp, p + i, count * 4);
-  copy_bytes(bm, m + i, count * 4);
-  copy_bytes(bv, v + i, count * 4);
-  copy_bytes(bg, static_cast<const unsigned char*>(g) + i * GB, count * GB);
-  adam_vec<G, O, false>(bp, bg, bm, bv, bo, 0, c);
-  copy_bytes(p + i, bp, count * 4);
-  copy_bytes(m + i, bm, count * 4);
-  copy_bytes(v + i, bv, count * 4);
-  if constexpr (O != kNone) copy_bytes(static_cast<uint16_t*>(o) + i, bo, count * 2);
+  store_out<O>(o, i, pv);
 }
 
 template <int G, int O>
 void adam_span(float* p, const void* g, float* m, float* v, void* o, int64_t n, const AdamCoeffs& c) {
   constexpr int W = Vec::W;
   int64_t i = 0;
-  if constexpr (O != kNone) {
-    const int64_t head = stream_head(o, n);
-    if (head >= 0) {
-      if (head > 0) adam_partial<G, O>(p, g, m, v, o, 0, head, c);
-      for (i = head; i + W <= n; i += W) adam_vec<G, O, true>(p, g, m, v, o, i, c);
-      Vec::fence();
-      if (i < n) adam_partial<G, O>(p, g, m, v, o, i, n - i, c);
-      return;
-    }
-  }
-  for (; i + W <= n; i += W) adam_vec<G, O, false>(p, g, m, v, o, i, c);
-  if (i < n) adam_partial<G, O>(p, g, m, v, o, i, n - i, c);
+  for (; i + W <= n; i += W) adam_vec<G, O>(p, g, m, v, o, i, c);
+  const int64_t rest = n - i;
+  if (rest <= 0) return;
+  constexpr int GB = (G == kF32) ? 4 : 2;
+  alignas(64) float bp[W] = {}, bm[W] = {}, bv[W] = {};
+  alignas(64) unsigned char bg[W * 4] = {};
+  alignas(64) uint16_t bo[W] = {};
+  copy_bytes(bp, p + i, rest * 4);
+  copy_bytes(bm, m + i, rest * 4);
+  copy_bytes(bv, v + i, rest * 4);
+  copy_bytes(bg, static_cast<const unsigned char*>(g) + i * GB, rest * GB);
+  adam_vec<G, O>(bp, bg, bm, bv, bo, 0, c);
+  copy_bytes(p + i, bp, rest * 4);
+  copy_bytes(m + i, bm, rest * 4);
+  copy_bytes(v + i, bv, rest * 4);
+  if constexpr (O != kNone) copy_bytes(static_cast<uint16_t*>(o) + i, bo, rest * 2);
 }
 
-template <int G, int O, bool MOM, bool NT>
+template <int G, int O, bool MOM>
 inline void sgd_vec(float* p, const void* g, float* b, void* o, int64_t i, const SGDCoeffs& c) {
   Vec pv = Vec::load(p + i);
   Vec bv = (MOM && !c.first_step) ? Vec::load(b + i) : Vec(0.0f);
   sgd_update(pv, load_grad<G>(g, i), bv, c);
   pv.store(p + i);
   if constexpr (MOM) bv.store(b + i);
-  store_out<O, NT>(o, i, pv);
-}
-
-template <int G, int O, bool MOM>
-void sgd_partial(float* p, const void* g, float* b, void* o, int64_t i, int64_t count, const SGDCoeffs& c) {
-  constexpr int W = Vec::W;
-  constexpr int GB = (G == kF32) ? 4 : 2;
-  alignas(64) float bp[W] = {}, bb[W] = {};
-  alignas(64) unsigned char bg[W * 4] = {};
-  alignas(64) uint16_t bo[W] = {};
-  copy_bytes(bp, p + i, count * 4);
-  if constexpr (MOM) copy_bytes(bb, b + i, count * 4);
-  copy_bytes(bg, static_cast<const unsigned char*>(g) + i * GB, count * GB);
-  sgd_vec<G, O, MOM, false>(bp, bg, bb, bo, 0, c);
-  copy_bytes(p + i, bp, count * 4);
-  if constexpr (MOM) copy_bytes(b + i, bb, count * 4);
-  if constexpr (O != kNone) copy_bytes(static_cast<uint16_t*>(o) + i, bo, count * 2);
+  store_out<O>(o, i, pv);
 }
 
 template <int G, int O, bool MOM>
 void sgd_span(float* p, const void* g, float* b, void* o, int64_t n, const SGDCoeffs& c) {
   constexpr int W = Vec::W;
   int64_t i = 0;
-  if constexpr (O != kNone) {
-    const int64_t head = stream_head(o, n);
-    if (head >= 0) {
-      if (head > 0) sgd_partial<G, O, MOM>(p, g, b, o, 0, head, c);
-      for (i = head; i + W <= n; i += W) sgd_vec<G, O, MOM, true>(p, g, b, o, i, c);
-      Vec::fence();
-      if (i < n) sgd_partial<G, O, MOM>(p, g, b, o, i, n - i, c);
-      return;
-    }
-  }
-  for (; i + W <= n; i += W) sgd_vec<G, O, MOM, false>(p, g, b, o, i, c);
-  if (i < n) sgd_partial<G, O, MOM>(p, g, b, o, i, n - i, c);
+  for (; i + W <= n; i += W) sgd_vec<G, O, MOM>(p, g, b, o, i, c);
+  const int64_t rest = n - i;
+  if (rest <= 0) return;
+  constexpr int GB = (G == kF32) ? 4 : 2;
+  alignas(64) float bp[W] = {}, bb[W] = {};
+  alignas(64) unsigned char bg[W * 4] = {};
+  alignas(64) uint16_t bo[W] = {};
+  copy_bytes(bp, p + i, rest * 4);
+  if constexpr (MOM) copy_bytes(bb, b + i, rest * 4);
+  copy_bytes(bg, static_cast<const unsigned char*>(g) + i * GB, rest * GB);
+  sgd_vec<G, O, MOM>(bp, bg, bb, bo, 0, c);
+  copy_bytes(p + i, bp, rest * 4);
+  if constexpr (MOM) copy_bytes(b + i, bb, rest * 4);
+  if constexpr (O != kNone) copy_bytes(static_cast<uint16_t*>(o) + i, bo, rest * 2);
 }
 
 using AdamSpanFn = void (*)(float*, const void*, float*, float*, void*, int64_t, const AdamCoeffs&);

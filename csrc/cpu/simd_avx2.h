@@ -11,8 +11,6 @@ namespace avx2_isa {
 
 struct Vec {
   static constexpr int W = 8;
-  static void fence() { _mm_sfence(); }  // orders non-temporal stores before the kernel returns
-  static constexpr bool kStreamOut = true;  // 16-bit outputs can be written with non-temporal stores
   __m256 v;
   Vec() = default;
   Vec(__m256 x) : v(x) {}
@@ -27,12 +25,7 @@ struct Vec {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
   void store(float* p) const { _mm256_storeu_ps(p, v); }
-  void store_bf16(uint16_t* p) const { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_bf16()); }
-  void store_f16(uint16_t* p) const { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_f16()); }
-  // p must be 16-byte aligned; bypasses the cache (no read-for-ownership of a write-only buffer)
-  void stream_bf16(uint16_t* p) const { _mm_stream_si128(reinterpret_cast<__m128i*>(p), to_bf16()); }
-  void stream_f16(uint16_t* p) const { _mm_stream_si128(reinterpret_cast<__m128i*>(p), to_f16()); }
-  __m128i to_bf16() const {
+  void store_bf16(uint16_t* p) const {
     // round to nearest even on the dropped 16 bits; NaN -> quiet NaN with its sign
     __m256i b = _mm256_castps_si256(v);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
@@ -40,9 +33,12 @@ struct Vec {
     __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
     __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     r = _mm256_blendv_epi8(r, qnan, is_nan);
-    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
   }
-  __m128i to_f16() const { return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  void store_f16(uint16_t* p) const {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
 
 };
 

@@ -11,8 +11,6 @@ namespace avx512_isa {
 
 struct Vec {
   static constexpr int W = 16;
-  static void fence() { _mm_sfence(); }  // orders non-temporal stores before the kernel returns
-  static constexpr bool kStreamOut = true;  // 16-bit outputs can be written with non-temporal stores
   __m512 v;
   Vec() = default;
   Vec(__m512 x) : v(x) {}
@@ -27,12 +25,7 @@ struct Vec {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
-  void store_bf16(uint16_t* p) const { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16()); }
-  void store_f16(uint16_t* p) const { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_f16()); }
-  // p must be 32-byte aligned; bypasses the cache (no read-for-ownership of a write-only buffer)
-  void stream_bf16(uint16_t* p) const { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_bf16()); }
-  void stream_f16(uint16_t* p) const { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_f16()); }
-  __m256i to_bf16() const {
+  void store_bf16(uint16_t* p) const {
     // round to nearest even on the dropped 16 bits; NaN -> quiet NaN with its sign
     __m512i b = _mm512_castps_si512(v);
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
@@ -40,9 +33,12 @@ struct Vec {
     __m512i qnan = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
     __mmask16 is_nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     r = _mm512_mask_blend_epi32(is_nan, r, qnan);
-    return _mm512_cvtepi32_epi16(r);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
   }
-  __m256i to_f16() const { return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  void store_f16(uint16_t* p) const {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
 
 };
 

@@ -13,10 +13,6 @@ namespace scalar_isa {
 
 struct Vec {
   static constexpr int W = 1;
-  static void fence() {}
-  static constexpr bool kStreamOut = false;
-  void stream_bf16(uint16_t* p) const { store_bf16(p); }
-  void stream_f16(uint16_t* p) const { store_f16(p); }
   float v;
   Vec() = default;
   explicit Vec(float x) : v(x) {}
