@@ -113,6 +113,29 @@ def test_adam_state_dict_round_trip_both_ways():
     assert st.dtype == torch.float32 and st.dim() == 0 and float(st) == 4.0
 
 
+def test_mixed_grad_dtypes_in_one_group_take_the_bucketed_path():
+    ours_p = make_params(11)
+    ref_p = clone_params(ours_p)
+    for p in ours_p[::2]:
+        if hasattr(p, "grad_dtype"):
+            p.grad_dtype = None  # allow a bf16 gradient on an fp32 param (torch >= 2.10 checks)
+    for cls, tcls, kw in ((FusedAdam, torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.01)),
+                          (FusedSGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9, dampening=0.2))):
+        a_p, b_p = clone_params(ours_p), clone_params(ref_p)
+        for p in a_p[::2]:
+            if hasattr(p, "grad_dtype"):
+                p.grad_dtype = None
+        ours, ref = cls(a_p, **kw), tcls(b_p, **kw)
+        for s in range(3):
+            set_grads(s, a_p, b_p)
+            for p, q in zip(a_p[::2], b_p[::2]):
+                p.grad = p.grad.to(torch.bfloat16)
+                q.grad = p.grad.float()
+            ours.step()
+            ref.step()
+        assert_close_lists(a_p, b_p)
+
+
 def test_adam_16bit_params_states_in_param_dtype():
     ps = make_params(3, dtype=torch.bfloat16)
     ref = [torch.nn.Parameter(p.detach().float()) for p in ps]
@@ -243,6 +266,22 @@ def test_sgd_matches_torch_variants_and_state_dict():
             assert_close_lists(ours_p, other)
         if kw["momentum"]:
             assert_states_close(ours, ref, ("momentum_buffer",))
+
+
+def test_sgd_dampening_with_buffers_born_at_different_steps():
+    ours_p = make_params(12)
+    ref_p = clone_params(ours_p)
+    ours = FusedSGD(ours_p, lr=0.05, momentum=0.9, dampening=0.3)
+    ref = torch.optim.SGD(ref_p, lr=0.05, momentum=0.9, dampening=0.3)
+    for s in range(3):
+        set_grads(s, ours_p, ref_p)
+        if s == 0:  # params 1 and 3 get no gradient on the first step: their buffers start later
+            for ps in (ours_p, ref_p):
+                ps[1].grad = ps[3].grad = None
+        ours.step()
+        ref.step()
+    assert_close_lists(ours_p, ref_p)
+    assert_states_close(ours, ref, ("momentum_buffer",))
 
 
 def test_sgd_skipped_first_step_keeps_torch_semantics():

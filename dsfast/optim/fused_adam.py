@@ -58,6 +58,62 @@ def grad_for_kernel(p, g, gi, j):
     return g if g.is_contiguous() else g.contiguous()
 
 
+def gather(group, gi, states, use_master, init_state, keys):
+    """The group's tensors as kernel lists, bucketed by (device, grad dtype, param dtype,
+    master, fresh): {key: (grads, params (the fp32 masters when master), [one list per state
+    key], 16-bit model copies or [])}.
+
+    init_state(p, state, master) fills an empty state and returns True when the new state needs
+    the kernel's first-step form (SGD's dampened momentum). The common group (one device, one
+    dtype pair, dense contiguous tensors) costs one loop of appends plus a few set
+    comprehensions, well under torch's own gather; anything else takes a per-param loop whose
+    errors name the param."""
+    gs, ps, sts, fresh = [], [], [], set()
+    for p in group["params"]:
+        g = p.grad
+        if g is None:
+            continue
+        st = states[p]
+        if (not st or (keys and st.get(keys[0]) is None)) and init_state(p, st, use_master and p.dtype in _HALF):
+            fresh.add(id(p))
+        gs.append(g)
+        ps.append(p)
+        sts.append(st)
+    if not ps:
+        return {}
+    gkinds = {(g.dtype, g.layout) for g in gs}
+    pdts = {p.dtype for p in ps}
+    one_device = len({p.get_device() for p in ps}) == 1
+    if len(gkinds) == 1 and len(pdts) == 1 and len(fresh) in (0, len(ps)) and one_device:
+        (gdt, layout), = gkinds
+        pdt, = pdts
+        if layout is torch.strided and gdt in _FLOAT and pdt in _FLOAT and all(g.is_contiguous() for g in gs) \
+                and all(p.is_contiguous() for p in ps):
+            master = use_master and pdt in _HALF
+            targets = [st["master_param"] for st in sts] if master else ps
+            return {(ps[0].device, gdt, pdt, master, bool(fresh)):
+                    (gs, targets, [[st[k] for st in sts] for k in keys], ps if master else [])}
+    buckets = {}
+    for j, p in enumerate(group["params"]):
+        g = p.grad
+        if g is None:
+            continue
+        g = grad_for_kernel(p, g, gi, j)
+        st = states[p]
+        master = use_master and p.dtype in _HALF
+        key = (p.device, g.dtype, p.dtype, master, id(p) in fresh)
+        b = buckets.get(key)
+        if b is None:
+            b = buckets[key] = ([], [], [[] for _ in keys], [])
+        b[0].append(g)
+        b[1].append(st["master_param"] if master else p)
+        for lst, k in zip(b[2], keys):
+            lst.append(st[k])
+        if master:
+            b[3].append(p)
+    return buckets
+
+
 def steps_back_on_overflow(steps, found_inf):
     """Undo the step-count increment of a skipped step, on the device (as torch's fused Adam)."""
     if found_inf is not None and steps:
@@ -123,29 +179,8 @@ class FusedAdam(torch.optim.Optimizer):
             lr, (beta1, beta2), eps, wd = check_adam_hparams(group["lr"], group["betas"], group["eps"],
                                                               group["weight_decay"], group.get("amsgrad", False))
             check_unsupported_flags(group, ("differentiable",))
-            buckets, states, use_master = {}, self.state, self.master_weights
-            for j, p in enumerate(group["params"]):
-                g = p.grad
-                if g is None:
-                    continue
-                g = grad_for_kernel(p, g, gi, j)
-                state = states[p]
-                pdt = p.dtype
-                master = use_master and pdt in _HALF
-                if not state:
-                    _init_state(p, state, master)
-                key = (p.device, g.dtype, pdt, master)
-                b = buckets.get(key)
-                if b is None:
-                    b = buckets[key] = ([], [], [], [], [], [])
-                b[0].append(g)
-                b[1].append(state["master_param"] if master else p)
-                b[2].append(state["exp_avg"])
-                b[3].append(state["exp_avg_sq"])
-                b[4].append(state["step"])
-                if master:
-                    b[5].append(p)
-            for (device, _, _, master), (gs, ps, ms, vs, steps, copies) in buckets.items():
+            buckets = gather(group, gi, self.state, self.master_weights, _init_state, _STATE_KEYS)
+            for (device, _, _, _, _), (gs, ps, (ms, vs, steps), copies) in buckets.items():
                 inv, flag, coef = amp_scalars(device, grad_scale, found_inf, clip_coef, scalars)
                 torch._foreach_add_(steps, 1)
                 multi_tensor.backend(device).adam_(
@@ -161,6 +196,9 @@ def _group_defaults(group):
     group.setdefault("maximize", False)
 
 
+_STATE_KEYS = ("exp_avg", "exp_avg_sq", "step")
+
+
 def _init_state(p, state, master):
     dtype = torch.float32 if master else p.dtype
     state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
@@ -168,6 +206,7 @@ def _init_state(p, state, master):
     state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)
     if master:
         state["master_param"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format).clone()
+    return False
 
 
 def _normalise_state(p, state, saved, master):

@@ -15,7 +15,7 @@
 import torch
 
 from ..ops import multi_tensor
-from .fused_adam import _HALF, amp_scalars, grad_for_kernel
+from .fused_adam import _HALF, amp_scalars, gather
 from .validation import check_sgd_hparams, check_unsupported_flags
 
 
@@ -83,33 +83,21 @@ class FusedSGD(torch.optim.Optimizer):
             lr, momentum, dampening, wd, nesterov = check_sgd_hparams(
                 group["lr"], group["momentum"], group["dampening"], group["weight_decay"], group["nesterov"])
             check_unsupported_flags(group, ("differentiable",))
-            buckets, states, use_master = {}, self.state, self.master_weights
-            for j, p in enumerate(group["params"]):
-                g = p.grad
-                if g is None:
-                    continue
-                g = grad_for_kernel(p, g, gi, j)
-                state = states[p]
-                master = use_master and p.dtype in _HALF
+
+            def init_state(p, state, master):
                 if master and "master_param" not in state:
                     state["master_param"] = p.detach().to(torch.float32, copy=True,
                                                           memory_format=torch.contiguous_format)
-                first = False
                 if momentum != 0.0 and state.get("momentum_buffer") is None:
-                    dtype = torch.float32 if master else p.dtype
-                    state["momentum_buffer"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)
-                    first = dampening != 0.0  # zeros + (1 - 0) * g == g: only dampening needs the seed
-                key = (p.device, g.dtype, p.dtype, master, first)
-                b = buckets.get(key)
-                if b is None:
-                    b = buckets[key] = ([], [], [], [])
-                b[0].append(g)
-                b[1].append(state["master_param"] if master else p)
-                if momentum != 0.0:
-                    b[2].append(state["momentum_buffer"])
-                if master:
-                    b[3].append(p)
-            for (device, _, _, _, first), (gs, ps, bufs, copies) in buckets.items():
+                    state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32 if master else p.dtype,
+                                                                memory_format=torch.contiguous_format)
+                    return dampening != 0.0  # zeros + (1 - 0) * g == g: only dampening needs the seed
+                return False
+
+            keys = ("momentum_buffer",) if momentum != 0.0 else ()
+            buckets = gather(group, gi, self.state, self.master_weights, init_state, keys)
+            for (device, _, _, _, first), (gs, ps, states, copies) in buckets.items():
+                bufs = states[0] if states else []
                 inv, flag, coef = amp_scalars(device, grad_scale, found_inf, clip_coef, scalars)
                 multi_tensor.backend(device).sgd_(gs, ps, bufs, copies, lr, momentum, dampening, wd, nesterov, first,
                                                   inv, coef, flag, bool(group["maximize"]))
