@@ -29,11 +29,15 @@ def num_threads():
 
 def call(fn, group_index, indices, *args, **kwargs):
     """Call a kernel whose per-tensor errors read '__P[i]', and rewrite them to name the
-    parameter as the user knows it: param_groups[g]['params'][j]."""
+    parameter as the user knows it: param_groups[g]['params'][j], or, for the flat entry
+    points (group_index None), 'the flat partition'."""
     try:
         return fn(*args, label="__P", **kwargs)
     except (ValueError, TypeError) as e:
-        msg = _INDEX.sub(lambda m: f"param_groups[{group_index}]['params'][{indices[int(m.group(1))]}]", str(e))
+        if group_index is None:
+            msg = _INDEX.sub("the flat partition", str(e))
+        else:
+            msg = _INDEX.sub(lambda m: f"param_groups[{group_index}]['params'][{indices[int(m.group(1))]}]", str(e))
         raise type(e)(msg) from None
 
 

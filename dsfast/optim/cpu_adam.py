@@ -43,7 +43,7 @@ def adam_flat_step(param, grad, exp_avg, exp_avg_sq, step, *, lr, betas=(0.9, 0.
     flat = [t.view(-1) if isinstance(t, torch.Tensor) and t.is_contiguous() else t
             for t in (param, grad, exp_avg, exp_avg_sq)]
     outs = [out16.view(-1) if out16.is_contiguous() else out16] if out16 is not None else []
-    _cpu_op.call(_cpu_op.op().adam_step, "flat", [0], [flat[0]], [flat[1]], [flat[2]], [flat[3]], outs, [step_t],
+    _cpu_op.call(_cpu_op.op().adam_step, None, [0], [flat[0]], [flat[1]], [flat[2]], [flat[3]], outs, [step_t],
                  lr, beta1, beta2, eps, weight_decay, bool(adamw), bool(bias_correction), float(grad_scale),
                  num_threads or _cpu_op.num_threads(), isa)
     return int(step_t.item())

@@ -26,7 +26,7 @@ def sgd_flat_step(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampen
     view = lambda t: t.view(-1) if isinstance(t, torch.Tensor) and t.is_contiguous() else t  # noqa: E731
     bufs = [view(momentum_buffer)] if momentum != 0 else []
     outs = [view(out16)] if out16 is not None else []
-    _cpu_op.call(_cpu_op.op().sgd_step, "flat", [0], [view(param)], [view(grad)], bufs, outs, [bool(first_step)],
+    _cpu_op.call(_cpu_op.op().sgd_step, None, [0], [view(param)], [view(grad)], bufs, outs, [bool(first_step)],
                  lr, momentum, dampening, weight_decay, nesterov, float(grad_scale),
                  num_threads or _cpu_op.num_threads(), isa)
 
