@@ -32,6 +32,8 @@ def parse():
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per implementation")
     p.add_argument("--nprocs", type=int, default=2)
     p.add_argument("--impls", default="ddp,dsfast,deepspeed,floor")
+    p.add_argument("--bucket_elems", default="",
+                   help="comma list: extra dsfast variants with zero_optimization.reduce_bucket_size set (tuning)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -87,18 +89,26 @@ def worker(args):
             ddp_opt.step()
             ddp_opt.zero_grad(set_to_none=True)
         impls["ddp"] = (ddp_step, lambda: list(ddp_model.module.parameters()))
-    if "dsfast" in wanted:
+    def dsfast_impl(bucket=None):
         m = fresh()
-        engine, *_ = dsfast.initialize(model=m, model_parameters=m.parameters(), config={
-            "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "steps_per_print": None,
-            "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd}}, "gradient_clipping": clip})
+        config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "steps_per_print": None,
+                  "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd}}, "gradient_clipping": clip}
+        if bucket:
+            config["zero_optimization"] = {"stage": 0, "reduce_bucket_size": int(bucket)}
+        engine, *_ = dsfast.initialize(model=m, model_parameters=m.parameters(), config=config)
 
         def ds_step(i):
             loss = engine(*batch(i))
             engine.backward(loss)
             engine.step()
-        impls["dsfast"] = (ds_step, lambda: list(engine.module.parameters()))
+        return (ds_step, lambda: list(engine.module.parameters())), engine
+
+    if "dsfast" in wanted:
+        impls["dsfast"], engine = dsfast_impl()
         optimizer_name = type(engine.optimizer).__name__
+        buckets = [b.flat.numel() for b in engine._precision.buffers.buckets]
+    for bucket in filter(None, args.bucket_elems.split(",")):
+        impls[f"dsfast@{bucket}"], _ = dsfast_impl(bucket)
     if "deepspeed" in wanted:
         try:
             import deepspeed
@@ -142,28 +152,37 @@ def worker(args):
             raise SystemExit(f"dsfast and DDP disagree after warm-up (max diff {worst:.2e}); not timing")
 
     times = {name: [] for name in impls}
+    cpu = {name: [] for name in impls}
     i = args.warmup
     for _ in range(args.rounds):
         for name, (step, _) in impls.items():
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(args.block):
                 step(i)
                 i += 1
             dt = torch.tensor([(time.perf_counter() - t0) / args.block])
+            dc = torch.tensor([(time.process_time() - c0) / args.block / world])
             dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            dist.all_reduce(dc)
             times[name].append(float(dt))
+            cpu[name].append(float(dc))
     if rank == 0:
         n_params = sum(p.numel() for p in fresh().parameters())
         print(f"model {n_params / 1e6:.2f}M params, micro batch {micro}, seq {cfg.seq_len}, {world} ranks x 1 thread, "
               f"{args.rounds} rounds x {args.block} steps (median of per-block slowest-rank step time)")
         if "dsfast" in impls:
-            print(f"dsfast optimizer: {optimizer_name}")
+            print(f"dsfast optimizer: {optimizer_name}; all-reduce buckets (elements, launch order): {buckets}")
         base = statistics.median(times["ddp"]) if "ddp" in times else None
+        cbase = statistics.median(cpu["ddp"]) if "ddp" in cpu else None
+        print("wall = slowest rank's step time; cpu = process CPU time per rank per step (all threads; less "
+              "sensitive to other load on the machine)")
         for name, ts in times.items():
-            med = statistics.median(ts)
-            ratio = f"  x{med / base:.3f} vs ddp" if base else ""
-            print(f"{name:10s} {1000 * med:8.1f} ms/step  (min {1000 * min(ts):.1f}, max {1000 * max(ts):.1f}){ratio}")
+            med, cmed = statistics.median(ts), statistics.median(cpu[name])
+            ratio = f" x{med / base:.3f} vs ddp" if base else ""
+            cratio = f" x{cmed / cbase:.3f} vs ddp" if cbase else ""
+            print(f"{name:16s} wall {1000 * med:7.1f} ms/step (min {1000 * min(ts):6.1f}){ratio} | "
+                  f"cpu {1000 * cmed:7.1f} ms/step{cratio}")
     dist.barrier()
     dist.destroy_process_group()
 
