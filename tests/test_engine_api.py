@@ -113,3 +113,28 @@ def test_initialize_builds_loader_from_training_data_with_collate_fn():
     assert isinstance(loader.sampler, torch.utils.data.DistributedSampler)
     with pytest.raises(TypeError, match="IterableDataset"):
         init(config={"train_batch_size": 3}, training_data=torch.utils.data.IterableDataset())
+
+
+@pytest.mark.parametrize("opt_cfg,cls_name,adamw", [
+    ({"type": "Adam", "params": {"lr": 0.1}}, "CPUAdam", True),   # DeepSpeed: Adam is AdamW unless adam_w_mode false
+    ({"type": "adam", "params": {"adam_w_mode": False}}, "CPUAdam", False),
+    ({"type": "ADAMW", "params": {"weight_decay": 0.1}}, "CPUAdam", True),
+    ({"type": "AdamW", "params": {"torch_adam": True}}, "AdamW", None),
+    ({"type": "Adam", "params": {"torch_adam": True, "adam_w_mode": False}}, "Adam", None),
+    ({"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "nesterov": True}}, "CPUSGD", None),
+])
+def test_config_optimizer_types_map_to_dsfast_cpu_optimizers(opt_cfg, cls_name, adamw):
+    _, opt, _, _ = init(config={"train_batch_size": 1, "optimizer": opt_cfg})
+    assert type(opt).__name__ == cls_name
+    if adamw is not None:
+        assert opt.param_groups[0]["adamw_mode"] is adamw
+    for key, value in opt_cfg["params"].items():
+        if key in opt.param_groups[0]:
+            assert opt.param_groups[0][key] == value
+
+
+def test_gpu_optimizer_mapping_picks_fused_kernels():
+    from dsfast.engine.optimizer_factory import _adam_class, _sgd_class
+    from dsfast.optim import FusedAdam, FusedSGD
+    assert _adam_class("cuda", False, False) == (FusedAdam, {"adam_w_mode": False})
+    assert _sgd_class("cuda") is FusedSGD
