@@ -45,7 +45,10 @@ inline void adam_vec(float* p, const void* g, float* m, float* v, void* o, int64
 }
 
 template <int G, int O>
-void adam_span(float* p, const void* g, float* m, float* v, void* o, int64_t n, const AdamCoeffs& c) {
+void adam_span(float* p, const void* g, float* m, float* v, void* o, int64_t n, const AdamCoeffs& coeffs) {
+  // A local copy: the float stores below could alias a referenced struct's float fields,
+  // which would force reloading every coefficient (and re-testing every branch) per vector.
+  const AdamCoeffs c = coeffs;
   constexpr int W = Vec::W;
   int64_t i = 0;
   for (; i + W <= n; i += W) adam_vec<G, O>(p, g, m, v, o, i, c);
@@ -77,7 +80,8 @@ inline void sgd_vec(float* p, const void* g, float* b, void* o, int64_t i, const
 }
 
 template <int G, int O, bool MOM>
-void sgd_span(float* p, const void* g, float* b, void* o, int64_t n, const SGDCoeffs& c) {
+void sgd_span(float* p, const void* g, float* b, void* o, int64_t n, const SGDCoeffs& coeffs) {
+  const SGDCoeffs c = coeffs;  // local copy: see adam_span
   constexpr int W = Vec::W;
   int64_t i = 0;
   for (; i + W <= n; i += W) sgd_vec<G, O, MOM>(p, g, b, o, i, c);
