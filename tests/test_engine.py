@@ -186,6 +186,19 @@ def test_bf16_model_in_bf16_masters_and_optimizer_in_fp32():
         assert torch.equal(p, m.to(torch.bfloat16))
 
 
+def test_bf16_non_finite_gradients_skip_the_step():
+    # DeepSpeed 0.19's bf16.check_grad_overflow (default true): no loss scale, but no NaN reaches the weights
+    engine, opt, _, _ = init(config=config(bf16={"enabled": True}))
+    engine.backward(mse(engine, *batch(0)))
+    engine.step()
+    masters = [m.detach().clone() for m in engine._precision.masters]
+    engine.backward(mse(engine, *batch(1)) * float("nan"))
+    engine.step()
+    assert not engine.was_step_applied() and engine.skipped_steps == 1 and engine.global_steps == 2
+    assert all(torch.equal(a, b) for a, b in zip(masters, engine._precision.masters))
+    assert all(torch.isfinite(p).all() for p in engine.module.parameters())
+
+
 def test_client_optimizer_object_wins_over_config_with_a_warning():
     model = make_model()
     client = torch.optim.SGD(model.parameters(), lr=0.5)
