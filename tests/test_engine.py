@@ -281,3 +281,26 @@ def test_progress_prints_every_steps_per_print_on_rank0_only(capsys):
     assert [line.split("|")[0].strip() for line in lines] == ["[dsfast] step 2", "[dsfast] step 4"]
     assert "loss " in lines[0] and "lr 1.00e-02" in lines[0] and "samples/s" in lines[0]
     assert "fwd " in lines[0] and "bwd " in lines[0] and "step " in lines[0].split("|")[-1]  # wall_clock_breakdown
+
+
+def test_no_sync_skips_reduction_even_at_a_boundary():
+    engine, _, _, _ = init()
+    calls = []
+    begin = engine._grad_sync.begin_backward
+    engine._grad_sync.begin_backward = lambda reduce: (calls.append(reduce), begin(reduce))
+    with engine.no_sync():
+        engine.backward(mse(engine, *batch(0)))
+    engine.backward(mse(engine, *batch(1)))
+    assert calls == [False, True]
+
+
+def test_engine_state_dict_round_trip():
+    engine, _, _, _ = _fp16_engine(initial_scale_power=6)
+    for i in range(3):
+        engine.backward(mse(engine, *batch(i)) * (float("inf") if i == 1 else 1.0))
+        engine.step()
+    state = engine.engine_state_dict()
+    assert (state["global_steps"], state["skipped_steps"], state["micro_steps"]) == (3, 1, 3)
+    other, _, _, _ = _fp16_engine(initial_scale_power=6)
+    other.load_engine_state_dict(state)
+    assert other.engine_state_dict() == state and other.loss_scale == engine.loss_scale

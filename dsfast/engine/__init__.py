@@ -1,4 +1,21 @@
-"""The training engine: dsfast.initialize, the Engine class and DeepSpeed's command-line flags."""
+"""The training engine: dsfast.initialize, the Engine class and DeepSpeed's command-line flags.
+
+Files, one job each:
+  initialize.py         initialize(): config -> process group -> device -> strategies -> optimizer -> Engine
+  engine.py             Engine: forward / backward / step sequencing, counters, DeepSpeed-named accessors
+  grad_buffers.py       flat gradient buckets (param.grad are slices of them in fp32)
+  grad_sync.py          gradient synchronisation strategy per ZeRO stage (stage 0: bucketed all-reduce in backward)
+  mixed_precision.py    fp32 / fp16 / bf16 strategy (fp32 master weights), unscale + clip + overflow pass
+  optimizer_factory.py  config `optimizer` section -> CPUAdam / FusedAdam / CPUSGD / FusedSGD
+  data.py               training_data -> DataLoader with a DistributedSampler
+  progress.py           steps_per_print progress lines, wall_clock_breakdown
+  args.py               add_config_arguments
+
+Where later work slots in: ZeRO stage 1/2 adds a reduce-scatter strategy to grad_sync.build_grad_sync and a
+partitioned optimizer step chosen beside it in initialize.py (the engine only calls begin_backward /
+end_backward / post_reduce_factor and optimizer.step); stage 3 adds parameter gathering around forward.
+Checkpoints read module, optimizer, lr_scheduler, precision masters and engine_state_dict().
+"""
 from .args import add_config_arguments
 from .engine import Engine, NoOptimizerError
 from .initialize import initialize

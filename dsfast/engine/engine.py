@@ -200,6 +200,19 @@ class Engine(torch.nn.Module):
             print(f"[dsfast] step {self.global_steps}: fp16 gradient overflow, step skipped; loss scale "
                   f"{before:g} -> {self.loss_scale:g}", flush=True)
 
+    # ---- state a checkpoint needs beyond module / optimizer / scheduler ------------------------------------
+    def engine_state_dict(self):
+        """Counters and loss-scaler state (the checkpoint layer saves this beside model and optimizer states)."""
+        return {"global_steps": self.global_steps, "global_samples": self.global_samples,
+                "micro_steps": self.micro_steps, "skipped_steps": self.skipped_steps,
+                "loss_scaler": self.loss_scaler.state_dict() if self.loss_scaler is not None else None}
+
+    def load_engine_state_dict(self, state):
+        for key in ("global_steps", "global_samples", "micro_steps", "skipped_steps"):
+            setattr(self, key, int(state[key]))
+        if self.loss_scaler is not None and state.get("loss_scaler") is not None:
+            self.loss_scaler.load_state_dict(state["loss_scaler"])
+
     def zero_grad(self, set_to_none=True):
         """Drop accumulated gradients (the engine also does this after every optimizer step)."""
         self._precision.buffers.zero()
