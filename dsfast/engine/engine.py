@@ -43,6 +43,7 @@ class Engine(torch.nn.Module):
         self._global_grad_norm = None
         self._boundary_override = None
         self._no_sync = False
+        self._reduced_at_micro_step = -1
         self._clip = float(config.gradient_clipping or 0.0)
         self._check_overflow = precision.name == "fp16" or (
             precision.name == "bf16" and bool(getattr(config.bf16, "check_grad_overflow", False)))
@@ -142,6 +143,13 @@ class Engine(torch.nn.Module):
             scale /= self.gradient_accumulation_steps()
         scaled = loss.float() * scale if (scale != 1.0 or loss.dtype != torch.float32) else loss
         reduce = self.is_gradient_accumulation_boundary() and not self._no_sync
+        if reduce and self.world_size > 1 and self._reduced_at_micro_step == self.micro_steps:
+            raise RuntimeError(
+                "engine.backward() was called twice in one micro-step at a gradient accumulation boundary; the "
+                "first call already all-reduced the gradients, so a second reduction would count them again. Add "
+                "the losses and call backward once, or call engine.step() after each backward")
+        if reduce:
+            self._reduced_at_micro_step = self.micro_steps
         self._grad_sync.begin_backward(reduce)
         try:
             scaled.backward(retain_graph=retain_graph)

@@ -54,6 +54,16 @@ def train(precision, gas, clip, steps, inject_rank):
                                  if torch.is_tensor(v)} if masters and opt.state[masters[0]] else {})
     record["model_dtype"] = str(next(engine.module.parameters()).dtype)
     record["collectives"] = engine._grad_sync.collectives_launched
+    x, y = global_batch(99, MICRO * gas * world)
+    for i in range(gas):  # a second backward in the boundary micro-step is refused, not reduced twice
+        engine.backward(torch.nn.functional.mse_loss(engine(x[:MICRO]).float(), y[:MICRO]))
+        if i < gas - 1:
+            engine.step()
+    try:
+        engine.backward(torch.nn.functional.mse_loss(engine(x[:MICRO]).float(), y[:MICRO]))
+        record["double_backward"] = "accepted"
+    except RuntimeError as err:
+        record["double_backward"] = str(err)
     record["buckets"] = len(engine._precision.buffers.buckets)
     gathered = [None] * world
     torch.distributed.all_gather_object(gathered, record)
