@@ -20,7 +20,6 @@ struct Where {
   size_t i;
   operator std::string() const { return label + "[" + std::to_string(i) + "]"; }
 };
-std::string operator+(const Where& w, const std::string& s) { return std::string(w) + s; }
 std::string operator+(const Where& w, const char* s) { return std::string(w) + s; }
 
 DType grad_dtype(const at::Tensor& g, const Where& w) {
