@@ -173,3 +173,18 @@ def test_nonfinite_grads_behave_like_torch(isa):
             ref.step()
         assert_close(p, q, PARAM_TOL, f"{cls.__name__} after non-finite grads")
         assert torch.equal(p.isnan(), q.isnan()) and torch.equal(p.isinf(), q.isinf())
+
+
+@pytest.mark.parametrize("cls,ref_cls,kw", [(O.CPUAdamW, torch.optim.AdamW, dict(weight_decay=0.1)),
+                                            (O.CPUSGD, torch.optim.SGD, dict(momentum=0.9, weight_decay=0.01))])
+def test_maximize_matches_torch(cls, ref_cls, kw):
+    ours_p = [p.requires_grad_() for p in make_params(SIZES)]
+    ref_p = [p.detach().clone().requires_grad_() for p in ours_p]
+    ours, ref = cls(ours_p, lr=1e-2, maximize=True, **kw), ref_cls(ref_p, lr=1e-2, maximize=True, **kw)
+    for grads in grad_seq(SIZES, STEPS):
+        for p, q, g in zip(ours_p, ref_p, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        ours.step()
+        ref.step()
+    for i, (p, q) in enumerate(zip(ours_p, ref_p)):
+        assert_close(p, q, PARAM_TOL, f"maximize param {i}")
