@@ -139,3 +139,21 @@ def test_refused_sgd_step_leaves_no_unseeded_momentum_buffer():
     opt.param_groups[0]["params"] = [good]
     opt.step()                                   # first real step seeds the buffer with the grad
     assert torch.equal(opt.state[good]["momentum_buffer"], torch.ones(8))
+
+
+def test_op_rejects_non_tensor_lists_and_accepts_per_tensor_none_outputs():
+    op = cpu_op()
+    z = torch.zeros(4)
+    args = (1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
+    with pytest.raises(TypeError, match=r"params\[0\]"):
+        op.adam_step([1], [z], [z], [z], [], [torch.tensor(0.0)], *args)
+    with pytest.raises(TypeError, match="params must be a list or tuple"):
+        op.adam_step(5, [z], [z], [z], [], [torch.tensor(0.0)], *args)
+    with pytest.raises(ValueError, match="outs has 1 entries"):
+        op.adam_step([z, z.clone()], [z, z], [z.clone(), z.clone()], [z.clone(), z.clone()], [None],
+                     [torch.tensor(0.0), torch.tensor(0.0)], *args)
+    ps = [torch.ones(4), torch.ones(4)]
+    out = torch.zeros(4, dtype=torch.bfloat16)
+    op.adam_step(ps, [z, z], [torch.zeros(4), torch.zeros(4)], [torch.zeros(4), torch.zeros(4)], [None, out],
+                 [torch.tensor(0.0), torch.tensor(0.0)], *args)
+    assert torch.equal(out, ps[1].to(torch.bfloat16))

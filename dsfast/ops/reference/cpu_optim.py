@@ -28,6 +28,17 @@ def _check_isa(isa):
                          f"reference is in use); valid here: {', '.join(_ISAS)}")
 
 
+def _check_lists(allow_none=(), **seqs):
+    for name, seq in seqs.items():
+        if not isinstance(seq, (list, tuple)):
+            raise TypeError(f"{name} must be a list or tuple of tensors")
+        for i, t in enumerate(seq):
+            if t is None and name in allow_none:
+                continue
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name}[{i}] is a {type(t).__name__}, not a tensor")
+
+
 def _check_lengths(n, outs, **others):
     for name, seq in others.items():
         if len(seq) != n:
@@ -89,6 +100,8 @@ def _check_step(s, w):
 
 def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps, weight_decay, adamw,
               bias_correction, grad_scale=1.0, num_threads=0, isa="auto", label="params"):
+    _check_lists(("outs",), params=params, grads=grads, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs, outs=outs,
+                 steps=steps)
     n = len(params)
     _check_lengths(n, outs, grads=grads, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs, steps=steps)
     _check_isa(isa)
@@ -124,6 +137,7 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta
 
 def sgd_step(params, grads, momentum_buffers, outs, first_steps, lr, momentum, dampening, weight_decay, nesterov,
              grad_scale=1.0, num_threads=0, isa="auto", label="params"):
+    _check_lists(("outs",), params=params, grads=grads, momentum_buffers=momentum_buffers, outs=outs)
     n = len(params)
     _check_lengths(n, outs, grads=grads)
     if momentum != 0:
