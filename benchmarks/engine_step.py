@@ -34,6 +34,7 @@ def parse():
     p.add_argument("--impls", default="ddp,dsfast,deepspeed,floor")
     p.add_argument("--bucket_elems", default="",
                    help="comma list: extra dsfast variants with zero_optimization.reduce_bucket_size set (tuning)")
+    p.add_argument("--verbose", action="store_true", help="print every block's time")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -173,16 +174,20 @@ def worker(args):
               f"{args.rounds} rounds x {args.block} steps (median of per-block slowest-rank step time)")
         if "dsfast" in impls:
             print(f"dsfast optimizer: {optimizer_name}; all-reduce buckets (elements, launch order): {buckets}")
-        base = statistics.median(times["ddp"]) if "ddp" in times else None
-        cbase = statistics.median(cpu["ddp"]) if "ddp" in cpu else None
-        print("wall = slowest rank's step time; cpu = process CPU time per rank per step (all threads; less "
-              "sensitive to other load on the machine)")
-        for name, ts in times.items():
-            med, cmed = statistics.median(ts), statistics.median(cpu[name])
-            ratio = f" x{med / base:.3f} vs ddp" if base else ""
-            cratio = f" x{cmed / cbase:.3f} vs ddp" if cbase else ""
-            print(f"{name:16s} wall {1000 * med:7.1f} ms/step (min {1000 * min(ts):6.1f}){ratio} | "
-                  f"cpu {1000 * cmed:7.1f} ms/step{cratio}")
+        print("per step: wall = slowest rank, median and best block; cpu = process CPU time per rank (all "
+              "threads),\nmedian. On a shared machine a block runs either uncontended or with a core taken by "
+              "someone else;\nthe best block estimates the uncontended time, CPU time is insensitive to that load.")
+        stats = {n: (statistics.median(times[n]), min(times[n]), statistics.median(cpu[n])) for n in times}
+        base = stats.get("ddp")
+        for name, (med, best, cmed) in stats.items():
+            if args.verbose:
+                print(f"{name:16s} blocks ms: " + " ".join(f"{1000 * t:.0f}" for t in times[name]))
+            line = (f"{name:16s} wall median {1000 * med:7.1f} ms  best {1000 * best:7.1f} ms  "
+                    f"cpu {1000 * cmed:7.1f} ms")
+            if base:
+                line += (f"  | vs ddp: median x{med / base[0]:.3f}  best x{best / base[1]:.3f}  "
+                         f"cpu x{cmed / base[2]:.3f}")
+            print(line)
     dist.barrier()
     dist.destroy_process_group()
 
