@@ -11,6 +11,20 @@ def build_model():
                                torch.nn.Linear(D_HID, D_HID), torch.nn.GELU(), torch.nn.Linear(D_HID, D_OUT))
 
 
+class RankDependentSpare(torch.nn.Module):
+    """The usual model plus a layer that only some ranks use (rank-dependent control flow in forward)."""
+
+    def __init__(self, rank):
+        super().__init__()
+        self.net = build_model()
+        self.spare = torch.nn.Linear(D_OUT, D_OUT)
+        self.rank = rank
+
+    def forward(self, x):
+        out = self.net(x)
+        return out + 0.1 * self.spare(out) if self.rank == 0 else out
+
+
 def global_batch(step, size):
     g = torch.Generator().manual_seed(1000 + step)
     return torch.randn(size, D_IN, generator=g), torch.randn(size, D_OUT, generator=g)

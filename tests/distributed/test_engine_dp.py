@@ -37,13 +37,14 @@ def _close(got, want, atol, rtol=0):
 
 
 FP32, BF16, FP16 = f"fp32:2:0.05:{STEPS}", f"bf16:2:0:{STEPS}", f"fp16:1:0:{STEPS}:1"
+SPARE = "fp32:1:0:2:-1:spare"  # a layer only rank 0 uses
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """All 2-rank runs in one launch (process start-up dominates on a small CPU)."""
     out = tmp_path_factory.mktemp("dp") / "runs.pt"
-    launch(WORKER, [out, FP32, BF16, FP16], nprocs=2, timeout=150)
+    launch(WORKER, [out, FP32, BF16, FP16, SPARE], nprocs=2, timeout=150)
     return torch.load(out)
 
 
@@ -95,3 +96,10 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_all_ranks(runs):
         assert all(torch.isfinite(p).all() for p in r["params"][2])
         assert any(not torch.equal(a, b) for a, b in zip(r["params"][2], r["params"][1]))
     _close(ranks[1]["params"][2], ranks[0]["params"][2], atol=0)
+
+
+def test_parameters_unused_on_some_ranks_neither_hang_nor_diverge(runs):
+    ranks = runs[SPARE]
+    for step in range(2):
+        _close(ranks[1]["params"][step], ranks[0]["params"][step], atol=0)
+    assert ranks[0]["collectives"] == 2 * ranks[0]["buckets"]

@@ -12,7 +12,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dsfast as deepspeed  # noqa: E402
-from dp_common import MICRO, build_model, global_batch, ds_config  # noqa: E402
+from dp_common import MICRO, RankDependentSpare, build_model, global_batch, ds_config  # noqa: E402
 
 
 def main():
@@ -24,12 +24,13 @@ def main():
 
 def parse(run):
     parts = run.split(":")
-    return parts[0], int(parts[1]), float(parts[2]), int(parts[3]), int(parts[4]) if len(parts) > 4 else -1
+    return (parts[0], int(parts[1]), float(parts[2]), int(parts[3]), int(parts[4]) if len(parts) > 4 else -1,
+            len(parts) > 5 and parts[5] == "spare")
 
 
-def train(precision, gas, clip, steps, inject_rank):
+def train(precision, gas, clip, steps, inject_rank, spare=False):
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    model = build_model()
+    model = RankDependentSpare(rank) if spare else build_model()
     cfg = ds_config(precision, gas, world, clip)
     engine, opt, _, sched = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     record = {"losses": [], "norms": [], "scales": [], "skipped": [], "global_steps": [], "lr_iter": [],
