@@ -304,3 +304,19 @@ def test_engine_state_dict_round_trip():
     other, _, _, _ = _fp16_engine(initial_scale_power=6)
     other.load_engine_state_dict(state)
     assert other.engine_state_dict() == state and other.loss_scale == engine.loss_scale
+
+
+def test_initializing_the_same_model_twice_leaves_only_the_new_engine_in_charge():
+    model = make_model()
+    first, _, _, _ = init(model)
+    second, _, _, _ = init(model, config=config(gradient_accumulation_steps=2))
+    ref = make_model()
+    for i in range(2):  # two micro-steps accumulate
+        x, y = batch(i)
+        second.backward(mse(second, x, y))
+        if i == 0:
+            second.step()  # not a boundary yet: only counts the micro-step
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+    for p, r in zip(model.parameters(), ref.parameters()):
+        assert p.grad is second._precision.buffers.view_of(p)
+        torch.testing.assert_close(p.grad, r.grad / 2)

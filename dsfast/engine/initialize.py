@@ -53,8 +53,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 
     trainable, groups = _trainable(model, optimizer, model_parameters)
     bucket = min(int(cfg.zero_optimization.reduce_bucket_size), STAGE0_BUCKET_ELEMS)
+    previous = getattr(model, "_dsfast_grad_sync", None)
+    if previous is not None:  # the model was given to initialize() before: its old hooks must not fire
+        previous.detach()
     precision = build_precision(cfg.precision, model, trainable, bucket)
     grad_sync = build_grad_sync(cfg.zero_stage, precision.buffers, world)
+    object.__setattr__(model, "_dsfast_grad_sync", grad_sync)
 
     opt = _make_optimizer(cfg, optimizer, groups, precision, device, rank)
     sched = _make_scheduler(cfg, lr_scheduler, opt, rank)

@@ -54,7 +54,8 @@ class HalfPrecision:
             m.grad = self.buffers.view_of(p)
 
     def master_of(self, param):
-        return self._master[id(param)]
+        """The fp32 master of a trained parameter (a frozen one is returned as is: it has no master)."""
+        return self._master.get(id(param), param)
 
     @torch.no_grad()
     def after_step(self):
