@@ -1,6 +1,5 @@
 """Engine semantics in one process (no process group): accumulation, fp16 overflow skip, bf16, clients, errors."""
 import copy
-import warnings
 
 import pytest
 import torch

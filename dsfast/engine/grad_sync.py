@@ -9,7 +9,6 @@ hooks), and is told by the engine when a backward starts and ends. Interface use
     detach()                       remove hooks
 ZeRO stages 1-2 slot in as a reduce-scatter strategy over the same GradBuffers.
 """
-import torch
 import torch.distributed as dist
 
 

@@ -39,7 +39,8 @@ def ds_config(precision, gas, world, clip, lr=1e-2):
         cfg["bf16"] = {"enabled": True}
     if precision == "fp16":
         cfg["fp16"] = {"enabled": True, "initial_scale_power": 8, "hysteresis": 1}
-        cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_min_lr": lr / 2, "warmup_max_lr": lr}}
+        cfg["scheduler"] = {"type": "WarmupLR",
+                            "params": {"warmup_num_steps": 10, "warmup_min_lr": lr / 2, "warmup_max_lr": lr}}
     return cfg
 
 

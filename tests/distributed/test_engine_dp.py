@@ -24,7 +24,8 @@ def run_engine_in_process(precision, gas, clip, steps=STEPS):
     for step in range(steps):
         x, y = global_batch(step, MICRO * gas)
         for i in range(gas):
-            loss = torch.nn.functional.mse_loss(engine(x[i * MICRO:(i + 1) * MICRO]).float(), y[i * MICRO:(i + 1) * MICRO])
+            part = slice(i * MICRO, (i + 1) * MICRO)
+            loss = torch.nn.functional.mse_loss(engine(x[part]).float(), y[part])
             engine.backward(loss)
             engine.step()
         out.append([m.detach().float().clone() for m in engine._precision.masters])
@@ -78,7 +79,8 @@ def test_bf16_two_ranks_gas2_match_one_rank_gas4(runs):
         _close(ranks[0]["params"][step], single[step], atol=3e-3, rtol=1e-2)
         _close(ranks[1]["params"][step], ranks[0]["params"][step], atol=0)  # ranks stay identical
         # and bf16 training stays near fp32 training (Adam turns tiny sign flips into +-lr, so compare overall)
-        got, want = torch.cat([p.flatten() for p in ranks[0]["params"][step]]), torch.cat([p.flatten() for p in fp32_ref[step]])
+        got = torch.cat([p.flatten() for p in ranks[0]["params"][step]])
+        want = torch.cat([p.flatten() for p in fp32_ref[step]])
         assert (got - want).norm() / want.norm() < 1e-2
 
 
