@@ -319,3 +319,11 @@ def test_initializing_the_same_model_twice_leaves_only_the_new_engine_in_charge(
     for p, r in zip(model.parameters(), ref.parameters()):
         assert p.grad is second._precision.buffers.view_of(p)
         torch.testing.assert_close(p.grad, r.grad / 2)
+
+
+def test_checkpoint_methods_say_they_are_not_there_yet_instead_of_a_module_attribute_error():
+    engine, _, _, _ = init()
+    with pytest.raises(NotImplementedError, match="save_checkpoint is not available"):
+        engine.save_checkpoint("/tmp/x")
+    with pytest.raises(NotImplementedError, match="load_checkpoint is not available"):
+        engine.load_checkpoint("/tmp/x")
