@@ -144,6 +144,18 @@ def test_cache_is_keyed_by_source_content(tiny, monkeypatch):
     assert (first / jit.MARKER).exists()     # the old build stays valid for its own sources
 
 
+def test_cache_is_keyed_by_headers_beside_the_sources(tiny, monkeypatch):
+    # Kernels keep private headers next to their .cpp/.cu files (csrc/cpu/simd_*.h, csrc/cuda/*.cuh).
+    (tiny.root / "test" / "private.h").write_text("#define PRIVATE 1\n")
+    first = jit.plan(tiny.spec).build_dir
+    (tiny.root / "test" / "private.h").write_text("#define PRIVATE 2\n")
+    assert jit.plan(tiny.spec).build_dir != first
+    second = jit.plan(tiny.spec).build_dir
+    assert second != first
+    (tiny.root / "test" / "notes.txt").write_text("not a header")   # not a build input
+    assert jit.plan(tiny.spec).build_dir == second
+
+
 def test_corrupt_cached_binary_is_rebuilt(tiny, monkeypatch):
     loader.load(OP)
     build_dir = jit.plan(tiny.spec).build_dir

@@ -1,6 +1,6 @@
 """The JIT cache key: everything that changes the built binary, hashed.
 
-Sources' content (the op's files and every file under csrc/include), the build flags,
+Sources' content (the op's files, the headers beside them and every file under csrc/include), the build flags,
 torch/Python/CUDA versions, the compiler and the machine architecture. We never build with
 -march=native (kernels dispatch on the running CPU), so the architecture is the only ISA input.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import toolchain
 
-KEY_VERSION = "1"   # bump when the loader changes how it builds
+KEY_VERSION = "2"   # bump when the loader changes how it builds
 
 
 def _file_identity(path):
@@ -27,13 +27,22 @@ def _file_identity(path):
     return f"{real}:{st.st_size}:{int(st.st_mtime)}"
 
 
+HEADER_SUFFIXES = {".h", ".hpp", ".cuh", ".inl"}
+
+
 def source_files(spec, root):
+    """The op's sources, the headers in their folders (a kernel's private headers), and csrc/include."""
     root = Path(root)
     files = [root / s for s in spec.sources]
+    listed = set(files)
+    for folder in sorted({f.parent for f in files}):
+        if folder.is_dir():
+            files += sorted(p for p in folder.iterdir()
+                            if p.is_file() and p.suffix in HEADER_SUFFIXES and p not in listed)
     include = root / "include"
     if include.is_dir():
         files += sorted(p for p in include.rglob("*") if p.is_file())
-    return files
+    return list(dict.fromkeys(files))
 
 
 def sources_digest(spec, root):
