@@ -279,6 +279,7 @@ def test_progress_prints_every_steps_per_print_on_rank0_only(capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[dsfast]")]
     assert [line.split("|")[0].strip() for line in lines] == ["[dsfast] step 2", "[dsfast] step 4"]
     assert "loss " in lines[0] and "lr 1.00e-02" in lines[0] and "samples/s" in lines[0]
+    assert "loss scale 1 " in lines[0]
     assert "fwd " in lines[0] and "bwd " in lines[0] and "step " in lines[0].split("|")[-1]  # wall_clock_breakdown
 
 

@@ -175,8 +175,8 @@ class Engine(torch.nn.Module):
             self._progress.start("step")
             self._take_model_step(lr_kwargs)
             self._progress.stop("step")
-            self._progress.on_step(self.global_steps, self.global_samples, self.get_lr(),
-                                   self.loss_scale if self._precision.name == "fp16" else None, self.skipped_steps)
+            self._progress.on_step(self.global_steps, self.global_samples, self.get_lr(), self.loss_scale,
+                                   self.skipped_steps)
         self.micro_steps += 1
 
     def _take_model_step(self, lr_kwargs):
