@@ -6,7 +6,9 @@
 Model: GPT of 4 blocks, d_model 256, seq 128, vocab 8192 (tied), 5.3M parameters; micro batch 8 per rank; AdamW
 (lr 1e-3, wd 0.01), gradient clipping at 1.0 in every implementation:
   ddp        torch DDP, torch.optim.AdamW(fused=True), clip_grad_norm_
-  dsfast     dsfast.initialize (stage 0, config optimizer AdamW -> dsfast CPUAdam)
+  dsfast     dsfast.initialize (stage 0, config optimizer AdamW -> dsfast CPUAdam; same-host ranks reduce
+             gradients through shared memory)
+  dsfast-gloo  the same with DSFAST_SHM_ALLREDUCE=0 (gloo all-reduce, as across hosts)
   deepspeed  deepspeed.initialize (stage 0, AdamW; DeepSpeed's fused Adam is CUDA-only, so torch_adam fused=True)
   floor      forward + backward of the same model alone, no gradient sync, no optimizer (the compute ceiling)
 Correctness first: after the warm-up the dsfast and DDP replicas, started from the same weights and fed the same
@@ -31,7 +33,7 @@ def parse():
     p.add_argument("--block", type=int, default=5, help="steps per timed block")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per implementation")
     p.add_argument("--nprocs", type=int, default=2)
-    p.add_argument("--impls", default="ddp,dsfast,deepspeed,floor")
+    p.add_argument("--impls", default="ddp,dsfast,dsfast-gloo,deepspeed,floor")
     p.add_argument("--bucket_elems", default="",
                    help="comma list: extra dsfast variants with zero_optimization.reduce_bucket_size set (tuning)")
     p.add_argument("--verbose", action="store_true", help="print every block's time")
@@ -90,7 +92,8 @@ def worker(args):
             ddp_opt.step()
             ddp_opt.zero_grad(set_to_none=True)
         impls["ddp"] = (ddp_step, lambda: list(ddp_model.module.parameters()))
-    def dsfast_impl(bucket=None):
+    def dsfast_impl(bucket=None, shm=True):
+        os.environ["DSFAST_SHM_ALLREDUCE"] = "1" if shm else "0"
         m = fresh()
         config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "steps_per_print": None,
                   "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd}}, "gradient_clipping": clip}
@@ -108,6 +111,9 @@ def worker(args):
         impls["dsfast"], engine = dsfast_impl()
         optimizer_name = type(engine.optimizer).__name__
         buckets = [b.flat.numel() for b in engine._precision.buffers.buckets]
+        optimizer_name += f"; gradient sync: {type(engine._grad_sync).__name__}"
+    if "dsfast-gloo" in wanted:
+        impls["dsfast-gloo"], _ = dsfast_impl(shm=False)
     for bucket in filter(None, args.bucket_elems.split(",")):
         impls[f"dsfast@{bucket}"], _ = dsfast_impl(bucket)
     if "deepspeed" in wanted:

@@ -22,35 +22,49 @@ class Bucket:
     flat: torch.Tensor
     params: List[torch.nn.Parameter]
     views: List[torch.Tensor]
+    offset: int = 0            # start of `flat` in the shared storage (when one storage holds every bucket)
     handle: object = None      # pending async collective
     ready: set = field(default_factory=set)  # ids of params whose grad arrived in this backward
 
 
 class GradBuffers:
-    def __init__(self, params, bucket_elems, grads_are_views, accum_dtype=torch.float32):
+    def __init__(self, params, bucket_elems, grads_are_views, accum_dtype=torch.float32, allocate=None):
+        """`allocate(numel, dtype, device)`, when given, provides one zeroed 1-D storage for all buckets (used
+        for shared-memory reduction); it is only asked when every bucket has the same dtype and device."""
         self.params = list(params)
         self.grads_are_views = grads_are_views
         self.buckets: List[Bucket] = []
         self.bucket_of = {}  # id(param) -> (bucket, position)
-        pending, size, dtype = [], 0, None
+        self.storage = None
+        plan, pending, size, dtype = [], [], 0, None
         for p in reversed(self.params):
             p_dtype = p.dtype if grads_are_views else accum_dtype
             if pending and (size + p.numel() > bucket_elems or p_dtype != dtype or p.device != pending[0].device):
-                self._add_bucket(pending, dtype)
+                plan.append((pending, dtype))
                 pending, size = [], 0
             pending.append(p)
             size += p.numel()
             dtype = p_dtype
         if pending:
-            self._add_bucket(pending, dtype)
+            plan.append((pending, dtype))
+        kinds = {(d, ps[0].device) for ps, d in plan}
+        if allocate is not None and len(kinds) == 1:
+            (kind_dtype, kind_device), = kinds
+            self.storage = allocate(sum(p.numel() for ps, _ in plan for p in ps), kind_dtype, kind_device)
+        offset = 0
+        for ps, d in plan:
+            n = sum(p.numel() for p in ps)
+            flat = self.storage[offset:offset + n] if self.storage is not None else \
+                torch.zeros(n, dtype=d, device=ps[0].device)
+            self._add_bucket(ps, flat, offset)
+            offset += n
 
-    def _add_bucket(self, params, dtype):
-        flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=params[0].device)
+    def _add_bucket(self, params, flat, storage_offset):
         views, offset = [], 0
         for p in params:
             views.append(flat[offset:offset + p.numel()].view(p.shape))
             offset += p.numel()
-        bucket = Bucket(len(self.buckets), flat, params, views)
+        bucket = Bucket(len(self.buckets), flat, params, views, storage_offset)
         for pos, p in enumerate(params):
             self.bucket_of[id(p)] = (bucket, pos)
             if self.grads_are_views:

@@ -74,7 +74,11 @@ class AllReduceGradSync:
         self._hooks = []
 
 
-def build_grad_sync(zero_stage, buffers, world_size, group=None):
+def build_grad_sync(zero_stage, buffers, world_size, group=None, shared_table=None):
+    """`shared_table`: the shm_reduce.SharedTable the buffers were allocated from (same-host CPU ranks)."""
     if zero_stage == 0:
+        if shared_table is not None and shared_table.table is not None and buffers.storage is not None:
+            from .shm_reduce import ShmAllReduceGradSync
+            return ShmAllReduceGradSync(buffers, world_size, shared_table.table, group)
         return AllReduceGradSync(buffers, world_size, group)
     raise NotImplementedError(f"ZeRO stage {zero_stage} gradient partitioning is not implemented yet")

@@ -14,6 +14,7 @@ from .engine import Engine
 from .grad_sync import build_grad_sync
 from .mixed_precision import build_precision
 from .optimizer_factory import build_optimizer
+from .shm_reduce import shm_allocator
 
 # Stage-0 all-reduce buckets of 1M elements (4 MB fp32): about one transformer block of the benchmark GPT, so
 # each block's all-reduce overlaps the backward of the blocks below it (benchmarks/engine_step.py --bucket_elems).
@@ -56,8 +57,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     previous = getattr(model, "_dsfast_grad_sync", None)
     if previous is not None:  # the model was given to initialize() before: its old hooks must not fire
         previous.detach()
-    precision = build_precision(cfg.precision, model, trainable, bucket)
-    grad_sync = build_grad_sync(cfg.zero_stage, precision.buffers, world)
+    shared = shm_allocator(world) if cfg.zero_stage == 0 and trainable and dist.is_initialized() else None
+    precision = build_precision(cfg.precision, model, trainable, bucket, allocate=shared)
+    grad_sync = build_grad_sync(cfg.zero_stage, precision.buffers, world, shared_table=shared)
     object.__setattr__(model, "_dsfast_grad_sync", grad_sync)
 
     opt = _make_optimizer(cfg, optimizer, groups, precision, device, rank)

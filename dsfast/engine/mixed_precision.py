@@ -26,10 +26,10 @@ class FullPrecision:
     name = "fp32"
     dtype = None
 
-    def __init__(self, module, params, bucket_elems):
+    def __init__(self, module, params, bucket_elems, allocate=None):
         self.params = params
         self.masters = params
-        self.buffers = GradBuffers(params, bucket_elems, grads_are_views=True)
+        self.buffers = GradBuffers(params, bucket_elems, grads_are_views=True, allocate=allocate)
 
     def master_of(self, param):
         return param
@@ -41,7 +41,7 @@ class FullPrecision:
 class HalfPrecision:
     """fp32 master weights + fp32 gradient accumulation for a model cast to `dtype` (fp16 or bf16)."""
 
-    def __init__(self, module, params, bucket_elems, dtype):
+    def __init__(self, module, params, bucket_elems, dtype, allocate=None):
         self.dtype = dtype
         self.name = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
         self.params = params
@@ -49,7 +49,7 @@ class HalfPrecision:
         self.masters = [torch.nn.Parameter(p.detach().clone().float(), requires_grad=True) for p in params]
         self._master = {id(p): m for p, m in zip(params, self.masters)}
         module.to(dtype)
-        self.buffers = GradBuffers(params, bucket_elems, grads_are_views=False)
+        self.buffers = GradBuffers(params, bucket_elems, grads_are_views=False, allocate=allocate)
         for p, m in zip(params, self.masters):
             m.grad = self.buffers.view_of(p)
 
@@ -64,13 +64,13 @@ class HalfPrecision:
         torch._foreach_copy_(self.params, self.masters)
 
 
-def build_precision(precision, module, params, bucket_elems):
+def build_precision(precision, module, params, bucket_elems, allocate=None):
     if precision == "fp32":
-        return FullPrecision(module, params, bucket_elems)
+        return FullPrecision(module, params, bucket_elems, allocate)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
     if dtype is None:
         raise ValueError(f"unknown precision {precision!r}; valid: fp32, fp16, bf16")
-    return HalfPrecision(module, params, bucket_elems, dtype)
+    return HalfPrecision(module, params, bucket_elems, dtype, allocate)
 
 
 def global_norm(flats):

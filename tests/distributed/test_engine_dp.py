@@ -43,15 +43,33 @@ SPARE = "fp32:1:0:2:-1:spare"  # a layer only rank 0 uses
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """All 2-rank runs in one launch (process start-up dominates on a small CPU)."""
+    """All 2-rank runs in one launch (process start-up dominates on a small CPU). Same-host CPU ranks reduce
+    through shared memory by default (shm_reduce.py)."""
     out = tmp_path_factory.mktemp("dp") / "runs.pt"
     launch(WORKER, [out, FP32, BF16, FP16, SPARE], nprocs=2, timeout=150)
-    return torch.load(out)
+    results = torch.load(out)
+    assert {r["sync"] for run in results.values() for r in run} == {"ShmAllReduceGradSync"}
+    return results
+
+
+@pytest.fixture(scope="module")
+def gloo_runs(tmp_path_factory):
+    """The same checks through gloo's all-reduce (what multi-host jobs use)."""
+    out = tmp_path_factory.mktemp("dp") / "gloo.pt"
+    launch(WORKER, [out, FP32, SPARE], nprocs=2, timeout=150, extra_env={"DSFAST_SHM_ALLREDUCE": "0"})
+    results = torch.load(out)
+    assert {r["sync"] for run in results.values() for r in run} == {"AllReduceGradSync"}
+    return results
+
+
+@pytest.fixture(params=["shm", "gloo"])
+def transport(request, runs, gloo_runs):
+    return runs if request.param == "shm" else gloo_runs
 
 
 @pytest.fixture
-def fp32_run(runs):
-    return runs[FP32]
+def fp32_run(transport):
+    return transport[FP32]
 
 
 def test_fp32_two_ranks_gas2_match_torch_on_global_batch_with_clipping(fp32_run):
@@ -100,8 +118,8 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_all_ranks(runs):
     _close(ranks[1]["params"][2], ranks[0]["params"][2], atol=0)
 
 
-def test_parameters_unused_on_some_ranks_neither_hang_nor_diverge(runs):
-    ranks = runs[SPARE]
+def test_parameters_unused_on_some_ranks_neither_hang_nor_diverge(transport):
+    ranks = transport[SPARE]
     for step in range(2):
         _close(ranks[1]["params"][step], ranks[0]["params"][step], atol=0)
     assert ranks[0]["collectives"] == 2 * ranks[0]["buckets"]

@@ -55,6 +55,7 @@ def train(precision, gas, clip, steps, inject_rank, spare=False):
                                  if torch.is_tensor(v)} if masters and opt.state[masters[0]] else {})
     record["model_dtype"] = str(next(engine.module.parameters()).dtype)
     record["collectives"] = engine._grad_sync.collectives_launched
+    record["sync"] = type(engine._grad_sync).__name__
     x, y = global_batch(99, MICRO * gas * world)
     for i in range(gas):  # a second backward in the boundary micro-step is refused, not reduced twice
         engine.backward(torch.nn.functional.mse_loss(engine(x[:MICRO]).float(), y[:MICRO]))
