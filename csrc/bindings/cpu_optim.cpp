@@ -1,10 +1,18 @@
 // Torch binding of the CPU optimizer kernels: argument checks and dtype mapping only.
 // The kernels (csrc/cpu) never see a torch header. Errors are ValueError/TypeError
 // naming the tensor ("<label>[i]") and what would be valid.
-#include <torch/python.h>  // not torch/extension.h: the nn/optim/autograd API headers cost compile time
+//
+// Compile time: this file is the critical path of the op's cold build, so it includes
+// only at::TensorBase and pybind11 (~3 s of parsing). torch/python.h costs ~11 s and
+// torch/csrc/autograd/python_variable.h (torch's accessor for the tensor inside a Python
+// object) ~8 s: it pulls in autograd, the JIT's schema types and all of torch's pybind
+// casters. The two things taken from it are done here instead: see tensor_of().
+#include <ATen/core/TensorBase.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
-#include <torch/csrc/autograd/python_variable.h>
-
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -13,7 +21,61 @@
 namespace py = pybind11;
 using dsfast::cpu::DType;
 
+// torch.Tensor and torch.nn.Parameter, exported by libtorch_python (declared in
+// python_variable.h with these exact names since torch 1.x).
+extern PyObject* THPVariableClass;
+extern PyObject* ParameterClass;
+
 namespace {
+
+// Byte offset of the at::Tensor inside torch's Python tensor object (THPVariable). Its
+// layout is private and has changed between releases (an at::Tensor right after the
+// object header in recent ones, a c10::MaybeOwned<at::Tensor> earlier), but in every one
+// the tensor is a single TensorImpl pointer stored at a fixed offset. It is found once at
+// import: the word equal to the TensorImpl address that `tensor._cdata` reports, agreed
+// on by a plain tensor and a Parameter. No match means an unknown layout: the import
+// fails with a clear error instead of reading the wrong memory later.
+size_t g_tensor_offset = 0;
+
+void find_tensor_offset() {
+  py::module_ torch = py::module_::import("torch");
+  py::object plain = torch.attr("empty")(3);
+  py::object param = torch.attr("nn").attr("Parameter")(torch.attr("empty")(5));
+  size_t found = 0;
+  for (size_t off = sizeof(PyObject); off <= sizeof(PyObject) + 4 * sizeof(void*); off += sizeof(void*)) {
+    auto word = [off](const py::object& o) {
+      uintptr_t w;
+      std::memcpy(&w, reinterpret_cast<const char*>(o.ptr()) + off, sizeof(w));
+      return w;
+    };
+    if (word(plain) == plain.attr("_cdata").cast<uintptr_t>() &&
+        word(param) == param.attr("_cdata").cast<uintptr_t>()) {
+      found = off;
+      break;
+    }
+  }
+  if (found == 0)
+    throw py::import_error("dsfast cpu_optim: cannot find the tensor inside a Python tensor object of torch " +
+                           torch.attr("__version__").cast<std::string>() +
+                           " (unknown layout); the compiled binding does not support this torch version");
+  g_tensor_offset = found;
+}
+
+// THPVariable_Check: torch.Tensor or a subclass (fast path for exact Tensor/Parameter).
+bool is_tensor(PyObject* obj) {
+  if (!THPVariableClass) return false;
+  if (Py_TYPE(obj) == reinterpret_cast<PyTypeObject*>(THPVariableClass) ||
+      Py_TYPE(obj) == reinterpret_cast<PyTypeObject*>(ParameterClass))
+    return true;
+  const int r = PyObject_IsInstance(obj, THPVariableClass);
+  if (r == -1) throw py::error_already_set();
+  return r != 0;
+}
+
+// THPVariable_Unpack: the tensor held by a Python tensor object, read in place (no copy).
+const at::TensorBase& tensor_of(PyObject* obj) {
+  return *reinterpret_cast<const at::TensorBase*>(reinterpret_cast<const char*>(obj) + g_tensor_offset);
+}
 
 // Names tensor i in error messages. Built only when an error is raised: a step over
 // thousands of tensors must not allocate a string per tensor.
@@ -36,14 +98,14 @@ class Tensors {
     items_ = PySequence_Fast_ITEMS(seq_.ptr());
     for (size_t i = 0; i < n_; ++i) {
       if (allow_none && items_[i] == Py_None) continue;
-      if (!THPVariable_Check(items_[i]))
+      if (!is_tensor(items_[i]))
         throw py::type_error(std::string(name) + "[" + std::to_string(i) + "] is a " + Py_TYPE(items_[i])->tp_name +
                              ", not a tensor");
     }
   }
   size_t size() const { return n_; }
   bool none(size_t i) const { return items_[i] == Py_None; }
-  const at::Tensor& operator[](size_t i) const { return THPVariable_Unpack(items_[i]); }
+  const at::TensorBase& operator[](size_t i) const { return tensor_of(items_[i]); }
 
  private:
   py::object seq_;
@@ -51,7 +113,7 @@ class Tensors {
   size_t n_ = 0;
 };
 
-DType grad_dtype(const at::Tensor& g, const Where& w) {
+DType grad_dtype(const at::TensorBase& g, const Where& w) {
   switch (g.scalar_type()) {
     case at::kFloat: return DType::F32;
     case at::kBFloat16: return DType::BF16;
@@ -62,7 +124,7 @@ DType grad_dtype(const at::Tensor& g, const Where& w) {
   }
 }
 
-void check_fp32(const at::Tensor& t, const at::Tensor& p, const Where& w, const char* what) {
+void check_fp32(const at::TensorBase& t, const at::TensorBase& p, const Where& w, const char* what) {
   if (!t.defined()) throw py::value_error(w + " " + what + " is missing");
   if (t.device().type() != at::kCPU) throw py::value_error(w + " " + what + " is on " + t.device().str() + ", not cpu");
   if (t.scalar_type() != at::kFloat)
@@ -75,7 +137,7 @@ void check_fp32(const at::Tensor& t, const at::Tensor& p, const Where& w, const 
                           std::to_string(p.numel()));
 }
 
-void check_param(const at::Tensor& p, const Where& w) {
+void check_param(const at::TensorBase& p, const Where& w) {
   if (!p.defined()) throw py::value_error(w + " is undefined");
   if (p.device().type() != at::kCPU)
     throw py::value_error(w + " is on device " + p.device().str() + "; CPU optimizers update cpu tensors only");
@@ -86,7 +148,7 @@ void check_param(const at::Tensor& p, const Where& w) {
     throw py::value_error(w + " is not contiguous; updating a contiguous copy would silently lose the update");
 }
 
-DType check_grad(const at::Tensor& g, const at::Tensor& p, const Where& w) {
+DType check_grad(const at::TensorBase& g, const at::TensorBase& p, const Where& w) {
   if (!g.defined()) throw py::value_error(w + ".grad is missing");
   if (g.device().type() != at::kCPU) throw py::value_error(w + ".grad is on " + g.device().str() + ", not cpu");
   DType d = grad_dtype(g, w);
@@ -97,10 +159,10 @@ DType check_grad(const at::Tensor& g, const at::Tensor& p, const Where& w) {
   return d;
 }
 
-DType check_out(const Tensors& outs, size_t i, const at::Tensor& p, const Where& w, void** ptr) {
+DType check_out(const Tensors& outs, size_t i, const at::TensorBase& p, const Where& w, void** ptr) {
   *ptr = nullptr;
   if (outs.size() == 0 || outs.none(i)) return DType::None;
-  const at::Tensor& o = outs[i];
+  const at::TensorBase& o = outs[i];
   if (o.device().type() != at::kCPU) throw py::value_error(w + " 16-bit output is on " + o.device().str());
   DType d;
   if (o.scalar_type() == at::kBFloat16) d = DType::BF16;
@@ -126,7 +188,7 @@ void check_lengths(size_t n, std::initializer_list<std::pair<const char*, size_t
                           std::to_string(n) + ")");
 }
 
-float* step_counter(const at::Tensor& s, const Where& w) {
+float* step_counter(const at::TensorBase& s, const Where& w) {
   if (!s.defined() || s.device().type() != at::kCPU || s.scalar_type() != at::kFloat || s.numel() != 1)
     throw py::value_error(w + " step must be a one-element float32 cpu tensor (torch's layout)");
   return s.data_ptr<float>();
@@ -224,6 +286,7 @@ std::vector<std::string> available_isas() {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  find_tensor_offset();
   m.doc() = "dsfast CPU optimizer kernels (Adam/AdamW/SGD; AVX-512/AVX2/scalar chosen at run time)";
   m.def("adam_step", &adam_step, "Adam/AdamW over a list of fp32 tensors (one parallel region)",
         py::arg("params"), py::arg("grads"), py::arg("exp_avgs"), py::arg("exp_avg_sqs"), py::arg("outs"),
