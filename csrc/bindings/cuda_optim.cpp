@@ -1,7 +1,13 @@
 // Torch glue for dsfast's CUDA kernels (csrc/cuda): argument checks with messages that name
 // the list and index at fault, dtype mapping, device guard and the current stream.
 // All work is queued on torch's current stream; nothing is read back to the host.
-#include <torch/extension.h>
+//
+// Headers: only what this file uses (torch/extension.h would add the nn/optim/autograd
+// API, several seconds of parsing per build): the Tensor class, at::empty, torch's pybind
+// casters for tensors and the CUDA guard/stream.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
