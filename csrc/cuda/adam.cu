@@ -11,9 +11,11 @@ namespace dsfast {
 namespace cuda {
 namespace {
 
+// Hyperparameters, not coefficients: the bias corrections depend on each tensor's own
+// step count, so the kernel builds the coefficients per tensor (make_adam_coeffs).
 struct AdamArgs {
-  AdamCoeffs coeffs;  // built on the host without bias correction; the kernel adds it per tensor
-  double lr, beta1, beta2;
+  double lr, beta1, beta2, eps, weight_decay;
+  bool adamw;
   bool bias_correction;
   bool maximize;
   AmpScalars amp;
@@ -61,17 +63,13 @@ struct AdamFunctor {
     b.m = static_cast<P*>(meta.addr[2][t]) + r.offset;
     b.v = static_cast<P*>(meta.addr[3][t]) + r.offset;
     b.out = kCopy ? static_cast<Out*>(meta.addr[kDepth - 1][t]) + r.offset : nullptr;
-    b.c = a.coeffs;
+    const int64_t step = a.bias_correction ? (int64_t)*static_cast<const float*>(meta.addr[4][t]) : 1;
+    b.c = make_adam_coeffs(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.adamw, a.bias_correction, step);
     float scale = 1.0f;
     if (a.amp.inv_scale != nullptr) scale *= *a.amp.inv_scale;
     if (a.amp.clip_coef != nullptr) scale *= *a.amp.clip_coef;
     if (a.maximize) scale = -scale;
     b.c.grad_scale = scale;
-    if (a.bias_correction) {  // same formula as make_adam_coeffs, with this tensor's step
-      const double step = *static_cast<const float*>(meta.addr[4][t]);
-      b.c.step_size = (float)(a.lr / (1.0 - pow(a.beta1, step)));
-      b.c.inv_bc2_sqrt = (float)(1.0 / sqrt(1.0 - pow(a.beta2, step)));
-    }
     bool aligned = is_aligned<W>(b.g) && is_aligned<W>(b.p) && is_aligned<W>(b.m) && is_aligned<W>(b.v);
     if constexpr (kCopy) aligned = aligned && is_aligned<W>(b.out);
     chunk_loop<W>(r.n, aligned, b);
@@ -99,11 +97,12 @@ void adam(const AdamParams& p, cudaStream_t stream) {
   if (p.ntensors == 0) return;
   if (p.steps == nullptr) throw std::invalid_argument("dsfast adam: step counts are required");
   AdamArgs a;
-  a.coeffs = make_adam_coeffs(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.adamw,
-                              /*bias_correction=*/false, /*step=*/1);
   a.lr = p.lr;
   a.beta1 = p.beta1;
   a.beta2 = p.beta2;
+  a.eps = p.eps;
+  a.weight_decay = p.weight_decay;
+  a.adamw = p.adamw;
   a.bias_correction = p.bias_correction;
   a.amp = p.amp;
   a.maximize = p.maximize;

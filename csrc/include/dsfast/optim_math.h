@@ -34,8 +34,9 @@ struct AdamCoeffs {
 
 // `step` is the 1-based count after this update, as torch stores it. Arguments are
 // double so that 1 - beta and lr * wd are formed before rounding to float, as torch does
-// (1.0f - 0.999f is 1.3e-5 away from 0.001f).
-inline AdamCoeffs make_adam_coeffs(double lr, double beta1, double beta2, double eps,
+// (1.0f - 0.999f is 1.3e-5 away from 0.001f). Host and device: CUDA kernels call it per
+// tensor, whose step counts may differ (hence ::pow/::sqrt on double, which both have).
+DSFAST_HD AdamCoeffs make_adam_coeffs(double lr, double beta1, double beta2, double eps,
                                    double weight_decay, bool adamw, bool bias_correction,
                                    int64_t step) {
   AdamCoeffs c;
@@ -44,10 +45,10 @@ inline AdamCoeffs make_adam_coeffs(double lr, double beta1, double beta2, double
   c.one_minus_beta1 = (float)(1.0 - beta1);
   c.one_minus_beta2 = (float)(1.0 - beta2);
   c.eps = (float)eps;
-  double bc1 = bias_correction ? 1.0 - std::pow(beta1, (double)step) : 1.0;
-  double bc2 = bias_correction ? 1.0 - std::pow(beta2, (double)step) : 1.0;
+  double bc1 = bias_correction ? 1.0 - ::pow(beta1, (double)step) : 1.0;
+  double bc2 = bias_correction ? 1.0 - ::pow(beta2, (double)step) : 1.0;
   c.step_size = (float)(lr / bc1);
-  c.inv_bc2_sqrt = (float)(1.0 / std::sqrt(bc2));
+  c.inv_bc2_sqrt = (float)(1.0 / ::sqrt(bc2));
   c.l2_decay = adamw ? 0.0f : (float)weight_decay;
   c.decoupled_decay = adamw ? (float)(lr * weight_decay) : 0.0f;
   c.grad_scale = 1.0f;
@@ -81,7 +82,7 @@ struct SGDCoeffs {
   float grad_scale; // g *= grad_scale first (1 = off; -1 = maximize)
 };
 
-inline SGDCoeffs make_sgd_coeffs(double lr, double momentum, double dampening, double weight_decay,
+DSFAST_HD SGDCoeffs make_sgd_coeffs(double lr, double momentum, double dampening, double weight_decay,
                                  bool nesterov, bool first_step) {
   return SGDCoeffs{(float)lr, (float)weight_decay, (float)momentum, (float)(1.0 - dampening), nesterov,
                    first_step, 1.0f};
