@@ -201,6 +201,9 @@ class Engine(torch.nn.Module):
 
     def _update_loss_scale(self, overflow):
         if self._precision.name != "fp16" or self.loss_scaler is None:
+            if overflow and self.global_rank == 0:
+                print(f"[dsfast] step {self.global_steps}: non-finite {self._precision.name} gradients, step "
+                      "skipped (bf16.check_grad_overflow)", flush=True)
             return
         before = self.loss_scale
         self.loss_scaler.update_scale(overflow, step=self.global_steps)
