@@ -115,6 +115,8 @@ class Engine(torch.nn.Module):
 
     # ---- training ----------------------------------------------------------------------------------------
     def forward(self, *inputs, **kwargs):
+        """module(*inputs, **kwargs). Under fp16/bf16, fp32 tensors in the inputs are cast to the model's dtype
+        (whatever fp16.auto_cast says: DeepSpeed would fail with a dtype mismatch; integer inputs are untouched)."""
         if self._precision.dtype is not None:
             inputs, kwargs = _cast_floats((inputs, kwargs), self._precision.dtype)
         self._progress.start("fwd")
