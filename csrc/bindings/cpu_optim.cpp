@@ -3,22 +3,24 @@
 // naming the tensor ("<label>[i]") and what would be valid.
 //
 // Compile time: this file is the critical path of the op's cold build, so it includes
-// only at::TensorBase and pybind11 (~3 s of parsing). torch/python.h costs ~11 s and
+// only Python.h and at::TensorBase (~1.5 s of parsing). torch/python.h costs ~11 s,
 // torch/csrc/autograd/python_variable.h (torch's accessor for the tensor inside a Python
-// object) ~8 s: it pulls in autograd, the JIT's schema types and all of torch's pybind
-// casters. The two things taken from it are done here instead: see tensor_of().
+// object) ~8 s, and even a one-function pybind11 module ~5.5 s at -O3. So the module is
+// written against the CPython API (METH_FASTCALL), and the two things taken from
+// python_variable.h are done here: see is_tensor() and tensor_of().
+#include <Python.h>
+
 #include <ATen/core/TensorBase.h>
-#include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <cstring>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "../cpu/cpu_optim.h"
 
-namespace py = pybind11;
 using dsfast::cpu::DType;
 
 // torch.Tensor and torch.nn.Parameter, exported by libtorch_python (declared in
@@ -27,6 +29,33 @@ extern PyObject* THPVariableClass;
 extern PyObject* ParameterClass;
 
 namespace {
+
+// A Python exception to raise once back at the module boundary (see guarded()).
+struct PyError {
+  PyObject* type;
+  std::string message;
+};
+struct PyErrorAlreadySet {};  // the Python error indicator is set already
+
+[[noreturn]] void type_error(const std::string& m) { throw PyError{PyExc_TypeError, m}; }
+[[noreturn]] void value_error(const std::string& m) { throw PyError{PyExc_ValueError, m}; }
+
+// An owned reference.
+class Ref {
+ public:
+  explicit Ref(PyObject* o = nullptr) : o_(o) {}
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  ~Ref() { Py_XDECREF(o_); }
+  PyObject* get() const { return o_; }
+  PyObject* ok() const {  // the object, or throw the error that produced nullptr
+    if (!o_) throw PyErrorAlreadySet{};
+    return o_;
+  }
+
+ private:
+  PyObject* o_;
+};
 
 // Byte offset of the at::Tensor inside torch's Python tensor object (THPVariable). Its
 // layout is private and has changed between releases (an at::Tensor right after the
@@ -37,28 +66,37 @@ namespace {
 // fails with a clear error instead of reading the wrong memory later.
 size_t g_tensor_offset = 0;
 
+uintptr_t word_at(PyObject* o, size_t off) {
+  uintptr_t w;
+  std::memcpy(&w, reinterpret_cast<const char*>(o) + off, sizeof(w));
+  return w;
+}
+
+uintptr_t cdata(PyObject* t) {
+  Ref v(PyObject_GetAttrString(t, "_cdata"));
+  const uintptr_t a = uintptr_t(PyLong_AsVoidPtr(v.ok()));
+  if (PyErr_Occurred()) throw PyErrorAlreadySet{};
+  return a;
+}
+
 void find_tensor_offset() {
-  py::module_ torch = py::module_::import("torch");
-  py::object plain = torch.attr("empty")(3);
-  py::object param = torch.attr("nn").attr("Parameter")(torch.attr("empty")(5));
-  size_t found = 0;
+  Ref torch(PyImport_ImportModule("torch"));
+  Ref plain(PyObject_CallMethod(torch.ok(), "empty", "i", 3));
+  Ref nn(PyObject_GetAttrString(torch.ok(), "nn"));
+  Ref raw(PyObject_CallMethod(torch.ok(), "empty", "i", 5));
+  Ref param(PyObject_CallMethod(nn.ok(), "Parameter", "O", raw.ok()));
+  const uintptr_t plain_impl = cdata(plain.ok()), param_impl = cdata(param.ok());
   for (size_t off = sizeof(PyObject); off <= sizeof(PyObject) + 4 * sizeof(void*); off += sizeof(void*)) {
-    auto word = [off](const py::object& o) {
-      uintptr_t w;
-      std::memcpy(&w, reinterpret_cast<const char*>(o.ptr()) + off, sizeof(w));
-      return w;
-    };
-    if (word(plain) == plain.attr("_cdata").cast<uintptr_t>() &&
-        word(param) == param.attr("_cdata").cast<uintptr_t>()) {
-      found = off;
-      break;
+    if (word_at(plain.get(), off) == plain_impl && word_at(param.get(), off) == param_impl) {
+      g_tensor_offset = off;
+      return;
     }
   }
-  if (found == 0)
-    throw py::import_error("dsfast cpu_optim: cannot find the tensor inside a Python tensor object of torch " +
-                           torch.attr("__version__").cast<std::string>() +
-                           " (unknown layout); the compiled binding does not support this torch version");
-  g_tensor_offset = found;
+  Ref version(PyObject_GetAttrString(torch.ok(), "__version__"));
+  const char* v = version.get() && PyUnicode_Check(version.get()) ? PyUnicode_AsUTF8(version.get()) : "?";
+  throw PyError{PyExc_ImportError, std::string("dsfast cpu_optim: cannot find the tensor inside a Python tensor "
+                                               "object of torch ") + (v ? v : "?") +
+                                       " (unknown layout); the compiled binding does not support this torch version"};
 }
 
 // THPVariable_Check: torch.Tensor or a subclass (fast path for exact Tensor/Parameter).
@@ -68,7 +106,7 @@ bool is_tensor(PyObject* obj) {
       Py_TYPE(obj) == reinterpret_cast<PyTypeObject*>(ParameterClass))
     return true;
   const int r = PyObject_IsInstance(obj, THPVariableClass);
-  if (r == -1) throw py::error_already_set();
+  if (r == -1) throw PyErrorAlreadySet{};
   return r != 0;
 }
 
@@ -90,17 +128,15 @@ std::string operator+(const Where& w, const char* s) { return std::string(w) + s
 // at::Tensor (a refcount increment and decrement each): ~0.3 ms of a 2000-tensor step.
 class Tensors {
  public:
-  Tensors(const py::handle& seq, const char* name, bool allow_none = false) {
-    const std::string msg = std::string(name) + " must be a list or tuple of tensors";
-    seq_ = py::reinterpret_steal<py::object>(PySequence_Fast(seq.ptr(), msg.c_str()));
-    if (!seq_) throw py::error_already_set();
-    n_ = size_t(PySequence_Fast_GET_SIZE(seq_.ptr()));
-    items_ = PySequence_Fast_ITEMS(seq_.ptr());
+  Tensors(PyObject* seq, const char* name, bool allow_none = false)
+      : seq_(PySequence_Fast(seq, (std::string(name) + " must be a list or tuple of tensors").c_str())) {
+    n_ = size_t(PySequence_Fast_GET_SIZE(seq_.ok()));
+    items_ = PySequence_Fast_ITEMS(seq_.get());
     for (size_t i = 0; i < n_; ++i) {
       if (allow_none && items_[i] == Py_None) continue;
       if (!is_tensor(items_[i]))
-        throw py::type_error(std::string(name) + "[" + std::to_string(i) + "] is a " + Py_TYPE(items_[i])->tp_name +
-                             ", not a tensor");
+        type_error(std::string(name) + "[" + std::to_string(i) + "] is a " + Py_TYPE(items_[i])->tp_name +
+                   ", not a tensor");
     }
   }
   size_t size() const { return n_; }
@@ -108,7 +144,7 @@ class Tensors {
   const at::TensorBase& operator[](size_t i) const { return tensor_of(items_[i]); }
 
  private:
-  py::object seq_;
+  Ref seq_;
   PyObject** items_ = nullptr;
   size_t n_ = 0;
 };
@@ -119,43 +155,43 @@ DType grad_dtype(const at::TensorBase& g, const Where& w) {
     case at::kBFloat16: return DType::BF16;
     case at::kHalf: return DType::F16;
     default:
-      throw py::type_error(w + ".grad has dtype " + std::string(c10::toString(g.scalar_type())) +
+      type_error(w + ".grad has dtype " + std::string(c10::toString(g.scalar_type())) +
                            "; supported gradient dtypes are float32, bfloat16, float16");
   }
 }
 
 void check_fp32(const at::TensorBase& t, const at::TensorBase& p, const Where& w, const char* what) {
-  if (!t.defined()) throw py::value_error(w + " " + what + " is missing");
-  if (t.device().type() != at::kCPU) throw py::value_error(w + " " + what + " is on " + t.device().str() + ", not cpu");
+  if (!t.defined()) value_error(w + " " + what + " is missing");
+  if (t.device().type() != at::kCPU) value_error(w + " " + what + " is on " + t.device().str() + ", not cpu");
   if (t.scalar_type() != at::kFloat)
-    throw py::type_error(w + " " + what + " has dtype " + std::string(c10::toString(t.scalar_type())) +
+    type_error(w + " " + what + " has dtype " + std::string(c10::toString(t.scalar_type())) +
                          "; it must be float32");
   if (!t.is_contiguous())
-    throw py::value_error(w + " " + what + " is not contiguous; updating a contiguous copy would lose the update");
+    value_error(w + " " + what + " is not contiguous; updating a contiguous copy would lose the update");
   if (t.numel() != p.numel())
-    throw py::value_error(w + " " + what + " has " + std::to_string(t.numel()) + " elements but the parameter has " +
+    value_error(w + " " + what + " has " + std::to_string(t.numel()) + " elements but the parameter has " +
                           std::to_string(p.numel()));
 }
 
 void check_param(const at::TensorBase& p, const Where& w) {
-  if (!p.defined()) throw py::value_error(w + " is undefined");
+  if (!p.defined()) value_error(w + " is undefined");
   if (p.device().type() != at::kCPU)
-    throw py::value_error(w + " is on device " + p.device().str() + "; CPU optimizers update cpu tensors only");
+    value_error(w + " is on device " + p.device().str() + "; CPU optimizers update cpu tensors only");
   if (p.scalar_type() != at::kFloat)
-    throw py::type_error(w + " has dtype " + std::string(c10::toString(p.scalar_type())) +
+    type_error(w + " has dtype " + std::string(c10::toString(p.scalar_type())) +
                          "; CPU optimizers keep fp32 parameters");
   if (!p.is_contiguous())
-    throw py::value_error(w + " is not contiguous; updating a contiguous copy would silently lose the update");
+    value_error(w + " is not contiguous; updating a contiguous copy would silently lose the update");
 }
 
 DType check_grad(const at::TensorBase& g, const at::TensorBase& p, const Where& w) {
-  if (!g.defined()) throw py::value_error(w + ".grad is missing");
-  if (g.device().type() != at::kCPU) throw py::value_error(w + ".grad is on " + g.device().str() + ", not cpu");
+  if (!g.defined()) value_error(w + ".grad is missing");
+  if (g.device().type() != at::kCPU) value_error(w + ".grad is on " + g.device().str() + ", not cpu");
   DType d = grad_dtype(g, w);
   if (g.sizes() != p.sizes())
-    throw py::value_error(w + ".grad has shape " + c10::str(g.sizes()) + " but the parameter has shape " +
+    value_error(w + ".grad has shape " + c10::str(g.sizes()) + " but the parameter has shape " +
                           c10::str(p.sizes()));
-  if (!g.is_contiguous()) throw py::value_error(w + ".grad is not contiguous; the kernel reads gradients in place");
+  if (!g.is_contiguous()) value_error(w + ".grad is not contiguous; the kernel reads gradients in place");
   return d;
 }
 
@@ -163,15 +199,15 @@ DType check_out(const Tensors& outs, size_t i, const at::TensorBase& p, const Wh
   *ptr = nullptr;
   if (outs.size() == 0 || outs.none(i)) return DType::None;
   const at::TensorBase& o = outs[i];
-  if (o.device().type() != at::kCPU) throw py::value_error(w + " 16-bit output is on " + o.device().str());
+  if (o.device().type() != at::kCPU) value_error(w + " 16-bit output is on " + o.device().str());
   DType d;
   if (o.scalar_type() == at::kBFloat16) d = DType::BF16;
   else if (o.scalar_type() == at::kHalf) d = DType::F16;
   else
-    throw py::type_error(w + " 16-bit output has dtype " + std::string(c10::toString(o.scalar_type())) +
+    type_error(w + " 16-bit output has dtype " + std::string(c10::toString(o.scalar_type())) +
                          "; it must be bfloat16 or float16");
   if (o.numel() != p.numel() || !o.is_contiguous())
-    throw py::value_error(w + " 16-bit output must be contiguous with " + std::to_string(p.numel()) +
+    value_error(w + " 16-bit output must be contiguous with " + std::to_string(p.numel()) +
                           " elements, got " + std::to_string(o.numel()));
   *ptr = o.data_ptr();
   return d;
@@ -181,16 +217,16 @@ void check_lengths(size_t n, std::initializer_list<std::pair<const char*, size_t
                    size_t outs) {
   for (auto& [name, len] : others)
     if (len != n)
-      throw py::value_error(std::string(name) + " has " + std::to_string(len) + " entries but there are " +
+      value_error(std::string(name) + " has " + std::to_string(len) + " entries but there are " +
                             std::to_string(n) + " params");
   if (!(outs_empty_ok && outs == 0) && outs != n)
-    throw py::value_error("outs has " + std::to_string(outs) + " entries; pass [] or one per param (" +
+    value_error("outs has " + std::to_string(outs) + " entries; pass [] or one per param (" +
                           std::to_string(n) + ")");
 }
 
 float* step_counter(const at::TensorBase& s, const Where& w) {
   if (!s.defined() || s.device().type() != at::kCPU || s.scalar_type() != at::kFloat || s.numel() != 1)
-    throw py::value_error(w + " step must be a one-element float32 cpu tensor (torch's layout)");
+    value_error(w + " step must be a one-element float32 cpu tensor (torch's layout)");
   return s.data_ptr<float>();
 }
 
@@ -198,14 +234,26 @@ dsfast::cpu::Isa isa_arg(const std::string& isa) {
   try {
     return dsfast::cpu::parse_isa(isa.c_str());
   } catch (const std::invalid_argument& e) {
-    throw py::value_error(e.what());
+    value_error(e.what());
   }
 }
 
+// Releases the GIL for the kernel (restored on every exit, exceptions included).
+class NoGil {
+ public:
+  NoGil() : state_(PyEval_SaveThread()) {}
+  NoGil(const NoGil&) = delete;
+  NoGil& operator=(const NoGil&) = delete;
+  ~NoGil() { PyEval_RestoreThread(state_); }
+
+ private:
+  PyThreadState* state_;
+};
+
 // One call = one parallel region over every tensor. Each step tensor is incremented
 // here (torch increments before computing the bias corrections).
-void adam_step(py::handle params_, py::handle grads_, py::handle exp_avgs_, py::handle exp_avg_sqs_,
-               py::handle outs_, py::handle steps_, double lr, double beta1, double beta2, double eps,
+void adam_step(PyObject* params_, PyObject* grads_, PyObject* exp_avgs_, PyObject* exp_avg_sqs_,
+               PyObject* outs_, PyObject* steps_, double lr, double beta1, double beta2, double eps,
                double weight_decay, bool adamw, bool bias_correction, double grad_scale, int64_t num_threads,
                const std::string& isa, const std::string& label) {
   const Tensors params(params_, "params"), grads(grads_, "grads"), exp_avgs(exp_avgs_, "exp_avgs"),
@@ -237,13 +285,13 @@ void adam_step(py::handle params_, py::handle grads_, py::handle exp_avgs_, py::
                exp_avg_sqs[i].data_ptr<float>(), out, params[i].numel(), gd, od, c};
   }
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     dsfast::cpu::adam_step(work.data(), int64_t(n), int(num_threads), isa_v);
   }
   for (float* s : counters) *s += 1.0f;
 }
 
-void sgd_step(py::handle params_, py::handle grads_, py::handle momentum_buffers_, py::handle outs_,
+void sgd_step(PyObject* params_, PyObject* grads_, PyObject* momentum_buffers_, PyObject* outs_,
               const std::vector<bool>& first_steps, double lr, double momentum, double dampening,
               double weight_decay, bool nesterov, double grad_scale, int64_t num_threads, const std::string& isa,
               const std::string& label) {
@@ -272,33 +320,219 @@ void sgd_step(py::handle params_, py::handle grads_, py::handle momentum_buffers
     c.grad_scale = float(grad_scale);
     work[i] = {params[i].data_ptr<float>(), grads[i].data_ptr(), buf, out, params[i].numel(), gd, od, c};
   }
-  py::gil_scoped_release nogil;
+  NoGil nogil;
   dsfast::cpu::sgd_step(work.data(), int64_t(n), int(num_threads), isa_v);
 }
 
-std::vector<std::string> available_isas() {
-  std::vector<std::string> out;
-  for (auto i : {dsfast::cpu::Isa::AVX512, dsfast::cpu::Isa::AVX2, dsfast::cpu::Isa::Scalar})
-    if (dsfast::cpu::isa_supported(i)) out.push_back(dsfast::cpu::isa_name(i));
-  return out;
+// ---- Python calling convention: positional or keyword arguments, conversions as pybind11 did.
+
+// The arguments of one call by parameter position (nullptr: not given).
+class Args {
+ public:
+  Args(const char* fn, const char* const* names, size_t count, size_t required, PyObject* const* args,
+       Py_ssize_t nargs, PyObject* kwnames)
+      : fn_(fn), names_(names), vals_(count, nullptr) {
+    if (size_t(nargs) > count)
+      type_error(std::string(fn) + "() takes at most " + std::to_string(count) + " arguments (" +
+                 std::to_string(nargs) + " given)");
+    for (Py_ssize_t i = 0; i < nargs; ++i) vals_[i] = args[i];
+    const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; ++k) {
+      PyObject* key = PyTuple_GET_ITEM(kwnames, k);
+      size_t j = 0;
+      while (j < count && PyUnicode_CompareWithASCIIString(key, names[j]) != 0) ++j;
+      const char* key_s = PyUnicode_AsUTF8(key);
+      if (j == count)
+        type_error(std::string(fn) + "() got an unexpected keyword argument '" + (key_s ? key_s : "?") + "'");
+      if (vals_[j]) type_error(std::string(fn) + "() got multiple values for argument '" + names[j] + "'");
+      vals_[j] = args[nargs + k];
+    }
+    for (size_t j = 0; j < required; ++j)
+      if (!vals_[j]) type_error(std::string(fn) + "() missing required argument '" + names[j] + "'");
+  }
+  PyObject* operator[](size_t j) const { return vals_[j]; }
+
+  [[noreturn]] void bad(size_t j, const char* want) const {
+    type_error(std::string(fn_) + "(): argument '" + names_[j] + "' must be " + want + ", not " +
+               Py_TYPE(vals_[j])->tp_name);
+  }
+  double number(size_t j, double dflt) const {  // float, int or anything with __float__/__index__
+    PyObject* o = vals_[j];
+    if (!o) return dflt;
+    if (PyFloat_Check(o)) return PyFloat_AS_DOUBLE(o);
+    const double d = PyFloat_AsDouble(o);
+    if (d == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      bad(j, "a number");
+    }
+    return d;
+  }
+  int64_t integer(size_t j, int64_t dflt) const {  // int or __index__; never a float
+    PyObject* o = vals_[j];
+    if (!o) return dflt;
+    if (PyFloat_Check(o)) bad(j, "an integer");
+    const long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      bad(j, "an integer");
+    }
+    return int64_t(v);
+  }
+  bool flag(size_t j) const { return truth(vals_[j], j); }
+  bool truth(PyObject* o, size_t j) const {  // True/False, None, or a type with __bool__ (numpy.bool_, int)
+    if (o == Py_True) return true;
+    if (o == Py_False || o == Py_None) return false;
+    if (Py_TYPE(o)->tp_as_number && Py_TYPE(o)->tp_as_number->nb_bool) {
+      const int r = Py_TYPE(o)->tp_as_number->nb_bool(o);
+      if (r >= 0) return r != 0;
+      PyErr_Clear();
+    }
+    bad(j, "a bool");
+  }
+  std::string text(size_t j, const char* dflt) const {
+    PyObject* o = vals_[j];
+    if (!o) return dflt;
+    if (PyUnicode_Check(o)) {
+      Py_ssize_t n = 0;
+      const char* c = PyUnicode_AsUTF8AndSize(o, &n);
+      if (!c) throw PyErrorAlreadySet{};
+      return std::string(c, size_t(n));
+    }
+    if (PyBytes_Check(o)) return std::string(PyBytes_AS_STRING(o), size_t(PyBytes_GET_SIZE(o)));
+    bad(j, "a str");
+  }
+  std::vector<bool> flags(size_t j) const {  // a sequence (not a str) of bools
+    PyObject* o = vals_[j];
+    if (PyUnicode_Check(o) || PyBytes_Check(o) || !PySequence_Check(o)) bad(j, "a list of bools");
+    Ref seq(PySequence_Fast(o, "not a sequence"));
+    if (!seq.get()) {
+      PyErr_Clear();
+      bad(j, "a list of bools");
+    }
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
+    std::vector<bool> out(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) out[size_t(i)] = truth(PySequence_Fast_GET_ITEM(seq.get(), i), j);
+    return out;
+  }
+
+ private:
+  const char* fn_;
+  const char* const* names_;
+  std::vector<PyObject*> vals_;
+};
+
+// Runs one call, turning C++ exceptions into the Python exceptions pybind11 raised for them.
+template <typename F>
+PyObject* guarded(F&& body) {
+  try {
+    return body();
+  } catch (const PyErrorAlreadySet&) {
+  } catch (const PyError& e) {
+    PyErr_SetString(e.type, e.message.c_str());
+  } catch (const c10::Error& e) {  // as torch's own translator: the message without the C++ backtrace
+    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+  } catch (const std::invalid_argument& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
 }
+
+const char* const kAdamArgs[] = {"params", "grads", "exp_avgs", "exp_avg_sqs", "outs", "steps", "lr", "beta1",
+                                 "beta2", "eps", "weight_decay", "adamw", "bias_correction", "grad_scale",
+                                 "num_threads", "isa", "label"};
+const char* const kSGDArgs[] = {"params", "grads", "momentum_buffers", "outs", "first_steps", "lr", "momentum",
+                                "dampening", "weight_decay", "nesterov", "grad_scale", "num_threads", "isa",
+                                "label"};
+
+PyObject* adam_step_py(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return guarded([&]() -> PyObject* {
+    const Args a("adam_step", kAdamArgs, 17, 13, args, nargs, kwnames);
+    // Every argument is converted before any tensor is looked at, as pybind11 did.
+    const double lr = a.number(6, 0), beta1 = a.number(7, 0), beta2 = a.number(8, 0), eps = a.number(9, 0),
+                 weight_decay = a.number(10, 0);
+    const bool adamw = a.flag(11), bias_correction = a.flag(12);
+    const double grad_scale = a.number(13, 1.0);
+    const int64_t num_threads = a.integer(14, 0);
+    const std::string isa = a.text(15, "auto"), label = a.text(16, "params");
+    adam_step(a[0], a[1], a[2], a[3], a[4], a[5], lr, beta1, beta2, eps, weight_decay, adamw, bias_correction,
+              grad_scale, num_threads, isa, label);
+    Py_RETURN_NONE;
+  });
+}
+
+PyObject* sgd_step_py(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return guarded([&]() -> PyObject* {
+    const Args a("sgd_step", kSGDArgs, 14, 10, args, nargs, kwnames);
+    const std::vector<bool> first_steps = a.flags(4);
+    const double lr = a.number(5, 0), momentum = a.number(6, 0), dampening = a.number(7, 0),
+                 weight_decay = a.number(8, 0);
+    const bool nesterov = a.flag(9);
+    const double grad_scale = a.number(10, 1.0);
+    const int64_t num_threads = a.integer(11, 0);
+    const std::string isa = a.text(12, "auto"), label = a.text(13, "params");
+    sgd_step(a[0], a[1], a[2], a[3], first_steps, lr, momentum, dampening, weight_decay, nesterov, grad_scale,
+             num_threads, isa, label);
+    Py_RETURN_NONE;
+  });
+}
+
+PyObject* available_isas_py(PyObject*, PyObject*) {
+  return guarded([]() -> PyObject* {
+    Ref out(PyList_New(0));
+    for (auto i : {dsfast::cpu::Isa::AVX512, dsfast::cpu::Isa::AVX2, dsfast::cpu::Isa::Scalar}) {
+      if (!dsfast::cpu::isa_supported(i)) continue;
+      Ref name(PyUnicode_FromString(dsfast::cpu::isa_name(i)));
+      if (PyList_Append(out.ok(), name.ok()) != 0) throw PyErrorAlreadySet{};
+    }
+    Py_INCREF(out.ok());
+    return out.get();
+  });
+}
+
+PyObject* best_isa_py(PyObject*, PyObject*) {
+  return guarded([]() -> PyObject* { return PyUnicode_FromString(dsfast::cpu::isa_name(dsfast::cpu::best_isa())); });
+}
+
+PyObject* openmp_enabled_py(PyObject*, PyObject*) {
+  return guarded([]() -> PyObject* { return PyBool_FromLong(dsfast::cpu::openmp_enabled()); });
+}
+
+// Casting through void(*)(void) is the documented way to store a METH_FASTCALL function.
+#define DSFAST_FN(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(f))
+PyMethodDef kMethods[] = {
+    {"adam_step", DSFAST_FN(adam_step_py), METH_FASTCALL | METH_KEYWORDS,
+     "adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps, weight_decay, adamw, "
+     "bias_correction, grad_scale=1.0, num_threads=0, isa='auto', label='params')\n"
+     "Adam/AdamW over a list of fp32 tensors (one parallel region)"},
+    {"sgd_step", DSFAST_FN(sgd_step_py), METH_FASTCALL | METH_KEYWORDS,
+     "sgd_step(params, grads, momentum_buffers, outs, first_steps, lr, momentum, dampening, weight_decay, "
+     "nesterov, grad_scale=1.0, num_threads=0, isa='auto', label='params')\n"
+     "SGD (momentum, dampening, nesterov, weight decay) over a list of fp32 tensors"},
+    {"available_isas", available_isas_py, METH_NOARGS, "instruction sets this CPU can run, best first"},
+    {"best_isa", best_isa_py, METH_NOARGS, "the instruction set 'auto' picks"},
+    {"openmp_enabled", openmp_enabled_py, METH_NOARGS, "whether the kernels were built with OpenMP"},
+    {nullptr, nullptr, 0, nullptr}};
+#undef DSFAST_FN
+
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT, nullptr,
+                       "dsfast CPU optimizer kernels (Adam/AdamW/SGD; AVX-512/AVX2/scalar chosen at run time)",
+                       -1, kMethods, nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  find_tensor_offset();
-  m.doc() = "dsfast CPU optimizer kernels (Adam/AdamW/SGD; AVX-512/AVX2/scalar chosen at run time)";
-  m.def("adam_step", &adam_step, "Adam/AdamW over a list of fp32 tensors (one parallel region)",
-        py::arg("params"), py::arg("grads"), py::arg("exp_avgs"), py::arg("exp_avg_sqs"), py::arg("outs"),
-        py::arg("steps"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
-        py::arg("weight_decay"), py::arg("adamw"), py::arg("bias_correction"), py::arg("grad_scale") = 1.0,
-        py::arg("num_threads") = 0, py::arg("isa") = "auto", py::arg("label") = "params");
-  m.def("sgd_step", &sgd_step, "SGD (momentum, dampening, nesterov, weight decay) over a list of fp32 tensors",
-        py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"), py::arg("outs"), py::arg("first_steps"),
-        py::arg("lr"), py::arg("momentum"), py::arg("dampening"), py::arg("weight_decay"), py::arg("nesterov"),
-        py::arg("grad_scale") = 1.0, py::arg("num_threads") = 0, py::arg("isa") = "auto",
-        py::arg("label") = "params");
-  m.def("available_isas", &available_isas, "instruction sets this CPU can run, best first");
-  m.def("best_isa", [] { return std::string(dsfast::cpu::isa_name(dsfast::cpu::best_isa())); });
-  m.def("openmp_enabled", &dsfast::cpu::openmp_enabled);
+#define DSFAST_CAT2(a, b) a##b
+#define DSFAST_CAT(a, b) DSFAST_CAT2(a, b)
+#define DSFAST_STR2(a) #a
+#define DSFAST_STR(a) DSFAST_STR2(a)
+
+PyMODINIT_FUNC DSFAST_CAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
+  kModule.m_name = DSFAST_STR(TORCH_EXTENSION_NAME);
+  return guarded([]() -> PyObject* {
+    find_tensor_offset();
+    return PyModule_Create(&kModule);
+  });
 }
