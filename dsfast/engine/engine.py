@@ -187,8 +187,7 @@ class Engine(torch.nn.Module):
             factor /= self.loss_scale
         applied, norm = finalize_grads(self._precision.buffers.flats(), factor, self._clip, self._check_overflow)
         if applied:
-            self.optimizer.step()
-            self._precision.after_step()
+            self._precision.optimizer_step(self.optimizer)
             self._global_grad_norm = norm
         self._update_loss_scale(overflow=not applied)
         if applied:

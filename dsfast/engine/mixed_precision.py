@@ -5,6 +5,7 @@ fp16/bf16: the model runs in half precision; the optimizer updates fp32 master c
 fp32 buckets, and the updated masters are copied back into the model after each applied step.
 """
 import importlib
+import inspect
 import math
 
 import torch
@@ -34,8 +35,8 @@ class FullPrecision:
     def master_of(self, param):
         return param
 
-    def after_step(self):
-        pass
+    def optimizer_step(self, optimizer):
+        optimizer.step()
 
 
 class HalfPrecision:
@@ -57,11 +58,26 @@ class HalfPrecision:
         """The fp32 master of a trained parameter (a frozen one is returned as is: it has no master)."""
         return self._master.get(id(param), param)
 
-    @torch.no_grad()
-    def after_step(self):
-        if not self.params:
+    def optimizer_step(self, optimizer):
+        """optimizer.step(), then the updated masters into the half-precision model. dsfast's CPU optimizers
+        write the 16-bit copy in the same pass over memory (their `fp16_param_groups` argument)."""
+        if _takes_half_outputs(optimizer):
+            model_of = {id(m): p for p, m in zip(self.params, self.masters)}
+            optimizer.step(fp16_param_groups=[[model_of.get(id(m), m) for m in g["params"]]
+                                              for g in optimizer.param_groups])
             return
-        torch._foreach_copy_(self.params, self.masters)
+        optimizer.step()
+        with torch.no_grad():
+            if self.params:
+                torch._foreach_copy_(self.params, self.masters)
+
+
+def _takes_half_outputs(optimizer):
+    """True for optimizers whose step() accepts fp16_param_groups (dsfast CPUAdam / CPUSGD), over masters only."""
+    try:
+        return "fp16_param_groups" in inspect.signature(optimizer.step).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def build_precision(precision, module, params, bucket_elems, allocate=None):
