@@ -157,3 +157,21 @@ def test_op_rejects_non_tensor_lists_and_accepts_per_tensor_none_outputs():
     op.adam_step(ps, [z, z], [torch.zeros(4), torch.zeros(4)], [torch.zeros(4), torch.zeros(4)], [None, out],
                  [torch.tensor(0.0), torch.tensor(0.0)], *args)
     assert torch.equal(out, ps[1].to(torch.bfloat16))
+
+
+def test_native_op_names_the_argument_it_cannot_convert():
+    from dsfast.ops import loaded_from
+    op, z = cpu_op(), torch.zeros(4)
+    if loaded_from("cpu_optim") == "reference":
+        pytest.skip("the native op's own argument parsing is not loaded (reference fallback)")
+    lists = ([z.clone()], [z], [z.clone()], [z.clone()], [], [torch.tensor(0.0)])
+    ok = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, adamw=True, bias_correction=True)
+    with pytest.raises(TypeError, match="argument 'lr' must be a number, not str"):
+        op.adam_step(*lists, **{**ok, "lr": "x"})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        op.adam_step(*lists, **ok, bogus=1)
+    with pytest.raises(TypeError, match="missing required argument 'lr'"):
+        op.adam_step(*lists)
+    p = lists[0][0]
+    op.adam_step(*lists, **ok, label="L", isa="scalar")      # a keyword call with every option works
+    assert torch.equal(p, torch.zeros(4))                      # zero grad, zero state: p stays 0
