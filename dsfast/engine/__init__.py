@@ -5,6 +5,7 @@ Files, one job each:
   engine.py             Engine: forward / backward / step sequencing, counters, DeepSpeed-named accessors
   grad_buffers.py       flat gradient buckets (param.grad are slices of them in fp32)
   grad_sync.py          gradient synchronisation strategy per ZeRO stage (stage 0: bucketed all-reduce in backward)
+  shm_reduce.py         stage-0 reduction through shared memory for same-host CPU ranks (gloo only for barriers)
   mixed_precision.py    fp32 / fp16 / bf16 strategy (fp32 master weights), unscale + clip + overflow pass
   optimizer_factory.py  config `optimizer` section -> CPUAdam / FusedAdam / CPUSGD / FusedSGD
   data.py               training_data -> DataLoader with a DistributedSampler
