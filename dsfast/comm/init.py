@@ -1,5 +1,7 @@
 """init_distributed: create the default process group from what the environment says (see env.py)."""
+import atexit
 import datetime
+import sys
 import os
 import warnings
 
@@ -63,10 +65,24 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     else:
         kwargs["init_method"] = f"tcp://{_url_host(found.master_addr)}:{found.master_port}"
     dist.init_process_group(**kwargs)
+    atexit.register(_destroy_at_exit)
     if verbose and found.rank == 0 and found.world_size > 1:
         print(f"[dsfast] process group ready: backend={backend} world_size={found.world_size} "
               f"(from {found.source}), master={found.master_addr}:{found.master_port}", flush=True)
     return backend
+
+
+def _destroy_at_exit():
+    """Tear the group we created down before interpreter shutdown.
+
+    Left to static destructors, gloo's worker threads can be destroyed while still joinable when a peer has
+    already exited, and the process aborts ("terminate called without an active exception") after a clean run."""
+    if not dist.is_initialized():
+        return
+    try:
+        dist.destroy_process_group()
+    except RuntimeError as e:   # too late to fail the run for it: say so and let the process exit
+        print(f"[dsfast] warning: destroying the process group at exit failed: {e}", file=sys.stderr)
 
 
 def _url_host(addr):
