@@ -28,9 +28,24 @@ def _device(v):
     return v.lower()
 
 
-class OffloadOptimizerConfig(StrictModel):
+class _OffloadTarget(StrictModel):
+    """Where an offload goes: `device` none | cpu | nvme, and the directory that nvme needs."""
     device: str = "none"
     nvme_path: Optional[str] = None
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _check_device(cls, v):
+        return _device(v)
+
+    @model_validator(mode="after")
+    def _nvme_needs_path(self):
+        if self.device == "nvme" and not self.nvme_path:
+            raise plain_error('device "nvme" needs "nvme_path" (a directory on a fast local disk)')
+        return self
+
+
+class OffloadOptimizerConfig(_OffloadTarget):
     buffer_count: int = Field(4, ge=0)
     pin_memory: bool = False
     pipeline_read: bool = False
@@ -40,36 +55,12 @@ class OffloadOptimizerConfig(StrictModel):
     super_offload: bool = False
     cpuadam_cores_perc: float = Field(0.8, ge=0.0, le=1.0)
 
-    @field_validator("device", mode="before")
-    @classmethod
-    def _check_device(cls, v):
-        return _device(v)
 
-    @model_validator(mode="after")
-    def _nvme_needs_path(self):
-        if self.device == "nvme" and not self.nvme_path:
-            raise plain_error('device "nvme" needs "nvme_path" (a directory on a fast local disk)')
-        return self
-
-
-class OffloadParamConfig(StrictModel):
-    device: str = "none"
-    nvme_path: Optional[str] = None
+class OffloadParamConfig(_OffloadTarget):
     buffer_count: int = Field(5, ge=0)
     buffer_size: int = Field(100_000_000, ge=0)
     max_in_cpu: int = Field(1_000_000_000, ge=0)
     pin_memory: bool = False
-
-    @field_validator("device", mode="before")
-    @classmethod
-    def _check_device(cls, v):
-        return _device(v)
-
-    @model_validator(mode="after")
-    def _nvme_needs_path(self):
-        if self.device == "nvme" and not self.nvme_path:
-            raise plain_error('device "nvme" needs "nvme_path" (a directory on a fast local disk)')
-        return self
 
 
 class LeafModuleConfig(StrictModel):
