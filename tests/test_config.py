@@ -62,6 +62,19 @@ def test_offload_defaults_validated_even_when_unused():
     assert (p.device, p.buffer_count, p.buffer_size, p.max_in_cpu) == ("none", 5, 100_000_000, 1_000_000_000)
 
 
+@pytest.mark.parametrize("section", ["offload_optimizer", "offload_param"])
+def test_offload_device_and_nvme_path_errors_name_the_section(section):
+    from dsfast.config.zero import OffloadOptimizerConfig, OffloadParamConfig
+    base = {"train_batch_size": 1}
+    with pytest.raises(DsConfigError, match=rf"zero_optimization\.{section}: device \"nvme\" needs \"nvme_path\""):
+        load_config({**base, "zero_optimization": {"stage": 3, section: {"device": "nvme"}}})
+    with pytest.raises(DsConfigError, match=rf"zero_optimization\.{section}\.device: must be one of 'none', 'cpu', "
+                                            rf"'nvme' \(got 'gpu'\)"):
+        load_config({**base, "zero_optimization": {"stage": 3, section: {"device": "gpu"}}})
+    model = {"offload_optimizer": OffloadOptimizerConfig, "offload_param": OffloadParamConfig}[section]
+    assert model(device="CPU").device == "cpu" and model(device=None).device == "none"
+
+
 # ------------------------------------------------------------------------------------------------ batch sizes
 @pytest.mark.parametrize("given, world, expected", [
     ({"train_batch_size": 32}, 4, (32, 8, 1)),
