@@ -177,7 +177,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .plan import build_plan
         plan = build_plan(args)
         if args.dry_run:
-            print(format_plan(plan.as_json()))
+            try:
+                print(format_plan(plan.as_json()), flush=True)
+            except BrokenPipeError:   # `dsfast --dry_run ... | head`: the reader took what it wanted
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
         return execute(plan)
     except LaunchError as e:

@@ -43,6 +43,15 @@ def test_dry_run_prints_one_json_object_and_starts_nothing(tmp_path):
     assert not (tmp_path / "started").exists()
 
 
+def test_dry_run_into_a_closed_pipe_is_quiet(tmp_path):
+    # `dsfast --dry_run ... | head -1`: the reader leaves early; no traceback, exit 0
+    many_args = " ".join(["--arg"] * 15000)     # a plan larger than the pipe's buffer
+    p = subprocess.run(f"{sys.executable} -m dsfast.launcher --dry_run --num_procs 2 x.py {many_args} | head -c 1",
+                       shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=30,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert p.stdout == "{" and "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr
+
+
 def test_dry_run_error_exit_code_2_on_stderr(tmp_path):
     p = subprocess.run([sys.executable, "-m", "dsfast.launcher", "--dry_run", "-i", "a", "-e", "b", "x.py"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=30)
