@@ -10,6 +10,7 @@ import contextlib
 
 import torch
 
+from .device_step import queue_device_step, takes_device_scalars
 from .mixed_precision import finalize_grads
 from .progress import Progress
 
@@ -88,7 +89,10 @@ class Engine(torch.nn.Module):
         return [g["lr"] for g in self.optimizer.param_groups] if self.optimizer is not None else []
 
     def get_global_grad_norm(self):
-        """Norm of the last applied step's gradients (only computed when clipping or overflow checks need it)."""
+        """Norm of the last applied step's gradients (only computed when clipping or overflow checks need it).
+        The device-step path keeps it as a device tensor; it is read back here, when asked, not in the step."""
+        if torch.is_tensor(self._global_grad_norm):
+            self._global_grad_norm = float(self._global_grad_norm)
         return self._global_grad_norm
 
     def was_step_applied(self):
@@ -185,10 +189,20 @@ class Engine(torch.nn.Module):
         factor = self._grad_sync.post_reduce_factor
         if self._precision.name == "fp16":
             factor /= self.loss_scale
-        applied, norm = finalize_grads(self._precision.buffers.flats(), factor, self._clip, self._check_overflow)
-        if applied:
-            self._precision.optimizer_step(self.optimizer)
-            self._global_grad_norm = norm
+        flats = self._precision.buffers.flats()
+        if takes_device_scalars(self.optimizer):
+            # FusedAdam/FusedSGD: flag, norm and clip coefficient stay on the device and the kernel skips by
+            # itself; the flag is read once, after the update is queued (device_step.py says why it must be).
+            found_inf, norm = queue_device_step(self._precision, self.optimizer, flats, factor, self._clip,
+                                                self._check_overflow)
+            applied = found_inf is None or not bool(found_inf)
+            if applied:
+                self._global_grad_norm = norm
+        else:
+            applied, norm = finalize_grads(flats, factor, self._clip, self._check_overflow)
+            if applied:
+                self._precision.optimizer_step(self.optimizer)
+                self._global_grad_norm = norm
         self._update_loss_scale(overflow=not applied)
         if applied:
             if self.lr_scheduler is not None:

@@ -35,8 +35,8 @@ class FullPrecision:
     def master_of(self, param):
         return param
 
-    def optimizer_step(self, optimizer):
-        optimizer.step()
+    def optimizer_step(self, optimizer, **step_kwargs):
+        optimizer.step(**step_kwargs)
 
 
 class HalfPrecision:
@@ -58,15 +58,17 @@ class HalfPrecision:
         """The fp32 master of a trained parameter (a frozen one is returned as is: it has no master)."""
         return self._master.get(id(param), param)
 
-    def optimizer_step(self, optimizer):
-        """optimizer.step(), then the updated masters into the half-precision model. dsfast's CPU optimizers
-        write the 16-bit copy in the same pass over memory (their `fp16_param_groups` argument)."""
-        if _takes_half_outputs(optimizer):
+    def optimizer_step(self, optimizer, **step_kwargs):
+        """optimizer.step(**step_kwargs), then the updated masters into the half-precision model. dsfast's CPU
+        optimizers write the 16-bit copy in the same pass over memory (their `fp16_param_groups` argument).
+        step_kwargs (grad_scale/found_inf/clip_coef, device_step.py): a step the kernel skipped leaves the
+        masters as they were, so copying them back unconditionally is correct and needs no host read."""
+        if _takes_half_outputs(optimizer) and not step_kwargs:
             model_of = {id(m): p for p, m in zip(self.params, self.masters)}
             optimizer.step(fp16_param_groups=[[model_of.get(id(m), m) for m in g["params"]]
                                               for g in optimizer.param_groups])
             return
-        optimizer.step()
+        optimizer.step(**step_kwargs)
         with torch.no_grad():
             if self.params:
                 torch._foreach_copy_(self.params, self.masters)
