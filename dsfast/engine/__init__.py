@@ -7,6 +7,7 @@ Files, one job each:
   grad_sync.py          gradient synchronisation strategy per ZeRO stage (stage 0: bucketed all-reduce in backward)
   shm_reduce.py         stage-0 reduction through shared memory for same-host CPU ranks (gloo only for barriers)
   mixed_precision.py    fp32 / fp16 / bf16 strategy (fp32 master weights), unscale + clip + overflow pass
+  device_step.py        the same for FusedAdam/FusedSGD without host syncs: flag, norm, clip coef on the device
   optimizer_factory.py  config `optimizer` section -> CPUAdam / FusedAdam / CPUSGD / FusedSGD
   data.py               training_data -> DataLoader with a DistributedSampler
   progress.py           steps_per_print progress lines, wall_clock_breakdown

@@ -4,7 +4,9 @@ Strategies (chosen once, in initialize.py, by ZeRO stage and precision):
   precision  FullPrecision | HalfPrecision      where gradients and master weights live (mixed_precision.py)
   grad_sync  AllReduceGradSync (stage 0)        how gradients are reduced across ranks (grad_sync.py)
 The engine only sequences them: scale the loss, run backward, reduce at the accumulation boundary, unscale +
-clip + overflow check in one pass, step the optimizer and scheduler, count steps, log.
+clip + overflow check in one pass, step the optimizer and scheduler, count steps, log. With FusedAdam/FusedSGD
+the unscale/clip/skip happen inside the optimizer kernel (device_step.py); the only host read in the step is
+the overflow flag (fp16, or bf16 with check_grad_overflow), after the kernel is queued.
 """
 import contextlib
 
