@@ -20,99 +20,8 @@
 import torch
 
 from ..ops import multi_tensor
+from ._fused_common import FusedOptimizer, amp_scalars, gather
 from .validation import check_adam_hparams, check_unsupported_flags
-
-_HALF = (torch.float16, torch.bfloat16)
-_FLOAT = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def amp_scalars(device, grad_scale, found_inf, clip_coef, cache):
-    """(inv_scale, found_inf, clip_coef) on `device`, computed once per device per step."""
-    if device not in cache:
-        inv = None
-        if grad_scale is not None:
-            if not isinstance(grad_scale, torch.Tensor) or grad_scale.numel() != 1:
-                raise TypeError(f"grad_scale must be a one-element tensor (GradScaler's scale), got {grad_scale!r}")
-            # Same inverse as GradScaler.unscale_: computed in double, rounded once.
-            inv = grad_scale.to(device, non_blocking=True).double().reciprocal().float()
-        flag = multi_tensor._scalar("found_inf", found_inf, device)
-        coef = multi_tensor._scalar("clip_coef", clip_coef, device)
-        cache[device] = tuple(None if t is None else t.reshape(()) for t in (inv, flag, coef))
-    return cache[device]
-
-
-def grad_for_kernel(p, g, gi, j):
-    """The gradient as the kernel reads it. The fast path is a few attribute reads (this runs
-    once per param per step); the message names the param. Shapes need no check: torch
-    refuses a .grad of another shape."""
-    if g.is_sparse or p.dtype not in _FLOAT or g.dtype not in _FLOAT or not p.is_contiguous():
-        where = f"param_groups[{gi}]['params'][{j}]"
-        if p.dtype not in _FLOAT:
-            raise TypeError(f"{where} has dtype {p.dtype}; FusedAdam/FusedSGD update float32, float16 or "
-                            f"bfloat16 params")
-        if g.is_sparse:
-            raise TypeError(f"{where}.grad is sparse; FusedAdam/FusedSGD need dense gradients")
-        if g.dtype not in _FLOAT:
-            raise TypeError(f"{where}.grad has dtype {g.dtype}; supported: float32, float16, bfloat16")
-        raise ValueError(f"{where} is not contiguous (stride {p.stride()}); the kernel updates params in place")
-    return g if g.is_contiguous() else g.contiguous()
-
-
-def gather(group, gi, states, use_master, init_state, keys):
-    """The group's tensors as kernel lists, bucketed by (device, grad dtype, param dtype,
-    master, fresh): {key: (grads, params (the fp32 masters when master), [one list per state
-    key], 16-bit model copies or [])}.
-
-    init_state(p, state, master) fills an empty state and returns True when the new state needs
-    the kernel's first-step form (SGD's dampened momentum). The common group (one device, one
-    dtype pair, dense contiguous tensors) costs one loop of appends plus a few set
-    comprehensions, well under torch's own gather; anything else takes a per-param loop whose
-    errors name the param."""
-    gs, ps, sts, fresh = [], [], [], set()
-    for p in group["params"]:
-        g = p.grad
-        if g is None:
-            continue
-        st = states[p]
-        if (not st or (keys and st.get(keys[0]) is None)) and init_state(p, st, use_master and p.dtype in _HALF):
-            fresh.add(id(p))
-        gs.append(g)
-        ps.append(p)
-        sts.append(st)
-    if not ps:
-        return {}
-    gkinds = {(g.dtype, g.layout) for g in gs}
-    pdts = {p.dtype for p in ps}
-    one_device = len({p.get_device() for p in ps}) == 1
-    if len(gkinds) == 1 and len(pdts) == 1 and len(fresh) in (0, len(ps)) and one_device:
-        (gdt, layout), = gkinds
-        pdt, = pdts
-        if layout is torch.strided and gdt in _FLOAT and pdt in _FLOAT and all(g.is_contiguous() for g in gs) \
-                and all(p.is_contiguous() for p in ps):
-            master = use_master and pdt in _HALF
-            targets = [st["master_param"] for st in sts] if master else ps
-            return {(ps[0].device, gdt, pdt, master, bool(fresh)):
-                    (gs, targets, [[st[k] for st in sts] for k in keys], ps if master else [])}
-    buckets = {}
-    for j, p in enumerate(group["params"]):
-        g = p.grad
-        if g is None:
-            continue
-        g = grad_for_kernel(p, g, gi, j)
-        st = states[p]
-        master = use_master and p.dtype in _HALF
-        key = (p.device, g.dtype, p.dtype, master, id(p) in fresh)
-        b = buckets.get(key)
-        if b is None:
-            b = buckets[key] = ([], [], [[] for _ in keys], [])
-        b[0].append(g)
-        b[1].append(st["master_param"] if master else p)
-        for lst, k in zip(b[2], keys):
-            lst.append(st[k])
-        if master:
-            b[3].append(p)
-    return buckets
-
 
 def steps_back_on_overflow(steps, found_inf):
     """Undo the step-count increment of a skipped step, on the device (as torch's fused Adam)."""
@@ -120,18 +29,14 @@ def steps_back_on_overflow(steps, found_inf):
         torch._foreach_sub_(steps, [found_inf] * len(steps))
 
 
-class FusedAdam(torch.optim.Optimizer):
+class FusedAdam(FusedOptimizer):
     """Adam/AdamW; adam_w_mode=True (default) decouples weight decay as AdamW does."""
-
-    _step_supports_amp_scaling = True
 
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, adam_w_mode=True,
                  weight_decay=0.0, amsgrad=False, set_grad_none=True, *, maximize=False, master_weights=False):
         check_adam_hparams(lr, betas, eps, weight_decay, amsgrad)
-        if not isinstance(master_weights, bool):
-            raise TypeError(f"master_weights must be a bool, got {master_weights!r}")
+        self._set_master_weights(master_weights)
         self.adam_w_mode = bool(adam_w_mode)
-        self.master_weights = master_weights
         self.set_grad_none = set_grad_none
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps, weight_decay=weight_decay,
                         amsgrad=amsgrad, maximize=maximize)
@@ -158,22 +63,12 @@ class FusedAdam(torch.optim.Optimizer):
         for group in self.param_groups:
             _group_defaults(group)
 
-    def _uses_master(self, p):
-        return self.master_weights and p.dtype in _HALF
-
     @torch.no_grad()
     def step(self, closure=None, *, grad_scale=None, found_inf=None, clip_coef=None):
         """One step. grad_scale: the loss scale the gradients carry (divided out in the kernel);
         found_inf: skip the step when nonzero; clip_coef: multiplies the unscaled gradients.
         All three are optional one-element float32 tensors; GradScaler sets the first two."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        if grad_scale is None:
-            grad_scale = getattr(self, "grad_scale", None)
-        if found_inf is None:
-            found_inf = getattr(self, "found_inf", None)
+        loss, grad_scale, found_inf = self._begin_step(closure, grad_scale, found_inf)
         scalars = {}
         for gi, group in enumerate(self.param_groups):
             lr, (beta1, beta2), eps, wd = check_adam_hparams(group["lr"], group["betas"], group["eps"],

@@ -15,19 +15,15 @@
 import torch
 
 from ..ops import multi_tensor
-from .fused_adam import _HALF, amp_scalars, gather
+from ._fused_common import FusedOptimizer, amp_scalars, gather
 from .validation import check_sgd_hparams, check_unsupported_flags
 
 
-class FusedSGD(torch.optim.Optimizer):
-    _step_supports_amp_scaling = True
-
+class FusedSGD(FusedOptimizer):
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
                  maximize=False, master_weights=False):
         check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
-        if not isinstance(master_weights, bool):
-            raise TypeError(f"master_weights must be a bool, got {master_weights!r}")
-        self.master_weights = master_weights
+        self._set_master_weights(master_weights)
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                         nesterov=nesterov, maximize=maximize)
         super().__init__(params, defaults)
@@ -64,20 +60,10 @@ class FusedSGD(torch.optim.Optimizer):
             group.setdefault("nesterov", False)
             group.setdefault("maximize", False)
 
-    def _uses_master(self, p):
-        return self.master_weights and p.dtype in _HALF
-
     @torch.no_grad()
     def step(self, closure=None, *, grad_scale=None, found_inf=None, clip_coef=None):
         """One step; grad_scale / found_inf / clip_coef as in FusedAdam.step."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        if grad_scale is None:
-            grad_scale = getattr(self, "grad_scale", None)
-        if found_inf is None:
-            found_inf = getattr(self, "found_inf", None)
+        loss, grad_scale, found_inf = self._begin_step(closure, grad_scale, found_inf)
         scalars = {}
         for gi, group in enumerate(self.param_groups):
             lr, momentum, dampening, wd, nesterov = check_sgd_hparams(
