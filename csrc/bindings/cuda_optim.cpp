@@ -69,6 +69,18 @@ ListView view_list(const char* op, const char* name, TensorList ts, const at::De
   return v;
 }
 
+// The 16-bit model copies written beside fp32 master weights (empty list: none).
+ListView view_model_copies(const char* op, TensorList model_copies, TensorList params, dc::DType param_dtype,
+                           const at::Device& dev, const std::vector<int64_t>& numel) {
+  ListView mc;
+  if (model_copies.empty()) return mc;
+  TORCH_CHECK_TYPE(param_dtype == dc::DType::kFloat32, op, ": with model_copies the params must be float32 "
+                   "master weights, got ", params[0].scalar_type());
+  mc = view_list(op, "model_copies", model_copies, dev, &numel);
+  TORCH_CHECK_TYPE(mc.dtype != dc::DType::kFloat32, op, ": model_copies must be float16 or bfloat16");
+  return mc;
+}
+
 void check_length(const char* op, const char* name, TensorList ts, size_t n) {
   TORCH_CHECK(ts.size() == n, op, ": got ", ts.size(), " ", name, " for ", n,
               " params; every list must have one entry per param");
@@ -136,13 +148,7 @@ void adam_(const TensorVec& grads, const TensorVec& params, const TensorVec& exp
                 steps[i].scalar_type(), " of shape ", steps[i].sizes(), " on ", steps[i].device());
     step_ptrs[i] = steps[i].data_ptr<float>();
   }
-  ListView mc;
-  if (copy) {
-    TORCH_CHECK_TYPE(p.dtype == dc::DType::kFloat32, op, ": with model_copies the params must be float32 "
-                     "master weights, got ", params[0].scalar_type());
-    mc = view_list(op, "model_copies", model_copies, dev, &numel);
-    TORCH_CHECK_TYPE(mc.dtype != dc::DType::kFloat32, op, ": model_copies must be float16 or bfloat16");
-  }
+  const ListView mc = view_model_copies(op, model_copies, params, p.dtype, dev, numel);
   dc::AdamParams a;
   a.ntensors = (int64_t)n;
   a.numel = numel.data();
@@ -192,13 +198,7 @@ void sgd_(const TensorVec& grads, const TensorVec& params, const TensorVec& mome
     TORCH_CHECK_TYPE(b.dtype == p.dtype, op, ": momentum_buffers must have the params' dtype ",
                      params[0].scalar_type());
   }
-  ListView mc;
-  if (copy) {
-    TORCH_CHECK_TYPE(p.dtype == dc::DType::kFloat32, op, ": with model_copies the params must be float32 "
-                     "master weights, got ", params[0].scalar_type());
-    mc = view_list(op, "model_copies", model_copies, dev, &numel);
-    TORCH_CHECK_TYPE(mc.dtype != dc::DType::kFloat32, op, ": model_copies must be float16 or bfloat16");
-  }
+  const ListView mc = view_model_copies(op, model_copies, params, p.dtype, dev, numel);
   dc::SGDParams a;
   a.ntensors = (int64_t)n;
   a.numel = numel.data();
