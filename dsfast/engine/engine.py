@@ -9,6 +9,7 @@ the unscale/clip/skip happen inside the optimizer kernel (device_step.py); the o
 the overflow flag (fp16, or bf16 with check_grad_overflow), after the kernel is queued.
 """
 import contextlib
+import os
 
 import torch
 
@@ -46,10 +47,10 @@ class Engine(torch.nn.Module):
         self._global_grad_norm = None
         self._boundary_override = None
         self._no_sync = False
-        self._reduced_at_micro_step = -1
         self._clip = float(config.gradient_clipping or 0.0)
         self._check_overflow = precision.name == "fp16" or (
             precision.name == "bf16" and bool(getattr(config.bf16, "check_grad_overflow", False)))
+        self._param_names = {id(p): n for n, p in module.named_parameters()}
         self._progress = Progress(config.steps_per_print, rank, bool(config.wall_clock_breakdown), self._device)
 
     # ---- DeepSpeed-named properties -------------------------------------------------------------------
@@ -59,7 +60,10 @@ class Engine(torch.nn.Module):
 
     @property
     def local_rank(self):
-        return self._device.index if self._device.type == "cuda" else 0
+        """This process's rank on its node (LOCAL_RANK, as every launcher sets it), on every device type."""
+        if "LOCAL_RANK" in os.environ:
+            return int(os.environ["LOCAL_RANK"])
+        return self._device.index if self._device.type == "cuda" and self._device.index is not None else 0
 
     @property
     def loss_scale(self):
@@ -151,13 +155,6 @@ class Engine(torch.nn.Module):
             scale /= self.gradient_accumulation_steps()
         scaled = loss.float() * scale if (scale != 1.0 or loss.dtype != torch.float32) else loss
         reduce = self.is_gradient_accumulation_boundary() and not self._no_sync
-        if reduce and self.world_size > 1 and self._reduced_at_micro_step == self.micro_steps:
-            raise RuntimeError(
-                "engine.backward() was called twice in one micro-step at a gradient accumulation boundary; the "
-                "first call already all-reduced the gradients, so a second reduction would count them again. Add "
-                "the losses and call backward once, or call engine.step() after each backward")
-        if reduce:
-            self._reduced_at_micro_step = self.micro_steps
         self._grad_sync.begin_backward(reduce)
         try:
             scaled.backward(retain_graph=retain_graph)
@@ -188,6 +185,7 @@ class Engine(torch.nn.Module):
         self.micro_steps += 1
 
     def _take_model_step(self, lr_kwargs):
+        self._grad_sync.prepare_step(self._param_names)
         factor = self._grad_sync.post_reduce_factor
         if self._precision.name == "fp16":
             factor /= self.loss_scale
@@ -213,6 +211,7 @@ class Engine(torch.nn.Module):
             self.skipped_steps += 1
         self._step_applied = applied
         self._precision.buffers.zero()
+        self._grad_sync.reset()
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
 
@@ -253,9 +252,18 @@ class Engine(torch.nn.Module):
             "engine.load_checkpoint is not available in this dsfast build yet (checkpoints land with the "
             "checkpoint issue); load what you saved with torch.load and the matching load_state_dict methods")
 
+    def destroy(self):
+        """Release the engine's hooks and buffers (DeepSpeed's engine.destroy()); the module stays usable."""
+        self._grad_sync.detach()
+        if getattr(self.module, "_dsfast_grad_sync", None) is self._grad_sync:
+            object.__delattr__(self.module, "_dsfast_grad_sync")
+        for p in self._precision.buffers.params:
+            p.grad = None
+
     def zero_grad(self, set_to_none=True):
         """Drop accumulated gradients (the engine also does this after every optimizer step)."""
         self._precision.buffers.zero()
+        self._grad_sync.reset()
 
 
 def _cast_floats(obj, dtype):

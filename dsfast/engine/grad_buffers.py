@@ -8,7 +8,14 @@ Two modes:
 - `grads_are_views=True` (fp32 training): `param.grad` *is* the slice, so autograd accumulates straight into the
   bucket and nothing is copied.
 - `grads_are_views=False` (fp16/bf16 training): buckets are fp32; each half-precision gradient is added into
-  its fp32 slice as soon as it is produced and `param.grad` is released (fp32 accumulation across micro-steps).
+  its fp32 slice as soon as it is produced (fp32 accumulation across micro-steps). `param.grad` keeps the
+  16-bit gradient just absorbed (a receipt, as DeepSpeed's fp16 stage 0 keeps 16-bit grads) until the step.
+
+The buckets mirror `param.grad` as torch would have it: a user who clears or replaces gradients between
+backwards (`module.zero_grad()`, a client `optimizer.zero_grad()`, `p.grad = None`, an in-place `zero_`) clears
+or replaces the slice too. `reconcile(param)` runs before each new gradient is accumulated (a tensor pre-hook)
+and for every parameter before the optimizer step; a GAN's generator backward that deposits gradients into
+the discriminator, cleared by `netD.zero_grad()`, therefore never leaks into the discriminator's next step.
 """
 from dataclasses import dataclass, field
 from typing import List
@@ -36,6 +43,8 @@ class GradBuffers:
         self.buckets: List[Bucket] = []
         self.bucket_of = {}  # id(param) -> (bucket, position)
         self.storage = None
+        self.masters = {}    # id(param) -> fp32 master whose .grad is the param's slice (half precision)
+        self._receipts = {}  # id(param) -> (16-bit grad last absorbed, its version counter), half precision
         plan, pending, size, dtype = [], [], 0, None
         for p in reversed(self.params):
             p_dtype = p.dtype if grads_are_views else accum_dtype
@@ -77,6 +86,54 @@ class GradBuffers:
         bucket, pos = self.bucket_of[id(param)]
         return bucket.views[pos]
 
+    def attach_master(self, param, master):
+        """fp16/bf16: `master.grad` is the param's fp32 slice (what the optimizer reads)."""
+        self.masters[id(param)] = master
+        master.grad = self.view_of(param)
+
+    def reconcile(self, param):
+        """Make the slice equal what torch says the param's gradient is now. Returns True when the user had
+        cleared it (the slice is zero), False otherwise. Cheap: identity and version-counter checks only."""
+        bucket, pos = self.bucket_of[id(param)]
+        view = bucket.views[pos]
+        master = self.masters.get(id(param))
+        if master is not None and master.grad is not view:   # a client optimizer's zero_grad on the masters
+            cleared = master.grad is None
+            view.copy_(master.grad) if not cleared else view.zero_()
+            master.grad = view
+            self._receipts.pop(id(param), None)
+            return cleared
+        grad = param.grad
+        if self.grads_are_views:
+            if grad is view:
+                return False
+            view.copy_(grad) if grad is not None else view.zero_()  # replaced or cleared (set_to_none)
+            param.grad = view
+            return grad is None
+        receipt = self._receipts.get(id(param))
+        if receipt is None:          # nothing absorbed since the last zero: the slice is zero already
+            if grad is not None:     # a gradient the user assigned
+                view.copy_(grad)
+            return False
+        tensor, version = receipt
+        if grad is tensor and grad._version == version:
+            return False
+        del self._receipts[id(param)]
+        if grad is None:
+            view.zero_()
+            return True
+        view.copy_(grad)             # replaced or modified in place (zero_grad(set_to_none=False) zeroes it)
+        if grad is tensor:
+            self._receipts[id(param)] = (grad, grad._version)
+        return not bool(grad.any()) if grad is tensor else False
+
+    def before_accumulate(self, param):
+        """Tensor pre-hook: reconcile, then let autograd accumulate into the slice (fp32) or hand over a fresh
+        16-bit gradient (half precision: the receipt is dropped so autograd does not add onto it)."""
+        self.reconcile(param)
+        if not self.grads_are_views:
+            param.grad = None
+
     def absorb(self, param):
         """Move a freshly accumulated `param.grad` into its slice (no-op when it already is the slice)."""
         bucket, pos = self.bucket_of[id(param)]
@@ -84,11 +141,14 @@ class GradBuffers:
         grad = param.grad
         if grad is None or grad is view:
             return bucket
-        if self.grads_are_views and grad.data_ptr() == view.data_ptr():
+        if self.grads_are_views:
+            # autograd replaced the slice it accumulated into (create_graph=True does): its value is the total
+            if grad.data_ptr() != view.data_ptr():
+                view.copy_(grad)
             param.grad = view
             return bucket
         view.add_(grad)  # view is zero unless accumulating across micro-steps
-        param.grad = view if self.grads_are_views else None
+        self._receipts[id(param)] = (grad, grad._version)
         return bucket
 
     def flats(self):
@@ -105,6 +165,11 @@ class GradBuffers:
         else:
             for p in self.params:
                 p.grad = None
+            self._receipts.clear()
+        for p in self.params:
+            master = self.masters.get(id(p))
+            if master is not None:
+                master.grad = self.view_of(p)
 
     def numel(self):
         return sum(b.flat.numel() for b in self.buckets)

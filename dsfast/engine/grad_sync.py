@@ -4,11 +4,15 @@ A strategy sees every parameter's gradient the moment autograd finishes accumula
 hooks), and is told by the engine when a backward starts and ends. Interface used by the engine:
     begin_backward(reduce: bool)   reduce=False between accumulation boundaries (no communication at all)
     end_backward()                 launch what is left, wait for everything; grads are then reduced
+    prepare_step(names)            before the optimizer step: adopt gradients the user cleared since backward;
+                                   refuse gradients that came from a plain loss.backward() (never reduced)
+    reset()                        after the step (the buffers were zeroed)
     post_reduce_factor             what the reduced grads must be multiplied by (1/world for a sum all-reduce);
                                    the engine folds it into its single unscale/clip pass
     detach()                       remove hooks
 ZeRO stages 1-2 slot in as a reduce-scatter strategy over the same GradBuffers.
 """
+import torch
 import torch.distributed as dist
 
 
@@ -24,10 +28,23 @@ class AllReduceGradSync:
         self._in_backward = False
         self._next = 0  # index of the next bucket to launch (launch order must be identical on every rank)
         self.collectives_launched = 0  # for tests and diagnostics
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in buffers.params]
+        self._reduced_since_step = False
+        self._outside = {}  # id(param) -> param: gradients that arrived outside this engine's backward
+        self._hooks = []
+        for p in buffers.params:
+            self._hooks.append(p.register_hook(lambda grad, p=p: self.buffers.before_accumulate(p)))
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
 
     def begin_backward(self, reduce):
         self._reduce = reduce and self.world_size > 1
+        if self._reduce and self._reduced_since_step:
+            # A second reducing backward before the step (a GAN's backward(err_real); backward(err_fake)): the
+            # buckets hold the SUM of the first losses' gradients. Make it the mean, so that adding this
+            # backward's local gradients and summing again gives sum(first) + sum(second), as one backward of
+            # the summed losses would (post_reduce_factor still divides by the world size).
+            with torch.no_grad():
+                torch._foreach_mul_(self.buffers.flats(), 1.0 / self.world_size)
+        self._outside.clear()  # gradients deposited earlier (by another engine's backward) are now ours
         self._in_backward = True
         self._next = 0
         for b in self.buffers.buckets:
@@ -36,7 +53,10 @@ class AllReduceGradSync:
 
     def _on_grad(self, param):
         bucket = self.buffers.absorb(param)
-        if not (self._in_backward and self._reduce):
+        if not self._in_backward:
+            self._outside[id(param)] = param
+            return
+        if not self._reduce:
             return
         if bucket.handle is not None:
             raise RuntimeError(
@@ -67,6 +87,28 @@ class AllReduceGradSync:
             b.handle.wait()
             b.handle = None
         self._reduce = False
+        self._reduced_since_step = True
+
+    def prepare_step(self, name_of):
+        """Adopt what the user did to .grad since backward; refuse gradients no engine.backward() produced.
+
+        name_of: id(param) -> its name in the module (for the error)."""
+        for p in self.buffers.params:
+            if self.buffers.reconcile(p):
+                self._outside.pop(id(p), None)
+        if self._outside:
+            names = [name_of.get(k, "?") for k in self._outside][:3]
+            raise RuntimeError(
+                f"engine.step(): {len(self._outside)} parameter(s) ({', '.join(names)}"
+                f"{', ...' if len(self._outside) > 3 else ''}) got gradients from a backward that was not this "
+                "engine's backward (a plain loss.backward(), or another engine's backward through this model) "
+                "after this engine's last engine.backward(); such gradients are neither averaged across ranks nor "
+                "scaled for gradient accumulation / fp16. Call engine.backward(loss) instead of loss.backward(), "
+                "or clear them (model.zero_grad()) before engine.step()")
+
+    def reset(self):
+        self._reduced_since_step = False
+        self._outside.clear()
 
     def detach(self):
         for h in self._hooks:

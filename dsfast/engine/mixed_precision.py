@@ -52,7 +52,7 @@ class HalfPrecision:
         module.to(dtype)
         self.buffers = GradBuffers(params, bucket_elems, grads_are_views=False, allocate=allocate)
         for p, m in zip(params, self.masters):
-            m.grad = self.buffers.view_of(p)
+            self.buffers.attach_master(p, m)
 
     def master_of(self, param):
         """The fp32 master of a trained parameter (a frozen one is returned as is: it has no master)."""

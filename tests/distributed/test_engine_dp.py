@@ -82,7 +82,7 @@ def test_fp32_two_ranks_gas2_match_torch_on_global_batch_with_clipping(fp32_run)
         assert rank_record["global_steps"] == [1, 2, 3]
         # one all-reduce per bucket per optimizer step: nothing is sent at the first micro-step of each window
         assert rank_record["collectives"] == STEPS * rank_record["buckets"]
-        assert "called twice in one micro-step" in rank_record["double_backward"]
+        assert rank_record["double_backward"] == "accepted"  # a second backward before step is summed
     assert min(want_norms) > 0.05, "test premise: clipping must be active"
 
 

@@ -57,7 +57,7 @@ def train(precision, gas, clip, steps, inject_rank, spare=False):
     record["collectives"] = engine._grad_sync.collectives_launched
     record["sync"] = type(engine._grad_sync).__name__
     x, y = global_batch(99, MICRO * gas * world)
-    for i in range(gas):  # a second backward in the boundary micro-step is refused, not reduced twice
+    for i in range(gas):  # a second backward in the boundary micro-step is accepted (GAN pattern)
         engine.backward(torch.nn.functional.mse_loss(engine(x[:MICRO]).float(), y[:MICRO]))
         if i < gas - 1:
             engine.step()
