@@ -196,16 +196,22 @@ def test_apex_amp_rejected_and_master_weights_rejected():
 
 # ------------------------------------------------------------------------------------------------ ZeRO
 def test_zero_stage_above_supported_is_an_error_not_stage0():
-    assert SUPPORTED_ZERO_STAGES == frozenset({0})
-    for stage in (1, 2, 3):
-        _, msg = problems({**BASE, "zero_optimization": {"stage": stage}})
-        assert f"zero_optimization.stage: ZeRO stage {stage} is not supported by dsfast yet" in msg
+    assert SUPPORTED_ZERO_STAGES == frozenset({0, 1, 2})
+    _, msg = problems({**BASE, "zero_optimization": {"stage": 3}})
+    assert "zero_optimization.stage: ZeRO stage 3 is not supported by dsfast yet" in msg
+    for stage in (1, 2):
+        assert cfg(zero_optimization={"stage": stage}).zero_stage == stage
 
 
 def test_zero_bool_forms():
-    _, msg = problems({**BASE, "zero_optimization": True})  # true = stage 1, as DeepSpeed
-    assert "zero_optimization: true means ZeRO stage 1 (as in DeepSpeed)" in msg
+    assert cfg(zero_optimization=True).zero_stage == 1   # true = stage 1, as DeepSpeed (seed 000's config)
     assert cfg(zero_optimization=False).zero_stage == 0
+
+
+def test_nvme_offload_is_a_clear_error_naming_the_key():
+    _, msg = problems({**BASE, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",
+                                                                                      "nvme_path": "/tmp"}}})
+    assert "zero_optimization.offload_optimizer.device: NVMe offload is not supported by dsfast" in msg
 
 
 def test_zero_stage_out_of_range():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dsfast
-import dsfast.engine.engine as engine_module
+import dsfast.engine.replicated as engine_module
 from dsfast.optim import FusedAdam, FusedSGD
 
 MICRO = 4

@@ -112,10 +112,6 @@ class DsConfig(StrictModel):
     def _zero_bool(cls, v):
         # DeepSpeed's legacy form: true means stage 1, false stage 0.
         if isinstance(v, bool):
-            if v and 1 not in SUPPORTED_ZERO_STAGES:
-                raise plain_error('true means ZeRO stage 1 (as in DeepSpeed); ZeRO stage 1 is not supported by '
-                                  'dsfast yet: only stage 0 runs today. Use "zero_optimization": {"stage": 0} or '
-                                  'remove the key')
             return {"stage": 1 if v else 0}
         return {} if v is None else v
 

@@ -1,7 +1,7 @@
 """`zero_optimization` section: DeepSpeed's keys, aliases and defaults, all validated.
 
-ZeRO partitioning is not implemented yet: SUPPORTED_ZERO_STAGES is the ONE place that says which stages the
-engine can run. The ZeRO issue widens it; everything else here already validates stages 1-3.
+SUPPORTED_ZERO_STAGES is the ONE place that says which stages the engine can run (stage 3 lands with its own
+issue); everything else here already validates stages 1-3.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from .base import StrictModel, nested_error, plain_error
 
 logger = logging.getLogger("dsfast.config")
 
-# >>> The stages the engine implements. Widen this when ZeRO partitioning lands. <<<
-SUPPORTED_ZERO_STAGES = frozenset({0})
+# >>> The stages the engine implements. <<<
+SUPPORTED_ZERO_STAGES = frozenset({0, 1, 2})
 
 _DEVICES = ("none", "cpu", "nvme")
 
@@ -133,10 +133,10 @@ class ZeroConfig(StrictModel):
         # The single gate on ZeRO stages (see SUPPORTED_ZERO_STAGES above); never fall back to stage 0 silently.
         if v not in SUPPORTED_ZERO_STAGES:
             raise plain_error(
-                f"ZeRO stage {v} is not supported by dsfast yet: only stage "
-                f"{', '.join(str(s) for s in sorted(SUPPORTED_ZERO_STAGES))} (data parallelism without "
-                "partitioning) runs today; partitioning lands in a later release. Set "
-                '"zero_optimization": {"stage": 0} or remove the key')
+                f"ZeRO stage {v} is not supported by dsfast yet: stages "
+                f"{', '.join(str(s) for s in sorted(SUPPORTED_ZERO_STAGES))} run today (stage 3, parameter "
+                'partitioning, lands in a later release). Set "zero_optimization": {"stage": 2} (gradients and '
+                "optimizer states partitioned) or a lower stage")
         return v
 
     @model_validator(mode="before")
@@ -181,6 +181,10 @@ class ZeroConfig(StrictModel):
         if self.offload_param is not None and self.offload_param.device != "none" and self.stage != 3:
             raise nested_error([(("offload_param",), f"offloading parameters needs ZeRO stage 3 "
                                                      f"(stage is {self.stage})")])
+        if self.offload_optimizer_device == "nvme" or self.offload_param_device == "nvme":
+            key = "offload_optimizer" if self.offload_optimizer_device == "nvme" else "offload_param"
+            raise nested_error([((key, "device"), 'NVMe offload is not supported by dsfast; use "cpu" (host '
+                                                  'memory) or "none"')])
         if self.offload_optimizer is not None and self.offload_optimizer.ratio < 1.0 and self.stage != 3:
             raise nested_error([(("offload_optimizer", "ratio"), "ratio < 1 (partial offload) needs ZeRO stage 3")])
         if not self.compute_grad_norm and self.stage not in (1, 2):

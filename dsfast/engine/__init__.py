@@ -3,6 +3,8 @@
 Files, one job each:
   initialize.py         initialize(): config -> process group -> device -> strategies -> optimizer -> Engine
   engine.py             Engine: forward / backward / step sequencing, counters, DeepSpeed-named accessors
+  state_owner.py        what a stage's state owner provides; memory_breakdown counting
+  replicated.py         stage 0's owner: precision strategy + all-reduce + the step
   grad_buffers.py       flat gradient buckets (param.grad are slices of them in fp32)
   grad_sync.py          gradient synchronisation strategy per ZeRO stage (stage 0: bucketed all-reduce in backward)
   shm_reduce.py         stage-0 reduction through shared memory for same-host CPU ranks (gloo only for barriers)
@@ -13,10 +15,9 @@ Files, one job each:
   progress.py           steps_per_print progress lines, wall_clock_breakdown
   args.py               add_config_arguments
 
-Where later work slots in: ZeRO stage 1/2 adds a reduce-scatter strategy to grad_sync.build_grad_sync and a
-partitioned optimizer step chosen beside it in initialize.py (the engine only calls begin_backward /
-end_backward / post_reduce_factor and optimizer.step); stage 3 adds parameter gathering around forward.
-Checkpoints read module, optimizer, lr_scheduler, precision masters and engine_state_dict().
+The engine talks to one state owner per ZeRO stage (state_owner.py lists its methods): replicated.py for stage 0
+(precision strategy + all-reduce), dsfast/zero/sharded.py for stages 1 and 2. Stage 3 adds an owner that gathers
+parameters around each module's forward. Checkpoints read the owner's checkpoint_layout().
 """
 from .args import add_config_arguments
 from .engine import Engine, NoOptimizerError

@@ -1,21 +1,19 @@
-"""The training engine: forward / backward / step orchestration over pluggable strategies.
+"""The training engine: forward / backward / step orchestration over one state owner.
 
-Strategies (chosen once, in initialize.py, by ZeRO stage and precision):
-  precision  FullPrecision | HalfPrecision      where gradients and master weights live (mixed_precision.py)
-  grad_sync  AllReduceGradSync (stage 0)        how gradients are reduced across ranks (grad_sync.py)
-The engine only sequences them: scale the loss, run backward, reduce at the accumulation boundary, unscale +
-clip + overflow check in one pass, step the optimizer and scheduler, count steps, log. With FusedAdam/FusedSGD
-the unscale/clip/skip happen inside the optimizer kernel (device_step.py); the only host read in the step is
-the overflow flag (fp16, or bf16 with check_grad_overflow), after the kernel is queued.
+The owner (chosen once, in initialize.py, by ZeRO stage; state_owner.py lists what it provides) holds the
+buffers, masters, reduction, norm / overflow check, update and write-back of its stage:
+  stage 0  replicated.Replicated             stage 1  zero.sharded.ShardedOptimizerState
+  stage 2  zero.sharded.ShardedGradients
+The engine only sequences it: scale the loss, run backward, tell the owner where accumulation boundaries are,
+ask it to step, drive the loss scaler and the LR scheduler, count steps, log.
 """
 import contextlib
 import os
 
 import torch
 
-from .device_step import queue_device_step, takes_device_scalars
-from .mixed_precision import finalize_grads
 from .progress import Progress
+from .state_owner import memory_breakdown
 
 
 class NoOptimizerError(RuntimeError):
@@ -25,14 +23,16 @@ class NoOptimizerError(RuntimeError):
 class Engine(torch.nn.Module):
     """What `dsfast.initialize` returns. DeepSpeed's names: engine(batch), backward, step, ..."""
 
-    def __init__(self, module, config, device, precision, grad_sync, optimizer, lr_scheduler, loss_scaler,
+    def __init__(self, module, config, device, owner, optimizer, lr_scheduler, loss_scaler,
                  rank=0, world_size=1, training_dataloader=None):
         super().__init__()
         self.module = module
         self.config = config
         self._device = torch.device(device)
-        self._precision = precision
-        self._grad_sync = grad_sync
+        self._owner = owner
+        self._precision = owner.precision
+        self._grad_sync = getattr(owner, "grad_sync", None) or getattr(owner, "sync", None) or owner
+        owner.bind_optimizer(optimizer)
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.loss_scaler = loss_scaler
@@ -48,6 +48,7 @@ class Engine(torch.nn.Module):
         self._boundary_override = None
         self._no_sync = False
         self._clip = float(config.gradient_clipping or 0.0)
+        precision = self._precision
         self._check_overflow = precision.name == "fp16" or (
             precision.name == "bf16" and bool(getattr(config.bf16, "check_grad_overflow", False)))
         self._param_names = {id(p): n for n, p in module.named_parameters()}
@@ -155,11 +156,11 @@ class Engine(torch.nn.Module):
             scale /= self.gradient_accumulation_steps()
         scaled = loss.float() * scale if (scale != 1.0 or loss.dtype != torch.float32) else loss
         reduce = self.is_gradient_accumulation_boundary() and not self._no_sync
-        self._grad_sync.begin_backward(reduce)
+        self._owner.begin_backward(reduce)
         try:
             scaled.backward(retain_graph=retain_graph)
         finally:
-            self._grad_sync.end_backward()
+            self._owner.end_backward()
         self._progress.stop("bwd")
         return loss
 
@@ -185,24 +186,13 @@ class Engine(torch.nn.Module):
         self.micro_steps += 1
 
     def _take_model_step(self, lr_kwargs):
-        self._grad_sync.prepare_step(self._param_names)
-        factor = self._grad_sync.post_reduce_factor
+        self._owner.prepare_step(self._param_names)
+        factor = self._owner.post_reduce_factor
         if self._precision.name == "fp16":
             factor /= self.loss_scale
-        flats = self._precision.buffers.flats()
-        if takes_device_scalars(self.optimizer):
-            # FusedAdam/FusedSGD: flag, norm and clip coefficient stay on the device and the kernel skips by
-            # itself; the flag is read once, after the update is queued (device_step.py says why it must be).
-            found_inf, norm = queue_device_step(self._precision, self.optimizer, flats, factor, self._clip,
-                                                self._check_overflow)
-            applied = found_inf is None or not bool(found_inf)
-            if applied:
-                self._global_grad_norm = norm
-        else:
-            applied, norm = finalize_grads(flats, factor, self._clip, self._check_overflow)
-            if applied:
-                self._precision.optimizer_step(self.optimizer)
-                self._global_grad_norm = norm
+        applied, norm = self._owner.step(self.optimizer, factor, self._clip, self._check_overflow)
+        if applied:
+            self._global_grad_norm = norm
         self._update_loss_scale(overflow=not applied)
         if applied:
             if self.lr_scheduler is not None:
@@ -210,8 +200,7 @@ class Engine(torch.nn.Module):
         else:
             self.skipped_steps += 1
         self._step_applied = applied
-        self._precision.buffers.zero()
-        self._grad_sync.reset()
+        self._owner.zero_grads()
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
 
@@ -254,16 +243,20 @@ class Engine(torch.nn.Module):
 
     def destroy(self):
         """Release the engine's hooks and buffers (DeepSpeed's engine.destroy()); the module stays usable."""
-        self._grad_sync.detach()
-        if getattr(self.module, "_dsfast_grad_sync", None) is self._grad_sync:
-            object.__delattr__(self.module, "_dsfast_grad_sync")
-        for p in self._precision.buffers.params:
+        self._owner.detach()
+        if getattr(self.module, "_dsfast_owner", None) is self._owner:
+            object.__delattr__(self.module, "_dsfast_owner")
+        for p in self.module.parameters():
             p.grad = None
+
+    def memory_breakdown(self):
+        """Bytes this rank holds per category (params, masters, grads, optimizer_states, comm_buffers) and per
+        device ("host" for CPU memory), counted from the tensors themselves; "total" sums them."""
+        return memory_breakdown(self._owner.memory_tensors())
 
     def zero_grad(self, set_to_none=True):
         """Drop accumulated gradients (the engine also does this after every optimizer step)."""
-        self._precision.buffers.zero()
-        self._grad_sync.reset()
+        self._owner.zero_grads()
 
 
 def _cast_floats(obj, dtype):

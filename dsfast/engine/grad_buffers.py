@@ -35,9 +35,11 @@ class Bucket:
 
 
 class GradBuffers:
-    def __init__(self, params, bucket_elems, grads_are_views, accum_dtype=torch.float32, allocate=None):
+    def __init__(self, params, bucket_elems, grads_are_views, accum_dtype=torch.float32, allocate=None, layout=None):
         """`allocate(numel, dtype, device)`, when given, provides one zeroed 1-D storage for all buckets (used
-        for shared-memory reduction); it is only asked when every bucket has the same dtype and device."""
+        for shared-memory reduction); it is only asked when every bucket has the same dtype and device.
+        `layout`, when given, is the bucket plan to use instead of cutting by `bucket_elems`: a list of
+        (params, padded_numel) per bucket (ZeRO's partition plan; the padding lets each bucket split evenly)."""
         self.params = list(params)
         self.grads_are_views = grads_are_views
         self.buckets: List[Bucket] = []
@@ -45,6 +47,11 @@ class GradBuffers:
         self.storage = None
         self.masters = {}    # id(param) -> fp32 master whose .grad is the param's slice (half precision)
         self._receipts = {}  # id(param) -> (16-bit grad last absorbed, its version counter), half precision
+        if layout is not None:
+            for ps, padded in layout:
+                d = ps[0].dtype if grads_are_views else accum_dtype
+                self._add_bucket(ps, torch.zeros(padded, dtype=d, device=ps[0].device), 0)
+            return
         plan, pending, size, dtype = [], [], 0, None
         for p in reversed(self.params):
             p_dtype = p.dtype if grads_are_views else accum_dtype

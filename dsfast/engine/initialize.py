@@ -1,7 +1,7 @@
-"""dsfast.initialize: config -> process group -> device -> precision -> grad sync -> optimizer -> engine.
+"""dsfast.initialize: config -> process group -> device -> state owner -> optimizer -> engine.
 
-Each step is a small function so that ZeRO stages and checkpoint loading can replace one piece (the precision /
-grad-sync strategies are chosen by stage here and nowhere else).
+Each step is a small function; the state owner (state_owner.py) is chosen by ZeRO stage here and nowhere else:
+stage 0 replicated.Replicated (precision strategy + all-reduce), stages 1-2 dsfast.zero.sharded.
 """
 import os
 import warnings
@@ -14,11 +14,12 @@ from .engine import Engine
 from .grad_sync import build_grad_sync
 from .mixed_precision import build_precision
 from .optimizer_factory import build_optimizer
+from .replicated import Replicated
 from .shm_reduce import shm_allocator
 
-# Stage-0 all-reduce buckets of 1M elements (4 MB fp32): about one transformer block of the benchmark GPT, so
-# each block's all-reduce overlaps the backward of the blocks below it (benchmarks/engine_step.py --bucket_elems).
-# A smaller zero_optimization.reduce_bucket_size in the config wins.
+# Reduction buckets of 1M elements (4 MB fp32): about one transformer block of the benchmark GPT, so each block's
+# all-reduce / reduce-scatter overlaps the backward of the blocks below it (benchmarks/engine_step.py
+# --bucket_elems). A smaller zero_optimization.reduce_bucket_size in the config wins.
 STAGE0_BUCKET_ELEMS = 1 << 20
 
 
@@ -54,15 +55,13 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 
     trainable, groups = _trainable(model, optimizer, model_parameters)
     bucket = min(int(cfg.zero_optimization.reduce_bucket_size), STAGE0_BUCKET_ELEMS)
-    previous = getattr(model, "_dsfast_grad_sync", None)
+    previous = getattr(model, "_dsfast_owner", None)
     if previous is not None:  # the model was given to initialize() before: its old hooks must not fire
         previous.detach()
-    shared = shm_allocator(world) if cfg.zero_stage == 0 and trainable and dist.is_initialized() else None
-    precision = build_precision(cfg.precision, model, trainable, bucket, allocate=shared)
-    grad_sync = build_grad_sync(cfg.zero_stage, precision.buffers, world, shared_table=shared)
-    object.__setattr__(model, "_dsfast_grad_sync", grad_sync)
+    owner = _build_owner(cfg, model, trainable, groups, bucket, world, rank)
+    object.__setattr__(model, "_dsfast_owner", owner)
 
-    opt = _make_optimizer(cfg, optimizer, groups, precision, device, rank)
+    opt = _make_optimizer(cfg, optimizer, groups, owner, device, rank)
     sched = _make_scheduler(cfg, lr_scheduler, opt, rank)
     scaler = _make_loss_scaler(cfg)
 
@@ -70,7 +69,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if training_data is not None:
         loader = build_dataloader(training_data, cfg.train_micro_batch_size_per_gpu, world, rank,
                                   collate_fn=collate_fn, drop_last=bool(getattr(cfg, "dataloader_drop_last", False)))
-    engine = Engine(model, cfg, device, precision, grad_sync, opt, sched, scaler, rank=rank, world_size=world,
+    engine = Engine(model, cfg, device, owner, opt, sched, scaler, rank=rank, world_size=world,
                     training_dataloader=loader)
     return engine, opt, loader, sched
 
@@ -120,42 +119,88 @@ def _trainable(model, optimizer, model_parameters):
     return ordered, groups
 
 
-def _remap_groups(groups, precision):
-    """Param groups over the tensors the optimizer actually updates (fp32 masters in fp16/bf16)."""
+def _build_owner(cfg, model, trainable, groups, bucket, world, rank):
+    if cfg.zero_stage == 0:
+        shared = shm_allocator(world) if trainable and dist.is_initialized() else None
+        precision = build_precision(cfg.precision, model, trainable, bucket, allocate=shared)
+        return Replicated(precision, build_grad_sync(0, precision.buffers, world, shared_table=shared))
+    from dsfast.zero.sharded import build_sharded_owner
+    zero = cfg.zero_optimization
+    offload = zero.offload_optimizer_device == "cpu"
+    return build_sharded_owner(cfg.zero_stage, trainable, _group_index(groups, trainable), cfg.precision, bucket,
+                               world, rank, offload=offload,
+                               pin_memory=bool(offload and zero.offload_optimizer.pin_memory), module=model)
+
+
+def _group_index(groups, params):
+    """Param-group index of each param (0 when the groups are a plain list of params)."""
+    if not (groups and isinstance(groups[0], dict)):
+        return [0] * len(params)
+    where = {id(p): gi for gi, g in enumerate(groups) for p in g["params"]}
+    return [where[id(p)] for p in params]
+
+
+def _hyperparameters(groups):
+    """Each param group without its params (one {} for a plain list)."""
+    if groups and isinstance(groups[0], dict):
+        return [{k: v for k, v in g.items() if k != "params"} for g in groups]
+    return [{}]
+
+
+def _remap_groups(groups, owner):
+    """Param groups over the tensors the optimizer actually updates: fp32 masters in fp16/bf16 at stage 0, the
+    rank's flat shards at ZeRO stages (one group per user group, its hyperparameters kept)."""
+    if owner.stage > 0:
+        return owner.store.shard_groups(_hyperparameters(groups))
+    precision = owner.precision
     if groups and isinstance(groups[0], dict):
         return [{**g, "params": [precision.master_of(p) for p in g["params"] if p.requires_grad]} for g in groups]
     return [precision.master_of(p) for p in groups if p.requires_grad]
 
 
-def _make_optimizer(cfg, client, groups, precision, device, rank):
+def _make_optimizer(cfg, client, groups, owner, device, rank):
     opt_cfg = getattr(cfg, "optimizer", None)
+    trains = bool(owner.precision.params if owner.stage == 0 else owner.store.params)
     if client is not None:
         if opt_cfg is not None and rank == 0:
             warnings.warn(f"a client optimizer ({type(client).__name__}) was passed to initialize(); the config's "
                           f"'optimizer' section ({opt_cfg.type}) is ignored")
         if isinstance(client, torch.optim.Optimizer):
-            if precision.masters is not precision.params:
-                _point_at_masters(client, precision)
+            _point_at_owned(client, owner, groups)
             return client
         if callable(client):
-            return client(_remap_groups(groups, precision))
+            return client(_remap_groups(groups, owner))
         raise TypeError(f"optimizer must be a torch.optim.Optimizer or a callable taking parameters; "
                         f"got {type(client).__name__}")
-    if not precision.params:
+    if not trains:
         return None  # nothing to train (a frozen model used for eval)
     if opt_cfg is None:
         return None
-    return build_optimizer(opt_cfg, _remap_groups(groups, precision), device)
+    # with offload_optimizer the states live on the host: the CPU kernels step them
+    target = torch.device("cpu") if owner.stage > 0 and owner.store.offload else device
+    return build_optimizer(opt_cfg, _remap_groups(groups, owner), target)
 
 
-def _point_at_masters(optimizer, precision):
-    """Re-target a client optimizer built on the model's params at the fp32 master copies (state moves too)."""
-    for g in optimizer.param_groups:
-        g["params"] = [precision.master_of(p) for p in g["params"]]
-    old_state = dict(optimizer.state)
-    optimizer.state.clear()
-    for p, s in old_state.items():
-        optimizer.state[precision.master_of(p)] = s
+def _point_at_owned(optimizer, owner, groups):
+    """Re-target a client optimizer built on the model's params at what the owner updates: the fp32 masters at
+    stage 0 (its state moves too), the flat shards at ZeRO stages (a fresh optimizer only)."""
+    if owner.stage == 0:
+        precision = owner.precision
+        if precision.masters is precision.params:
+            return
+        for g in optimizer.param_groups:
+            g["params"] = [precision.master_of(p) for p in g["params"]]
+        old_state = dict(optimizer.state)
+        optimizer.state.clear()
+        for p, s in old_state.items():
+            optimizer.state[precision.master_of(p)] = s
+        return
+    if len(optimizer.state):
+        raise ValueError(f"the client optimizer ({type(optimizer).__name__}) already has state; under ZeRO stage "
+                         f"{owner.stage} it steps flat partitions, so pass an optimizer that has not stepped yet")
+    sharded = owner.store.shard_groups(_hyperparameters(groups))
+    for g, s in zip(optimizer.param_groups, sharded):
+        g["params"] = s["params"]
 
 
 def _make_scheduler(cfg, client, optimizer, rank):

@@ -1,0 +1,109 @@
+"""The partitioned storage of ZeRO stages 1 and 2: flat parameter buckets and each rank's fp32 master shards.
+
+Model parameters become views into flat buckets (one per partition.BucketPlan, in the model's dtype, padded), so
+that the post-step all-gather writes every parameter at once and a rank's shard is a plain slice. Each rank keeps,
+per bucket, an fp32 master of its slice, wrapped as a torch.nn.Parameter: the optimizer is built over these shard
+parameters (one per bucket, in the bucket's param group), so `optimizer.state[shard]` holds flat moments and any
+torch optimizer works. For an fp32 model whose masters stay on the parameters' device the shard IS the slice of
+the parameter bucket: no second fp32 copy exists (DeepSpeed keeps one).
+
+Placement (offload_optimizer.device = cpu): masters and states live on the host (pinned when asked and a GPU is
+present); on a CPU-only machine the host is the device, and the same code runs.
+"""
+import torch
+
+from .partition import owned_pieces, plan_buckets
+
+
+class FlatShards:
+    def __init__(self, params, group_of, model_dtype, bucket_elems, world, rank, offload=False, pin_memory=False):
+        """params: trainable parameters in model order (still fp32 when model_dtype is 16-bit: the masters are
+        taken from them before the cast); group_of: param-group index per param."""
+        self.params = list(params)
+        self.world, self.rank = world, rank
+        self.model_dtype = model_dtype
+        self.mixed = model_dtype != torch.float32
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        self.offload = offload
+        self.master_device = torch.device("cpu") if offload else self.device
+        self.pin = bool(pin_memory and offload and self.device.type == "cuda")
+        total = sum(p.numel() for p in self.params)
+        # a bucket is never larger than the model (DeepSpeed allocates its 500M-element default regardless)
+        bucket_elems = max(1, min(int(bucket_elems), total))
+        kinds = [(str(p.device),) for p in self.params]
+        self.plans = plan_buckets([p.numel() for p in self.params], group_of, kinds, bucket_elems, world)
+        self.flats, self.masters, self.shards = [], [], []
+        self.host16 = []   # offload with a GPU: pinned host copies of the 16-bit slices the CPU optimizer writes
+        with torch.no_grad():
+            for plan in self.plans:
+                flat = torch.zeros(plan.padded, dtype=model_dtype, device=self.device)
+                lo, hi = plan.shard_range(rank)
+                master = None
+                if self.mixed:  # fp32 masters from the fp32 values, before they are rounded to 16 bits
+                    master = torch.zeros(plan.shard, dtype=torch.float32, device=self.master_device,
+                                         pin_memory=self.pin)
+                for e in plan.entries:
+                    p = self.params[e.param]
+                    flat[e.offset:e.offset + e.numel].copy_(p.detach().reshape(-1))
+                    if master is not None:
+                        a, b = max(lo, e.offset), min(hi, e.offset + e.numel)
+                        if a < b:
+                            master[a - lo:b - lo].copy_(p.detach().reshape(-1)[a - e.offset:b - e.offset])
+                for e in plan.entries:
+                    p = self.params[e.param]
+                    p.data = flat[e.offset:e.offset + e.numel].view(p.shape)
+                if master is None:
+                    master = flat[lo:hi] if self.master_device == self.device else \
+                        flat[lo:hi].to(self.master_device, copy=True)
+                    if self.pin:
+                        master = master.pin_memory()
+                self.flats.append(flat)
+                self.masters.append(master)
+                shard = torch.nn.Parameter(master, requires_grad=True)
+                shard._dsfast_bucket = plan.index
+                self.shards.append(shard)
+                self.host16.append(torch.empty(plan.shard, dtype=model_dtype, pin_memory=True)
+                                   if (self.mixed and self.offload and self.device.type == "cuda") else None)
+        self.bucket_of = {}   # id(param) -> (plan, entry)
+        for plan in self.plans:
+            for e in plan.entries:
+                self.bucket_of[id(self.params[e.param])] = (plan, e)
+
+    @property
+    def masters_are_params(self):
+        """fp32 on the parameters' device: the shards are slices of the parameter buckets (no copy)."""
+        return not self.mixed and self.master_device == self.device
+
+    def shard_groups(self, groups):
+        """The optimizer's param groups over the shards: `groups` gives each group's hyperparameters (dicts
+        without "params", one per param-group index); every group is kept, empty or not, so the user's group
+        indices (and per-group schedules) still line up."""
+        out = [dict(g, params=[]) for g in groups]
+        for plan, shard in zip(self.plans, self.shards):
+            out[plan.group]["params"].append(shard)
+        return out
+
+    def pieces(self, plan):
+        return owned_pieces(plan, self.rank)
+
+    @torch.no_grad()
+    def write_back(self):
+        """Masters -> this rank's 16-bit slices (when the optimizer did not write them itself)."""
+        for plan, flat, master in zip(self.plans, self.flats, self.masters):
+            if self.masters_are_params:
+                continue
+            lo, hi = plan.shard_range(self.rank)
+            flat[lo:hi].copy_(master, non_blocking=True)
+
+    @torch.no_grad()
+    def all_gather(self, group=None):
+        """Every rank's updated slice into every rank's parameter buckets (in place: input is our own slice)."""
+        import torch.distributed as dist
+        if self.world == 1:
+            return
+        handles = []
+        for plan, flat in zip(self.plans, self.flats):
+            lo, hi = plan.shard_range(self.rank)
+            handles.append(dist.all_gather_into_tensor(flat, flat[lo:hi], group=group, async_op=True))
+        for h in handles:
+            h.wait()

@@ -1,0 +1,114 @@
+"""ZeRO partition maths as pure functions: which rank owns which slice of which flat bucket.
+
+Every trainable parameter lives in one flat bucket. Buckets never mix param groups (a shard must belong to one
+learning rate), dtypes or devices; they are filled in reverse parameter order (roughly the order backward produces
+gradients) and cut at `bucket_elems`. Each bucket is padded to a multiple of `world * align` elements and cut into
+`world` equal slices: rank r owns [r * shard, (r + 1) * shard). So a bucket's reduce-scatter can start as soon as its
+gradients are complete (overlapping the rest of backward), and a rank's optimizer state is one slice per bucket,
+each `align`-aligned for the vector kernels.
+
+Nothing here touches a process group or allocates tensors: the owners (sharded.py), the checkpoint manifest and the
+memory estimates all read the same plan.
+"""
+from dataclasses import dataclass
+from typing import List, Tuple
+
+ALIGN = 16  # elements: 64 bytes of fp32, one AVX-512 vector; every shard starts on such a boundary
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One parameter inside a bucket: its index in the owner's parameter list, offset and size (elements)."""
+    param: int
+    offset: int
+    numel: int
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    index: int
+    group: int            # param-group index
+    entries: Tuple[Entry, ...]
+    numel: int            # elements used by parameters
+    padded: int           # numel rounded up to world * align
+    world: int
+
+    @property
+    def shard(self) -> int:
+        return self.padded // self.world
+
+    def shard_range(self, rank: int) -> Tuple[int, int]:
+        return rank * self.shard, (rank + 1) * self.shard
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def plan_buckets(sizes, groups, kinds, bucket_elems: int, world: int, align: int = ALIGN) -> List[BucketPlan]:
+    """Buckets over parameters given by parallel lists: `sizes[i]` elements, param group `groups[i]`, and a
+    hashable `kinds[i]` (dtype and device) that must agree inside a bucket. Parameters are taken in reverse order.
+    A parameter larger than `bucket_elems` gets a bucket of its own."""
+    if world < 1:
+        raise ValueError(f"world must be >= 1, got {world}")
+    if bucket_elems < 1:
+        raise ValueError(f"bucket_elems must be >= 1, got {bucket_elems}")
+    if not (len(sizes) == len(groups) == len(kinds)):
+        raise ValueError("sizes, groups and kinds must have one entry per parameter")
+    plans, pending, used, key = [], [], 0, None
+
+    def close():
+        nonlocal pending, used
+        if pending:
+            plans.append(BucketPlan(len(plans), key[0], tuple(pending), used, round_up(max(used, 1), world * align),
+                                    world))
+        pending, used = [], 0
+
+    for i in reversed(range(len(sizes))):
+        k = (groups[i], kinds[i])
+        if pending and (k != key or used + sizes[i] > bucket_elems):
+            close()
+        key = k
+        pending.append(Entry(i, used, int(sizes[i])))
+        used += int(sizes[i])
+    close()
+    return plans
+
+
+def owned_pieces(plan: BucketPlan, rank: int):
+    """The parts of each parameter that rank `rank` owns in this bucket, as
+    (entry, start, stop, shard_offset): elements [start, stop) of the flattened parameter live at
+    shard_offset within the rank's shard. Parameters outside the rank's slice are left out."""
+    lo, hi = plan.shard_range(rank)
+    out = []
+    for e in plan.entries:
+        a, b = max(lo, e.offset), min(hi, e.offset + e.numel)
+        if a < b:
+            out.append((e, a - e.offset, b - e.offset, a - lo))
+    return out
+
+
+def model_state_bytes(psi: int, world: int, stage: int, mixed: bool, offload: bool = False):
+    """ZeRO's model-state formulas for Adam (bytes per rank): {"device": ..., "host": ...}.
+
+    Mixed precision (16-bit model, fp32 masters + 2 fp32 moments = 12 bytes/param of optimizer state):
+      stage 0: 16 psi          stage 1: 4 psi + 12 psi/N      stage 2: 2 psi + 14 psi/N    stage 3: 16 psi/N
+    fp32 (the parameters are the masters):
+      stage 0: 16 psi          stage 1: 8 psi + 8 psi/N       stage 2: 4 psi + 12 psi/N    stage 3: 16 psi/N
+    offload_optimizer moves masters and moments (12 or 8 bytes/param, /N from stage 1 on) to the host."""
+    n = world
+    p, g = (2, 2) if mixed else (4, 4)       # 16-bit or fp32 params and grads
+    opt = 12 if mixed else 8                 # masters + exp_avg + exp_avg_sq (fp32 keeps no master copy)
+    if stage == 0:
+        params, grads, states = p * psi, (4 if mixed else g) * psi, opt * psi
+    elif stage == 1:
+        params, grads, states = p * psi, g * psi, opt * psi / n
+    elif stage == 2:
+        params, grads, states = p * psi, g * psi / n, opt * psi / n
+    elif stage == 3:
+        params, grads, states = p * psi / n, g * psi / n, opt * psi / n
+    else:
+        raise ValueError(f"ZeRO stage must be 0-3, got {stage}")
+    if offload:
+        return {"device": params + grads, "host": states}
+    return {"device": params + grads + states, "host": 0}

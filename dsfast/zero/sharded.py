@@ -1,0 +1,328 @@
+"""The state owners of ZeRO stages 1 and 2 (the engine only sequences them; see engine.py).
+
+  ShardedOptimizerState  stage 1: full gradient buckets in the model's dtype (param.grad are views of them); at
+                         the accumulation boundary each bucket is reduce-scattered in place as soon as it is
+                         complete (overlapping backward), so a rank's gradient shard is its slice of the bucket.
+  ShardedGradients       stage 2: no full gradient is kept. Each backward absorbs gradients into a bucket-sized
+                         staging buffer; a complete bucket is reduce-scattered into this rank's gradient shard
+                         (accumulated across micro-steps, as DeepSpeed does) and its staging buffer is released;
+                         at most MAX_IN_FLIGHT buckets are in flight.
+Both own the parameter buckets and fp32 master shards (flat_shards.FlatShards), the cross-rank norm and overflow
+check and the update (shard_step.py), and the all-gather of the updated parameters.
+"""
+import torch
+import torch.distributed as dist
+
+from ..engine.grad_buffers import GradBuffers
+from ..engine.grad_sync import AllReduceGradSync
+from ..engine.state_owner import DtypePolicy, SliceRecord
+from .flat_shards import FlatShards
+from .shard_step import global_grad_norm, step_shards
+
+MAX_IN_FLIGHT = 2   # stage 2: staging buckets whose reduce-scatter may still be running
+
+
+class _ShardedBase:
+    stage = None
+
+    def __init__(self, store: FlatShards, precision: DtypePolicy, group=None):
+        self.store = store
+        self.precision = precision
+        self.group = group
+        self.world, self.rank = store.world, store.rank
+        self.post_reduce_factor = 1.0 / self.world
+        for p in store.params:
+            p._dsfast_owner = self
+
+    # ---- the optimizer step -------------------------------------------------------------------------------
+    def grad_shards(self):
+        raise NotImplementedError
+
+    def step(self, optimizer, factor, clip, check_overflow):
+        """(applied, norm). factor: 1/world x 1/loss_scale; the grads stay for zero_grads() to clear."""
+        grads = self.grad_shards()
+        norm = None
+        scale = factor
+        if clip > 0 or check_overflow:
+            raw = global_grad_norm(grads, self.world, self.group)
+            if raw == float("inf"):
+                if check_overflow:
+                    return False, float("inf")
+            norm = raw * factor
+            if clip > 0 and norm > clip:
+                scale *= clip / (norm + 1e-6)
+        step_shards(self.store, optimizer, grads, scale)
+        self.store.all_gather(self.group)
+        return True, norm
+
+    def after_checkpoint_load(self):
+        self.store.write_back()
+        self.store.all_gather(self.group)
+
+    # ---- what checkpoints and dsfast.utils read -------------------------------------------------------------
+    def checkpoint_layout(self, names):
+        """SliceRecords of this rank's pieces; names: id(param) -> qualified name."""
+        out = []
+        for plan, shard in zip(self.store.plans, self.store.shards):
+            for e, a, b, off in self.store.pieces(plan):
+                p = self.store.params[e.param]
+                out.append(SliceRecord(names[id(p)], tuple(p.shape), a, b, shard, off))
+        return out
+
+    def _full(self, param, source):
+        """The whole flattened param assembled from every rank's pieces (a collective: every rank calls it).
+        source(bucket_index) -> this rank's 1-D shard tensor holding the values."""
+        plan, e = self.store.bucket_of[id(param)]
+        full = torch.zeros(e.numel, dtype=torch.float32, device=self.store.device)
+        lo, _ = plan.shard_range(self.rank)
+        a, b = max(lo, e.offset), min(lo + plan.shard, e.offset + e.numel)
+        if a < b:
+            full[a - e.offset:b - e.offset].copy_(source(plan.index)[a - lo:b - lo])
+        if self.world > 1:
+            dist.all_reduce(full, group=self.group)
+        return full.view(param.shape)
+
+    def _local(self, param, source):
+        plan, e = self.store.bucket_of[id(param)]
+        lo, _ = plan.shard_range(self.rank)
+        a, b = max(lo, e.offset), min(lo + plan.shard, e.offset + e.numel)
+        return source(plan.index)[max(a - lo, 0):max(b - lo, 0)]
+
+    def _state_of(self, key):
+        def source(i):
+            state = self._optimizer.state.get(self.store.shards[i], {}) if self._optimizer is not None else {}
+            if key not in state:
+                raise KeyError(f"optimizer state {key!r} does not exist (yet): available keys "
+                               f"{sorted(state)}; states appear after the first optimizer step")
+            return state[key].float()
+        return source
+
+    def _grad_source(self, i):
+        return self.grad_shards()[i].float() * self.post_reduce_factor
+
+    _optimizer = None
+
+    def bind_optimizer(self, optimizer):
+        self._optimizer = optimizer
+
+    def full_fp32_param(self, param):
+        return self._full(param, lambda i: self.store.masters[i].float())
+
+    def full_grad(self, param):
+        return self._full(param, self._grad_source)
+
+    def full_optimizer_state(self, param, key):
+        return self._full(param, self._state_of(key))
+
+    def local_fp32_param(self, param):
+        return self._local(param, lambda i: self.store.masters[i])
+
+    def local_grad(self, param):
+        return self._local(param, self._grad_source)
+
+    def local_optimizer_state(self, param, key):
+        return self._local(param, self._state_of(key))
+
+    # ---- memory -------------------------------------------------------------------------------------------
+    def memory_tensors(self):
+        """{category: [tensors]} of everything this owner holds (memory_breakdown counts them)."""
+        cats = {"params": list(self.store.flats), "masters": [] if self.store.masters_are_params
+                else list(self.store.masters), "optimizer_states": [], "grads": [], "comm_buffers": []}
+        cats["comm_buffers"] += [h for h in self.store.host16 if h is not None]
+        if self._optimizer is not None:
+            for shard in self.store.shards:
+                cats["optimizer_states"] += [t for t in self._optimizer.state.get(shard, {}).values()
+                                             if torch.is_tensor(t) and t.numel() > 1]
+        return cats
+
+
+class _ReduceScatterSync(AllReduceGradSync):
+    """Stage 1's reduction: AllReduceGradSync's bucket order and hooks, each bucket reduce-scattered in place."""
+
+    def __init__(self, buffers, plans, world, rank, group=None):
+        super().__init__(buffers, world, group)
+        self.plans = plans
+        self.rank = rank
+
+    def begin_backward(self, reduce):
+        if reduce and self.world_size > 1 and self._reduced_since_step:
+            # a second reducing backward before the step: our slice holds the reduced sum, the rest our local
+            # gradients, which were already sent; zero them so that the next reduce-scatter adds only new ones
+            with torch.no_grad():
+                for b, plan in zip(self.buffers.buckets, self.plans):
+                    lo, hi = plan.shard_range(self.rank)
+                    b.flat[:lo].zero_()
+                    b.flat[hi:].zero_()
+            self._reduced_since_step = False   # (the base class would rescale otherwise)
+        super().begin_backward(reduce)
+
+    def _launch(self, bucket):
+        lo, hi = self.plans[bucket.index].shard_range(self.rank)
+        bucket.handle = dist.reduce_scatter_tensor(bucket.flat[lo:hi], bucket.flat, group=self.group, async_op=True)
+        self.collectives_launched += 1
+        self._next += 1
+
+
+class ShardedOptimizerState(_ShardedBase):
+    stage = 1
+
+    def __init__(self, store, precision, group=None):
+        super().__init__(store, precision, group)
+        layout = [([store.params[e.param] for e in plan.entries], plan.padded) for plan in store.plans]
+        self.buffers = GradBuffers(store.params, 0, grads_are_views=True, layout=layout)
+        self.sync = _ReduceScatterSync(self.buffers, store.plans, self.world, self.rank, group)
+
+    @property
+    def collectives_launched(self):
+        return self.sync.collectives_launched
+
+    def begin_backward(self, reduce):
+        self.sync.begin_backward(reduce)
+
+    def end_backward(self):
+        self.sync.end_backward()
+
+    def prepare_step(self, names):
+        self.sync.prepare_step(names)
+
+    def grad_shards(self):
+        return [b.flat[slice(*plan.shard_range(self.rank))] for b, plan in zip(self.buffers.buckets, self.store.plans)]
+
+    def zero_grads(self):
+        self.buffers.zero()
+        self.sync.reset()
+
+    def detach(self):
+        self.sync.detach()
+
+    def memory_tensors(self):
+        cats = super().memory_tensors()
+        cats["grads"] += self.buffers.flats()
+        return cats
+
+
+class ShardedGradients(_ShardedBase):
+    stage = 2
+
+    def __init__(self, store, precision, group=None):
+        super().__init__(store, precision, group)
+        dev, dt = store.device, store.model_dtype
+        self.shard_grads = [torch.zeros(plan.shard, dtype=dt, device=dev) for plan in store.plans]
+        self.collectives_launched = 0
+        self._staging = {}     # bucket index -> staging buffer (full bucket size) while it is being filled
+        self._arrived = {}     # bucket index -> number of its params whose gradient arrived this backward
+        self._in_flight = []   # (bucket index, handle, output, staging) in launch order
+        self._next = 0
+        self._in_backward = False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in store.params]
+
+    def begin_backward(self, reduce):
+        # stage 2 reduces at every micro-step (the partition accumulates); `reduce` = False only under no_sync
+        if not reduce and self.world > 1:
+            raise RuntimeError("engine.no_sync() cannot be used with ZeRO stage 2: gradients are partitioned "
+                               "across ranks as they are produced (use stage 0 or 1 to accumulate locally)")
+        self._in_backward = True
+        self._next = 0
+        self._arrived.clear()
+
+    def _buffer(self, i):
+        buf = self._staging.get(i)
+        if buf is None:
+            buf = self._staging[i] = torch.zeros(self.store.plans[i].padded, dtype=self.store.model_dtype,
+                                                 device=self.store.device)
+        return buf
+
+    @torch.no_grad()
+    def _on_grad(self, param):
+        # Outside engine.backward (another engine's backward through this model) param.grad is left to torch's
+        # rules: the user's zero_grad() clears it; one not cleared joins this engine's next backward (autograd
+        # adds onto it) or is refused at step.
+        grad = param.grad
+        if grad is None or not self._in_backward:
+            return
+        plan, e = self.store.bucket_of[id(param)]
+        self._buffer(plan.index)[e.offset:e.offset + e.numel].add_(grad.reshape(-1))
+        param.grad = None
+        self._arrived[plan.index] = self._arrived.get(plan.index, 0) + 1
+        while self._next < len(self.store.plans) and \
+                self._arrived.get(self._next, 0) == len(self.store.plans[self._next].entries):
+            self._launch(self._next)
+
+    def _launch(self, i):
+        plan = self.store.plans[i]
+        staging = self._buffer(i)
+        if self.world == 1:
+            self.shard_grads[i].add_(staging)
+            del self._staging[i]
+        else:
+            out = torch.empty(plan.shard, dtype=staging.dtype, device=staging.device)
+            handle = dist.reduce_scatter_tensor(out, staging, group=self.group, async_op=True)
+            self._in_flight.append((i, handle, out))
+            del self._staging[i]   # the collective holds the buffer until it completes; then it is freed
+            self.collectives_launched += 1
+            while len(self._in_flight) > MAX_IN_FLIGHT:
+                self._finish_oldest()
+        self._next += 1
+
+    def _finish_oldest(self):
+        i, handle, out = self._in_flight.pop(0)
+        handle.wait()
+        self.shard_grads[i].add_(out)
+
+    @torch.no_grad()
+    def end_backward(self):
+        self._in_backward = False
+        while self._next < len(self.store.plans):   # buckets some of whose params got no gradient
+            self._launch(self._next)
+        while self._in_flight:
+            self._finish_oldest()
+
+    def prepare_step(self, names):
+        stray = [p for p in self.store.params if p.grad is not None]
+        if stray:
+            picked = [names.get(id(p), "?") for p in stray][:3]
+            raise RuntimeError(
+                f"engine.step(): {len(stray)} parameter(s) ({', '.join(picked)}) got gradients from a "
+                "backward that was not this engine's backward (a plain loss.backward()) after its last "
+                "engine.backward(); under ZeRO stage 2 they were never reduce-scattered into the partitions. Call "
+                "engine.backward(loss) instead of loss.backward()")
+
+    def grad_shards(self):
+        return self.shard_grads
+
+    def zero_grads(self):
+        for g in self.shard_grads:
+            g.zero_()
+        self._staging.clear()
+
+    def detach(self):
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def memory_tensors(self):
+        cats = super().memory_tensors()
+        cats["grads"] += self.shard_grads
+        cats["comm_buffers"] += list(self._staging.values()) + [out for _, _, out in self._in_flight]
+        return cats
+
+
+def build_sharded_owner(stage, params, group_of, precision_name, bucket_elems, world, rank, offload=False,
+                        pin_memory=False, group=None, module=None):
+    """Flatten `params` into partitioned buckets and return the stage's owner. For fp16/bf16 the module is cast
+    after the fp32 values were captured for the masters."""
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision_name]
+    policy = DtypePolicy(precision_name, None if dtype == torch.float32 else dtype)
+    if dtype != torch.float32:
+        fp32 = [p.detach().float().clone() for p in params]
+        if module is not None:
+            module.to(dtype)
+        for p, v in zip(params, fp32):   # FlatShards reads fp32 values for the masters, then casts
+            p.data = v
+        store = FlatShards(params, group_of, dtype, bucket_elems, world, rank, offload, pin_memory)
+    else:
+        store = FlatShards(params, group_of, dtype, bucket_elems, world, rank, offload, pin_memory)
+    cls = {1: ShardedOptimizerState, 2: ShardedGradients}.get(stage)
+    if cls is None:
+        raise NotImplementedError(f"ZeRO stage {stage} is not implemented by the sharded owners (stages 1, 2)")
+    return cls(store, policy, group)
