@@ -16,6 +16,8 @@ _LAZY = {
     "Engine": "dsfast.engine",
     "optim": "dsfast.optim",
     "ops": "dsfast.ops",
+    "utils": "dsfast.utils",
+    "zero": "dsfast.zero",
 }
 
 

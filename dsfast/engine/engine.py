@@ -167,6 +167,10 @@ class Engine(torch.nn.Module):
     @contextlib.contextmanager
     def no_sync(self):
         """Accumulate gradients locally, skipping the all-reduce even at a boundary (like DDP.no_sync)."""
+        if getattr(self._owner, "reduces_every_micro_step", False):
+            raise RuntimeError(f"engine.no_sync() cannot be used with ZeRO stage {self._owner.stage}: gradients "
+                               "are partitioned across ranks as they are produced (stages 0 and 1 accumulate "
+                               "locally and can skip the reduction)")
         previous, self._no_sync = self._no_sync, True
         try:
             yield

@@ -12,6 +12,7 @@ present); on a CPU-only machine the host is the device, and the same code runs.
 """
 import torch
 
+from ..comm.flat_collectives import all_gather_flat
 from .partition import owned_pieces, plan_buckets
 
 
@@ -98,12 +99,11 @@ class FlatShards:
     @torch.no_grad()
     def all_gather(self, group=None):
         """Every rank's updated slice into every rank's parameter buckets (in place: input is our own slice)."""
-        import torch.distributed as dist
         if self.world == 1:
             return
         handles = []
         for plan, flat in zip(self.plans, self.flats):
             lo, hi = plan.shard_range(self.rank)
-            handles.append(dist.all_gather_into_tensor(flat, flat[lo:hi], group=group, async_op=True))
+            handles.append(all_gather_flat(flat, flat[lo:hi], group=group, async_op=True))
         for h in handles:
             h.wait()

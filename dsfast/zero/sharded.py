@@ -13,6 +13,7 @@ check and the update (shard_step.py), and the all-gather of the updated paramete
 import torch
 import torch.distributed as dist
 
+from ..comm.flat_collectives import reduce_scatter_flat
 from ..engine.grad_buffers import GradBuffers
 from ..engine.grad_sync import AllReduceGradSync
 from ..engine.state_owner import DtypePolicy, SliceRecord
@@ -158,7 +159,7 @@ class _ReduceScatterSync(AllReduceGradSync):
 
     def _launch(self, bucket):
         lo, hi = self.plans[bucket.index].shard_range(self.rank)
-        bucket.handle = dist.reduce_scatter_tensor(bucket.flat[lo:hi], bucket.flat, group=self.group, async_op=True)
+        bucket.handle = reduce_scatter_flat(bucket.flat[lo:hi], bucket.flat, group=self.group, async_op=True)
         self.collectives_launched += 1
         self._next += 1
 
@@ -216,11 +217,10 @@ class ShardedGradients(_ShardedBase):
         self._in_backward = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in store.params]
 
+    reduces_every_micro_step = True   # the engine refuses no_sync() for it
+
     def begin_backward(self, reduce):
-        # stage 2 reduces at every micro-step (the partition accumulates); `reduce` = False only under no_sync
-        if not reduce and self.world > 1:
-            raise RuntimeError("engine.no_sync() cannot be used with ZeRO stage 2: gradients are partitioned "
-                               "across ranks as they are produced (use stage 0 or 1 to accumulate locally)")
+        # stage 2 reduces at every micro-step, boundary or not: the partition accumulates (as DeepSpeed's)
         self._in_backward = True
         self._next = 0
         self._arrived.clear()
@@ -256,7 +256,7 @@ class ShardedGradients(_ShardedBase):
             del self._staging[i]
         else:
             out = torch.empty(plan.shard, dtype=staging.dtype, device=staging.device)
-            handle = dist.reduce_scatter_tensor(out, staging, group=self.group, async_op=True)
+            handle = reduce_scatter_flat(out, staging, group=self.group, async_op=True)
             self._in_flight.append((i, handle, out))
             del self._staging[i]   # the collective holds the buffer until it completes; then it is freed
             self.collectives_launched += 1

@@ -1,0 +1,34 @@
+"""One rank of ZeRO runs (see zero_common.py for the run format); rank 0 saves every rank's records."""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dsfast  # noqa: E402
+from zero_common import full_params, parse, train  # noqa: E402
+
+
+def run(text):
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    spec = parse(text)
+    losses, engine = train(dsfast.initialize, spec, rank, world)
+    record = {"losses": losses, "params": full_params(engine), "skipped": engine.skipped_steps,
+              "memory": engine.memory_breakdown(), "norm": engine.get_global_grad_norm(),
+              "numel": sum(p.numel() for p in engine.module.parameters() if p.requires_grad),
+              "module_sd": {k: v.float().clone() for k, v in engine.module.state_dict().items()},
+              "lrs": engine.get_lr()}
+    gathered = [None] * world
+    torch.distributed.all_gather_object(gathered, record)
+    return gathered
+
+
+def main():
+    dsfast.init_distributed()
+    results = {text: run(text) for text in sys.argv[2:]}
+    if torch.distributed.get_rank() == 0:
+        torch.save(results, sys.argv[1])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Runs shared by the ZeRO workers (2 and 4 gloo ranks) and their one-process stage-0 references.
+
+A run is "name:stage:precision:offload:gas:clip:steps:model:optimizer:inject_rank", model "plain" (dp_common's
+MLP: 1928 parameters, not divisible by 4 x 16, so partitions are padded and parameters straddle shards) or
+"fancy" (a frozen first layer, a tied weight, two param groups: weight decay 0.1 on matrices, 0 on biases and
+norms, and a larger lr on the second group); optimizer "config" (CPUAdam from the config) or "client" (a
+torch.optim.AdamW instance) or "sgd" (CPUSGD with momentum from the config).
+"""
+import torch
+
+from dp_common import D_HID, D_IN, D_OUT, MICRO, build_model, global_batch
+
+
+class Fancy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.frozen = torch.nn.Linear(D_IN, D_IN)
+        self.frozen.requires_grad_(False)
+        self.l1 = torch.nn.Linear(D_IN, D_HID)
+        self.norm = torch.nn.LayerNorm(D_HID)
+        self.l2 = torch.nn.Linear(D_HID, D_HID)
+        self.l3 = torch.nn.Linear(D_HID, D_HID)
+        self.l3.weight = self.l2.weight          # tied
+        self.head = torch.nn.Linear(D_HID, D_OUT)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.norm(self.l1(torch.tanh(self.frozen(x)))))
+        h = torch.nn.functional.gelu(self.l2(h))
+        return self.head(torch.tanh(self.l3(h)))
+
+
+def parse(run):
+    f = run.split(":")
+    return dict(name=f[0], stage=int(f[1]), precision=f[2], offload=f[3] == "1", gas=int(f[4]), clip=float(f[5]),
+                steps=int(f[6]), model=f[7], optimizer=f[8], inject_rank=int(f[9]))
+
+
+def build(spec):
+    model = build_model() if spec["model"] == "plain" else Fancy()
+    if spec["model"] == "fancy":
+        decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() > 1]
+        rest = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() <= 1]
+        params = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0, "lr": 2e-2}]
+    else:
+        params = [p for p in model.parameters()]
+    return model, params
+
+
+def config(spec, world):
+    cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": spec["gas"],
+           "train_batch_size": MICRO * spec["gas"] * world, "gradient_clipping": spec["clip"],
+           "steps_per_print": 1000, "zero_optimization": {"stage": spec["stage"]}}
+    if spec["optimizer"] == "config":
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}
+    elif spec["optimizer"] == "sgd":
+        cfg["optimizer"] = {"type": "SGD", "params": {"lr": 5e-2, "momentum": 0.9, "weight_decay": 0.01}}
+    if spec["offload"]:
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if spec["precision"] == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    if spec["precision"] == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8, "hysteresis": 1}
+    return cfg
+
+
+def train(initialize, spec, rank, world, **init_kw):
+    """Train `spec` on this rank's share of each global batch; returns (losses, engine). With world == 1 and GAS
+    = gas x world it is the one-process reference of the same global batch."""
+    model, params = build(spec)
+    client = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1) if spec["optimizer"] == "client" else None
+    engine = initialize(model=model, model_parameters=params, optimizer=client, config=config(spec, world),
+                        **init_kw)[0]
+    gas = engine.gradient_accumulation_steps()
+    losses = []
+    for step in range(spec["steps"]):
+        x, y = global_batch(step, MICRO * gas * world)
+        total = 0.0
+        for i in range(gas):
+            lo = (i * world + rank) * MICRO
+            loss = torch.nn.functional.mse_loss(engine(x[lo:lo + MICRO]).float(), y[lo:lo + MICRO])
+            if step == 1 and rank == spec["inject_rank"]:
+                loss = loss * float("inf")
+            engine.backward(loss)
+            engine.step()
+            total += float(loss.detach())
+        losses.append(total / gas)
+    return losses, engine
+
+
+def full_params(engine):
+    """Every trained parameter's full fp32 master by name (a collective under ZeRO), frozen ones as they are."""
+    from dsfast.utils import safe_get_full_fp32_param
+    out = {}
+    for name, p in engine.module.named_parameters():
+        full = safe_get_full_fp32_param(p)
+        out[name] = (full if full is not None else p.detach().float()).clone()
+    return out

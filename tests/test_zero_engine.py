@@ -1,0 +1,130 @@
+"""ZeRO stages 1-2 in one process: the same training as stage 0, the API DeepSpeed users reach for, errors."""
+import pytest
+import torch
+
+import dsfast
+from dsfast.utils import (safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state,
+                          safe_get_local_fp32_param)
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 33), torch.nn.GELU(), torch.nn.Linear(33, 8))
+
+
+def _cfg(stage, precision="fp32", offload=False, clip=0.1, gas=1, **zero):
+    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": gas, "steps_per_print": 1000,
+           "gradient_clipping": clip, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
+           "zero_optimization": {"stage": stage, **zero}}
+    if offload:
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    if precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    if precision == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    return cfg
+
+
+def _train(cfg, steps=6, model=None):
+    model = model or _model()
+    engine = dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg,
+                               dist_init_required=False)[0]
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        for _ in range(engine.gradient_accumulation_steps()):
+            x, y = torch.randn(4, 16, generator=g), torch.randn(4, 8, generator=g)
+            engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
+            engine.step()
+    return engine
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("stage,offload", [(1, False), (1, True), (2, False), (2, True)])
+def test_world_of_one_trains_exactly_as_stage0(precision, stage, offload):
+    # GAS 2 for fp32 only: 16-bit gradients accumulate in 16 bits at ZeRO stages (as DeepSpeed's), in fp32 at 0
+    gas = 2 if precision == "fp32" else 1
+    ref = _train(_cfg(0, precision, gas=gas))
+    got = _train(_cfg(stage, precision, offload, gas=gas))
+    for a, b in zip(got.module.parameters(), ref.module.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    assert got.get_global_grad_norm() == pytest.approx(ref.get_global_grad_norm(), rel=1e-5)
+
+
+def test_optimizer_param_groups_are_the_shards_and_lr_changes_apply():
+    engine = _train(_cfg(2), steps=1)
+    shards = [p for g in engine.optimizer.param_groups for p in g["params"]]
+    assert all(s.dim() == 1 and s.dtype == torch.float32 for s in shards)
+    before = [p.detach().clone() for p in engine.module.parameters()]
+    for g in engine.optimizer.param_groups:
+        g["lr"] = 0.0
+        g["weight_decay"] = 0.0
+    _train_more(engine)
+    for a, b in zip(engine.module.parameters(), before):
+        assert torch.equal(a, b)   # lr 0 through engine.optimizer.param_groups: nothing moves
+    sd = engine.optimizer.state_dict()
+    assert {"exp_avg", "exp_avg_sq", "step"} <= set(next(iter(sd["state"].values())))
+
+
+def _train_more(engine):
+    x, y = torch.randn(4, 16), torch.randn(4, 8)
+    engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
+    engine.step()
+
+
+def test_fp32_stage1_keeps_no_second_copy_of_the_weights():
+    engine = _train(_cfg(1), steps=1)
+    shard = engine.optimizer.param_groups[0]["params"][0]
+    flat = engine._owner.store.flats[0]
+    assert shard.data_ptr() == flat.data_ptr()   # the master IS the parameter bucket's slice
+    assert engine.memory_breakdown()["masters"] == {}
+
+
+def test_safe_get_helpers_return_full_tensors():
+    engine = _train(_cfg(2, "bf16"), steps=2)
+    w = engine.module[0].weight
+    full = safe_get_full_fp32_param(w)
+    assert full.shape == w.shape and full.dtype == torch.float32
+    torch.testing.assert_close(full.to(torch.bfloat16), w.detach())   # the model holds the rounded master
+    assert safe_get_full_optimizer_state(w, "exp_avg").shape == w.shape
+    assert safe_get_local_fp32_param(w).numel() == w.numel()          # a world of one owns everything
+    assert safe_get_full_grad(w).abs().sum() == 0                     # after the step the grads are cleared
+    with pytest.raises(KeyError, match="'momentum_buffer' does not exist"):
+        safe_get_full_optimizer_state(w, "momentum_buffer")
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    assert safe_get_full_fp32_param(frozen) is None
+
+
+def test_stage3_is_a_clear_error():
+    with pytest.raises(dsfast.config.DsConfigError, match="ZeRO stage 3 is not supported by dsfast yet"):
+        _train(_cfg(3), steps=0)
+
+
+def test_no_sync_at_stage2_is_refused():
+    engine = _train(_cfg(2), steps=0)
+    with pytest.raises(RuntimeError, match="no_sync.*ZeRO stage 2"):
+        with engine.no_sync():
+            pass
+
+
+def test_a_client_optimizer_that_already_stepped_is_refused():
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(2, 16)).sum().backward()
+    opt.step()
+    cfg = _cfg(1)
+    del cfg["optimizer"]
+    with pytest.raises(ValueError, match="already has state"):
+        dsfast.initialize(model=model, optimizer=opt, config=cfg, dist_init_required=False)
+
+
+def test_plain_loss_backward_is_refused_at_stage2():
+    engine = _train(_cfg(2), steps=0)
+    engine(torch.randn(4, 16)).sum().backward()
+    with pytest.raises(RuntimeError, match="engine.backward\\(loss\\) instead of loss.backward\\(\\)"):
+        engine.step()
+
+
+def test_buckets_are_never_larger_than_the_model():
+    engine = _train(_cfg(2, reduce_bucket_size=500_000_000), steps=1)
+    total = sum(p.numel() for p in engine.module.parameters())
+    assert sum(f.numel() for f in engine._owner.store.flats) < total + 64
