@@ -16,6 +16,10 @@ _LAZY = {
     "Engine": "dsfast.engine",
     "optim": "dsfast.optim",
     "ops": "dsfast.ops",
+    "accelerator": "dsfast.accelerator",
+    "get_accelerator": "dsfast.accelerator",
+    "comm": "dsfast.comm",
+    "moe": "dsfast.moe",
 }
 
 
