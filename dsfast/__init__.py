@@ -18,6 +18,10 @@ _LAZY = {
     "ops": "dsfast.ops",
     "utils": "dsfast.utils",
     "zero": "dsfast.zero",
+    "accelerator": "dsfast.accelerator",
+    "get_accelerator": "dsfast.accelerator",
+    "comm": "dsfast.comm",
+    "moe": "dsfast.moe",
 }
 
 

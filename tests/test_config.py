@@ -194,6 +194,54 @@ def test_apex_amp_rejected_and_master_weights_rejected():
     assert "fp16.fp16_master_weights_and_grads" in msg
 
 
+@pytest.mark.parametrize("key", ["bf16_master_weights_and_grads", "bf16_optimizer_states"])
+def test_bf16_low_precision_master_keys_default_false_and_true_is_not_implemented(key):
+    assert getattr(cfg().bf16, key) is False                       # DeepSpeed 0.19.8's default
+    assert getattr(cfg(bf16={"enabled": True, key: False}).bf16, key) is False
+    _, msg = problems({**BASE, "bf16": {"enabled": True, key: True}})
+    assert f"bf16.{key}: bf16.{key}=true is not implemented by dsfast" in msg and "set it to false" in msg.lower()
+
+
+def test_torch_autocast_defaults_and_dtype_spellings():
+    t = cfg().torch_autocast
+    assert (t.enabled, t.dtype, t.lower_precision_safe_modules) == (False, None, None)
+    for given, want in (("bfloat16", "bf16"), ("bf16", "bf16"), ("torch.bfloat16", "bf16"), ("BF16", "bf16"),
+                        ("fp16", "fp16"), ("float16", "fp16"), ("half", "fp16"), ("torch.float16", "fp16")):
+        assert cfg(torch_autocast={"enabled": True, "dtype": given}).torch_autocast.dtype == want, given
+    mods = ["torch.nn.Linear", "torch.nn.modules.conv.Conv2d", "mypkg.layers.MyLinear"]
+    assert cfg(torch_autocast={"lower_precision_safe_modules": mods}).torch_autocast.lower_precision_safe_modules \
+        == mods
+
+
+@pytest.mark.parametrize("section, path, text", [
+    ({"dtype": "fp32"}, "torch_autocast.dtype", "lower precision"),
+    ({"dtype": "int8"}, "torch_autocast.dtype", 'must be "bf16"'),
+    ({"lower_precision_safe_modules": "torch.nn.Linear"}, "torch_autocast.lower_precision_safe_modules",
+     "must be a list"),
+    ({"lower_precision_safe_modules": ["torch.nn.Linear", "Linear"]},
+     "torch_autocast.lower_precision_safe_modules[1]", "class name with its module"),
+    ({"lower_precision_safe_modules": [3]}, "torch_autocast.lower_precision_safe_modules[0]", "got 3"),
+    ({"enabeld": True}, "torch_autocast.enabeld", "did you mean 'enabled'"),
+])
+def test_torch_autocast_errors_name_the_key(section, path, text):
+    _, msg = problems({**BASE, "torch_autocast": {"enabled": True, **section}})
+    assert f"{path}:" in msg and text in msg, msg
+
+
+def test_torch_autocast_with_fp16_is_refused_with_bf16_allowed():
+    _, msg = problems({**BASE, "fp16": {"enabled": True}, "torch_autocast": {"enabled": True}})
+    assert "torch_autocast.enabled:" in msg and '"fp16"' in msg
+    c = cfg(bf16={"enabled": True}, torch_autocast={"enabled": True, "dtype": "bf16"})   # DeepSpeed 0.19 allows it
+    assert c.precision == "bf16" and c.torch_autocast.enabled
+    assert cfg(fp16={"enabled": True}, torch_autocast={"enabled": False}).precision == "fp16"
+
+
+def test_torch_autocast_is_reported_until_the_engine_runs_forward_under_it():
+    # delete with the NOT_YET_HONOURED line when engine.forward enters dsfast.engine.autocast's context
+    notes = cfg(torch_autocast={"enabled": True}).ignored_settings()
+    assert any(n.startswith("torch_autocast.enabled is ignored") for n in notes), notes
+
+
 # ------------------------------------------------------------------------------------------------ ZeRO
 def test_zero_stage_above_supported_is_an_error_not_stage0():
     assert SUPPORTED_ZERO_STAGES == frozenset({0, 1, 2})

@@ -46,3 +46,21 @@ def test_every_deepspeed_key_is_known_with_the_same_default_and_alias():
             if name == "leaf_module":   # DeepSpeed lists HF MoE classes by default; they only matter at stage 3
                 continue
             assert a == b or str(a) == str(b), (theirs.__name__, name, a, b)
+
+
+def test_torch_autocast_keys_default_and_dtype_spellings_match_deepspeed():
+    pytest.importorskip("deepspeed")
+    import torch
+    from deepspeed.runtime import constants as C
+    from deepspeed.runtime.config import DtypeEnum, get_torch_autocast_dtype
+
+    from dsfast.config.precision import TorchAutocastConfig
+    assert {C.TORCH_AUTOCAST_ENABLED, C.TORCH_AUTOCAST_DTYPE, C.TORCH_AUTOCAST_LOWER_PRECISION_SAFE_MODULES} == \
+        set(TorchAutocastConfig.model_fields)
+    assert TorchAutocastConfig().enabled is C.TORCH_AUTOCAST_ENABLED_DEFAULT is False
+    assert TorchAutocastConfig().dtype is None and get_torch_autocast_dtype({}) is None
+    as_torch = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    for member in (DtypeEnum.fp16, DtypeEnum.bf16):
+        for spelling in member._all_values:      # the torch dtype itself, then DeepSpeed's strings
+            theirs = get_torch_autocast_dtype({"torch_autocast": {"dtype": spelling}})
+            assert as_torch[TorchAutocastConfig(dtype=spelling).dtype] == theirs, spelling

@@ -132,20 +132,6 @@ class TimersConfig(StrictModel):
             if self.model_fields_set else []
 
 
-class TorchAutocastConfig(StrictModel):
-    enabled: bool = False
-    dtype: Optional[str] = None
-    lower_precision_safe_modules: Optional[List[str]] = None
-
-    @field_validator("enabled")
-    @classmethod
-    def _no(cls, v):
-        if v:
-            raise plain_error('torch_autocast is not supported by dsfast yet; use "bf16": {"enabled": true} or '
-                              '"fp16": {"enabled": true}')
-        return v
-
-
 # DeepSpeed features dsfast does not have. Enabled (or, for sections without "enabled", present): an error.
 UNSUPPORTED_FEATURES = {
     "pipeline": "pipeline parallelism",

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import List, Optional
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -63,8 +63,9 @@ class Bf16Config(StrictModel):
     @classmethod
     def _unsupported(cls, v, info):
         if v:
-            raise plain_error(f"{info.field_name}=true (bf16 master weights / optimizer states) is not supported "
-                              "by dsfast yet; dsfast keeps fp32 master weights and states. Set it to false")
+            raise plain_error(f"bf16.{info.field_name}=true is not implemented by dsfast yet (DeepSpeed 0.19 "
+                              "allows it only with ZeRO stages 1-3); dsfast keeps fp32 master weights, gradients "
+                              "and optimizer states. Set it to false or remove the key")
         return v
 
     def ignored(self) -> List[str]:
@@ -85,4 +86,49 @@ class AmpConfig(StrictModel):
         if v:
             raise plain_error('apex AMP is not supported by dsfast; use "fp16": {"enabled": true} or '
                               '"bf16": {"enabled": true} instead')
+        return v
+
+
+# torch_autocast.dtype spellings DeepSpeed accepts (its DtypeEnum), for the two dtypes autocast computes in
+_AUTOCAST_DTYPES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
+                    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16"}
+_FULL_PRECISION = ("fp32", "float32", "float", "torch.float32")
+
+
+class TorchAutocastConfig(StrictModel):
+    """DeepSpeed 0.19's `torch_autocast`: forward under torch.autocast, fp32 weights (see dsfast.engine.autocast).
+
+    dtype None means torch's default for the device (float16 on CUDA, bfloat16 on the CPU).
+    lower_precision_safe_modules: classes ("torch.nn.Linear") whose gradients ZeRO 1-3 may reduce in `dtype`;
+    None is DeepSpeed's default list (Linear, Conv1d/2d/3d). At stage 0 it changes no numbers, in DeepSpeed too.
+    """
+    enabled: bool = False
+    dtype: Optional[str] = None
+    lower_precision_safe_modules: Optional[List[str]] = None
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _dtype(cls, v):
+        if v is None:
+            return None
+        text = str(v).lower()          # torch.bfloat16 (a dtype in a Python dict config) reads "torch.bfloat16"
+        if text in _AUTOCAST_DTYPES:
+            return _AUTOCAST_DTYPES[text]
+        if text in _FULL_PRECISION:
+            raise plain_error(f"{v!r}: autocast computes in a lower precision, so it takes \"bf16\" or \"fp16\"; "
+                              "for fp32 training set torch_autocast.enabled to false")
+        raise plain_error(f'must be "bf16" (bfloat16) or "fp16" (float16) (got {v!r})')
+
+    @field_validator("lower_precision_safe_modules", mode="before")
+    @classmethod
+    def _module_names(cls, v):
+        if v is None:
+            return None
+        if not isinstance(v, list):
+            raise plain_error(f'must be a list of class names such as ["torch.nn.Linear"] (got {v!r})')
+        bad = [((i,), f'must be a class name with its module, such as "torch.nn.Linear" (got {name!r})')
+               for i, name in enumerate(v)
+               if not isinstance(name, str) or "." not in name.strip(".") or " " in name]
+        if bad:
+            raise nested_error(bad)
         return v
