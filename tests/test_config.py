@@ -236,12 +236,6 @@ def test_torch_autocast_with_fp16_is_refused_with_bf16_allowed():
     assert cfg(fp16={"enabled": True}, torch_autocast={"enabled": False}).precision == "fp16"
 
 
-def test_torch_autocast_is_reported_until_the_engine_runs_forward_under_it():
-    # delete with the NOT_YET_HONOURED line when engine.forward enters dsfast.engine.autocast's context
-    notes = cfg(torch_autocast={"enabled": True}).ignored_settings()
-    assert any(n.startswith("torch_autocast.enabled is ignored") for n in notes), notes
-
-
 # ------------------------------------------------------------------------------------------------ ZeRO
 def test_zero_stage_above_supported_is_an_error_not_stage0():
     assert SUPPORTED_ZERO_STAGES == frozenset({0, 1, 2})

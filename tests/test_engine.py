@@ -328,3 +328,28 @@ def test_checkpoint_methods_say_they_are_not_there_yet_instead_of_a_module_attri
         engine.save_checkpoint("/tmp/x")
     with pytest.raises(NotImplementedError, match="load_checkpoint is not available"):
         engine.load_checkpoint("/tmp/x")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_torch_autocast_runs_forward_in_the_autocast_dtype_with_fp32_weights(dtype):
+    """DeepSpeed 0.19's torch_autocast: weights and gradients stay fp32, the forward computes in `dtype`;
+    float16 also scales the loss (dynamic loss scale) and unscales before the step."""
+    model = make_model()
+    ref = make_model()
+    cfg = config(torch_autocast={"enabled": True, "dtype": dtype})
+    engine, _, _, _ = init(model, config=cfg)
+    seen = []
+    engine.module[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    x, y = batch(0)
+    engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
+    engine.step()
+    want = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    assert seen == [want] and all(p.dtype == torch.float32 for p in model.parameters())
+    assert (engine.loss_scaler is not None) == (dtype == "fp16")
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    with torch.autocast("cpu", dtype=want):
+        out = ref(x)
+    torch.nn.functional.mse_loss(out.float(), y).backward()
+    opt.step()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

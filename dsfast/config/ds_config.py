@@ -24,9 +24,6 @@ from .zero import SUPPORTED_ZERO_STAGES, ZeroConfig
 NOT_YET_HONOURED = {
     "prescale_gradients": "dsfast averages gradients in one step; only rounding could differ",
     "gradient_predivide_factor": "dsfast averages gradients in one step; only rounding could differ",
-    # validated here and built by dsfast.engine.autocast; delete this line once engine.forward enters it
-    "torch_autocast.enabled": "the engine does not run forward under torch.autocast yet; training stays in the "
-                              "model's dtype",
 }
 
 

@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from .autocast import autocast_plan
 from .progress import Progress
 from .state_owner import memory_breakdown
 
@@ -49,7 +50,11 @@ class Engine(torch.nn.Module):
         self._no_sync = False
         self._clip = float(config.gradient_clipping or 0.0)
         precision = self._precision
-        self._check_overflow = precision.name == "fp16" or (
+        # torch_autocast: forward under torch.autocast, fp32 weights and gradients; float16 scales the loss
+        self._autocast = autocast_plan(config, self._device)
+        self._autocast.mark_lower_precision_params(module)
+        self._scales_loss = precision.name == "fp16" or self._autocast.needs_grad_scaler
+        self._check_overflow = self._scales_loss or (
             precision.name == "bf16" and bool(getattr(config.bf16, "check_grad_overflow", False)))
         self._param_names = {id(p): n for n, p in module.named_parameters()}
         self._progress = Progress(config.steps_per_print, rank, bool(config.wall_clock_breakdown), self._device)
@@ -131,7 +136,8 @@ class Engine(torch.nn.Module):
         if self._precision.dtype is not None:
             inputs, kwargs = _cast_floats((inputs, kwargs), self._precision.dtype)
         self._progress.start("fwd")
-        out = self.module(*inputs, **kwargs)
+        with self._autocast.forward_context():
+            out = self.module(*inputs, **kwargs)
         self._progress.stop("fwd")
         return out
 
@@ -151,7 +157,7 @@ class Engine(torch.nn.Module):
                              f"{type(loss).__name__ if not torch.is_tensor(loss) else tuple(loss.shape)}")
         self._progress.start("bwd")
         self._progress.record_loss(loss)
-        scale = self.loss_scale if self._precision.name == "fp16" else 1.0
+        scale = self.loss_scale if self._scales_loss else 1.0
         if scale_wrt_gas:
             scale /= self.gradient_accumulation_steps()
         scaled = loss.float() * scale if (scale != 1.0 or loss.dtype != torch.float32) else loss
@@ -192,7 +198,7 @@ class Engine(torch.nn.Module):
     def _take_model_step(self, lr_kwargs):
         self._owner.prepare_step(self._param_names)
         factor = self._owner.post_reduce_factor
-        if self._precision.name == "fp16":
+        if self._scales_loss:
             factor /= self.loss_scale
         applied, norm = self._owner.step(self.optimizer, factor, self._clip, self._check_overflow)
         if applied:
@@ -209,7 +215,7 @@ class Engine(torch.nn.Module):
         self.global_samples += self.train_batch_size()
 
     def _update_loss_scale(self, overflow):
-        if self._precision.name != "fp16" or self.loss_scaler is None:
+        if not self._scales_loss or self.loss_scaler is None:
             if overflow and self.global_rank == 0:
                 print(f"[dsfast] step {self.global_steps}: non-finite {self._precision.name} gradients, step "
                       "skipped (bf16.check_grad_overflow)", flush=True)

@@ -63,7 +63,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 
     opt = _make_optimizer(cfg, optimizer, groups, owner, device, rank)
     sched = _make_scheduler(cfg, lr_scheduler, opt, rank)
-    scaler = _make_loss_scaler(cfg)
+    scaler = _make_loss_scaler(cfg, device)
 
     loader = None
     if training_data is not None:
@@ -75,7 +75,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 
 
 def _pick_device(args):
-    if not torch.cuda.is_available():
+    from dsfast.accelerator import get_accelerator   # honours DS_ACCELERATOR=cpu on a GPU machine, as DeepSpeed
+    if get_accelerator().device_name() == "cpu":
         return torch.device("cpu")
     local = int(os.environ.get("LOCAL_RANK", getattr(args, "local_rank", 0) if args is not None else 0))
     local = max(local, 0) % torch.cuda.device_count()
@@ -218,8 +219,10 @@ def _make_scheduler(cfg, client, optimizer, rank):
     return build_lr_scheduler(sched_cfg, optimizer)
 
 
-def _make_loss_scaler(cfg):
-    if cfg.precision != "fp16":
+def _make_loss_scaler(cfg, device):
+    # fp16, or torch_autocast in float16 (fp32 weights, fp16 activations: the loss is scaled the same way)
+    from .autocast import autocast_plan
+    if cfg.precision != "fp16" and not autocast_plan(cfg, device).needs_grad_scaler:
         return None
     from dsfast.precision import build_loss_scaler
     return build_loss_scaler(cfg.fp16)
