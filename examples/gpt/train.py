@@ -44,6 +44,21 @@ def sample(model, prompt, n, device):
     return bytes(idx[0].tolist()).decode(errors="replace")
 
 
+def report_model_state(engine):
+    """Once (after the first step), from every rank: the model-state bytes this rank holds (counted from its tensors) next to what a
+    full replica (ZeRO stage 0: 16-bit or fp32 weights, gradients, fp32 masters and Adam moments) would hold."""
+    from dsfast.zero import model_state_bytes
+    mem = engine.memory_breakdown()
+    held = sum(mem["total"].values())
+    psi = sum(p.numel() for p in engine.module.parameters() if p.requires_grad)
+    world = torch.distributed.get_world_size()
+    mixed = engine.fp16_enabled() or engine.bfloat16_enabled()
+    replica = sum(model_state_bytes(psi, world, 0, mixed).values())
+    parts = ", ".join(f"{k} {sum(v.values()) / 2**20:.2f}" for k, v in mem.items() if k != "total" and v)
+    print(f"[rank {torch.distributed.get_rank()}] ZeRO stage {engine.zero_optimization_stage()}: model states "
+          f"{held / 2**20:.2f} MiB ({parts}) vs {replica / 2**20:.2f} MiB at stage 0", flush=True)
+
+
 def main():
     args = parse_args()
     deepspeed.init_distributed()
@@ -71,6 +86,8 @@ def main():
             loss = engine(inputs.to(engine.device), targets.to(engine.device))
             engine.backward(loss)
             engine.step()
+            if engine.global_steps == 1 and engine.is_gradient_accumulation_boundary():
+                report_model_state(engine)   # after the first step: the optimizer states exist now
             value = loss.item()
             first = value if first is None else first
             last = value
