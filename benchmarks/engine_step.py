@@ -1,7 +1,9 @@
-"""Engine step time: dsfast vs a plain torch DDP loop vs DeepSpeed stage 0, 2 CPU ranks, one thread each.
+"""Engine step time at ZeRO stages 0, 1, 2 and 2 + offload: dsfast vs torch DDP (+ ZeroRedundancyOptimizer) vs
+DeepSpeed at the same stage, 2 CPU ranks, one thread each; and each dsfast stage's model-state memory vs the formula.
 
     python benchmarks/engine_step.py                                   # dsfast + DDP (+ floor)
     DS_ACCELERATOR=cpu /work/venv-ds/bin/python benchmarks/engine_step.py   # + DeepSpeed when importable
+    ... --impls ddp,zero1-torch,dsfast-z1,deepspeed-z1                 # a subset
 
 Model: GPT of 4 blocks, d_model 256, seq 128, vocab 8192 (tied), 5.3M parameters; micro batch 8 per rank; AdamW
 (lr 1e-3, wd 0.01), gradient clipping at 1.0 in every implementation:
@@ -9,7 +11,10 @@ Model: GPT of 4 blocks, d_model 256, seq 128, vocab 8192 (tied), 5.3M parameters
   dsfast     dsfast.initialize (stage 0, config optimizer AdamW -> dsfast CPUAdam; same-host ranks reduce
              gradients through shared memory)
   dsfast-gloo  the same with DSFAST_SHM_ALLREDUCE=0 (gloo all-reduce, as across hosts)
+  dsfast-z1, dsfast-z2, dsfast-z2-offload   dsfast at ZeRO stage 1, 2, and 2 with offload_optimizer: cpu
+  zero1-torch  DDP + torch.distributed.optim.ZeroRedundancyOptimizer(AdamW fused) (torch's ZeRO stage 1)
   deepspeed  deepspeed.initialize (stage 0, AdamW; DeepSpeed's fused Adam is CUDA-only, so torch_adam fused=True)
+  deepspeed-z1, deepspeed-z2, deepspeed-z2-offload   DeepSpeed at the same stages (offload: DeepSpeedCPUAdam)
   floor      forward + backward of the same model alone, no gradient sync, no optimizer (the compute ceiling)
 Correctness first: after the warm-up the dsfast and DDP replicas, started from the same weights and fed the same
 batches, must agree. Then the implementations are interleaved (round-robin blocks of steps), each block's time
@@ -33,7 +38,8 @@ def parse():
     p.add_argument("--block", type=int, default=5, help="steps per timed block")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per implementation")
     p.add_argument("--nprocs", type=int, default=2)
-    p.add_argument("--impls", default="ddp,dsfast,dsfast-gloo,deepspeed,floor")
+    p.add_argument("--impls", default="ddp,dsfast,dsfast-gloo,deepspeed,zero1-torch,dsfast-z1,deepspeed-z1,"
+                                      "dsfast-z2,deepspeed-z2,dsfast-z2-offload,deepspeed-z2-offload,floor")
     p.add_argument("--bucket_elems", default="",
                    help="comma list: extra dsfast variants with zero_optimization.reduce_bucket_size set (tuning)")
     p.add_argument("--verbose", action="store_true", help="print every block's time")
@@ -92,13 +98,30 @@ def worker(args):
             ddp_opt.step()
             ddp_opt.zero_grad(set_to_none=True)
         impls["ddp"] = (ddp_step, lambda: list(ddp_model.module.parameters()))
-    def dsfast_impl(bucket=None, shm=True):
+    if "zero1-torch" in wanted:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        z_model = torch.nn.parallel.DistributedDataParallel(fresh())
+        z_opt = ZeroRedundancyOptimizer(z_model.parameters(), optimizer_class=torch.optim.AdamW, lr=lr,
+                                        weight_decay=wd, fused=True)
+
+        def zero1_torch_step(i):
+            loss = z_model(*batch(i))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(z_model.parameters(), clip)
+            z_opt.step()
+            z_opt.zero_grad(set_to_none=True)
+        impls["zero1-torch"] = (zero1_torch_step, lambda: list(z_model.module.parameters()))
+
+    def dsfast_impl(bucket=None, shm=True, stage=0, offload=False):
         os.environ["DSFAST_SHM_ALLREDUCE"] = "1" if shm else "0"
         m = fresh()
         config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "steps_per_print": None,
-                  "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd}}, "gradient_clipping": clip}
+                  "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd}}, "gradient_clipping": clip,
+                  "zero_optimization": {"stage": stage}}
         if bucket:
-            config["zero_optimization"] = {"stage": 0, "reduce_bucket_size": int(bucket)}
+            config["zero_optimization"]["reduce_bucket_size"] = int(bucket)
+        if offload:
+            config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
         engine, *_ = dsfast.initialize(model=m, model_parameters=m.parameters(), config=config)
 
         def ds_step(i):
@@ -107,8 +130,10 @@ def worker(args):
             engine.step()
         return (ds_step, lambda: list(engine.module.parameters())), engine
 
+    engines = {}
     if "dsfast" in wanted:
         impls["dsfast"], engine = dsfast_impl()
+        engines["dsfast"] = engine
         optimizer_name = type(engine.optimizer).__name__
         buckets = [b.flat.numel() for b in engine._precision.buffers.buckets]
         optimizer_name += f"; gradient sync: {type(engine._grad_sync).__name__}"
@@ -116,28 +141,38 @@ def worker(args):
         impls["dsfast-gloo"], _ = dsfast_impl(shm=False)
     for bucket in filter(None, args.bucket_elems.split(",")):
         impls[f"dsfast@{bucket}"], _ = dsfast_impl(bucket)
-    if "deepspeed" in wanted:
+    for name, stage, offload in (("dsfast-z1", 1, False), ("dsfast-z2", 2, False), ("dsfast-z2-offload", 2, True)):
+        if name in wanted:
+            impls[name], engines[name] = dsfast_impl(stage=stage, offload=offload)
+    deepspeed = None
+    if any(w.startswith("deepspeed") for w in wanted):
         try:
             import deepspeed
         except ImportError:
-            deepspeed = None
             if rank == 0:
                 print("deepspeed: not importable here (run under /work/venv-ds with DS_ACCELERATOR=cpu)")
-        if deepspeed is not None:
-            import logging
-            logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-            m = fresh()
-            ds_engine, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config={
-                "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
-                "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd, "torch_adam": True,
-                                                          "fused": True}},
-                "gradient_clipping": clip, "zero_optimization": {"stage": 0}})
+    for name, stage, offload in (("deepspeed", 0, False), ("deepspeed-z1", 1, False), ("deepspeed-z2", 2, False),
+                                 ("deepspeed-z2-offload", 2, True)):
+        if deepspeed is None or name not in wanted:
+            continue
+        import logging
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        m = fresh()
+        zero = {"stage": stage}
+        opt_params = {"lr": lr, "weight_decay": wd, "torch_adam": True, "fused": True}
+        if offload:   # DeepSpeed requires its CPU Adam with offload
+            zero["offload_optimizer"] = {"device": "cpu"}
+            opt_params = {"lr": lr, "weight_decay": wd}
+        ds_engine, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config={
+            "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
+            "optimizer": {"type": "AdamW", "params": opt_params}, "gradient_clipping": clip,
+            "zero_optimization": zero})
 
-            def deepspeed_step(i):
-                loss = ds_engine(*batch(i))
-                ds_engine.backward(loss)
-                ds_engine.step()
-            impls["deepspeed"] = (deepspeed_step, lambda: list(ds_engine.module.parameters()))
+        def deepspeed_step(i, ds_engine=ds_engine):
+            loss = ds_engine(*batch(i))
+            ds_engine.backward(loss)
+            ds_engine.step()
+        impls[name] = (deepspeed_step, lambda ds_engine=ds_engine: list(ds_engine.module.parameters()))
     if "floor" in wanted:
         floor_model = fresh()
 
@@ -150,13 +185,14 @@ def worker(args):
     for name, (step, _) in impls.items():
         for i in range(args.warmup):
             step(i)
-    if "ddp" in impls and "dsfast" in impls:
+    for name in [n for n in impls if n.startswith("dsfast")] if "ddp" in impls else []:
         worst = max(float((a.detach().float() - b.detach().float()).abs().max())
-                    for a, b in zip(impls["ddp"][1](), impls["dsfast"][1]()))
+                    for a, b in zip(impls["ddp"][1](), impls[name][1]()))
         if rank == 0:
-            print(f"check: after {args.warmup} identical steps, max |dsfast - ddp| parameter difference = {worst:.2e}")
+            print(f"check: after {args.warmup} identical steps, max |{name} - ddp| parameter difference = "
+                  f"{worst:.2e}")
         if worst > 1e-4:
-            raise SystemExit(f"dsfast and DDP disagree after warm-up (max diff {worst:.2e}); not timing")
+            raise SystemExit(f"{name} and DDP disagree after warm-up (max diff {worst:.2e}); not timing")
 
     times = {name: [] for name in impls}
     cpu = {name: [] for name in impls}
@@ -194,6 +230,18 @@ def worker(args):
                 line += (f"  | vs ddp: median x{med / base[0]:.3f}  best x{best / base[1]:.3f}  "
                          f"cpu x{cmed / base[2]:.3f}")
             print(line)
+        if engines:
+            from dsfast.zero import model_state_bytes
+            print("\nmodel-state memory per rank (dsfast engine.memory_breakdown(), counted from the tensors; "
+                  "formula: fp32 Adam, padding excluded)")
+            for name, eng in engines.items():
+                mem = eng.memory_breakdown()
+                held = sum(v for c, per in mem.items() if c not in ("total", "comm_buffers") for v in per.values())
+                stage = eng.zero_optimization_stage()
+                formula = sum(model_state_bytes(n_params, world, stage, False).values())
+                print(f"{name:18s} stage {stage}: {held / 2**20:7.2f} MiB  formula {formula / 2**20:7.2f} MiB  "
+                      f"(x{held / formula:.3f})  " + ", ".join(f"{c} {sum(v.values()) / 2**20:.1f}"
+                                                          for c, v in mem.items() if c != "total" and v))
     dist.barrier()
     dist.destroy_process_group()
 
