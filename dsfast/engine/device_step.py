@@ -15,13 +15,8 @@ import torch
 
 def takes_device_scalars(optimizer):
     """True for the optimizers whose step() unscales, clips and skips on the device (dsfast FusedAdam/FusedSGD)."""
-    try:  # imported here: the engine must import in a build without the fused optimizers
-        from ..optim.fused_adam import FusedAdam
-        from ..optim.fused_sgd import FusedSGD
-    except ModuleNotFoundError as err:
-        if not (err.name or "").startswith("dsfast."):
-            raise
-        return False
+    from ..optim.fused_adam import FusedAdam   # lazily: importing the engine loads no optimizer module
+    from ..optim.fused_sgd import FusedSGD
     return isinstance(optimizer, (FusedAdam, FusedSGD))
 
 
@@ -34,7 +29,7 @@ def queue_device_step(precision, optimizer, flats, factor, clip, check_overflow)
     the step was skipped (its kernel left params and states untouched); norm is the global gradient norm after
     `factor`. Same results as mixed_precision.finalize_grads + optimizer.step, with the arithmetic in the kernel.
     """
-    from ..ops import multi_tensor  # present whenever takes_device_scalars() said yes
+    from ..ops import multi_tensor
     if not flats:
         precision.optimizer_step(optimizer)
         return None, None

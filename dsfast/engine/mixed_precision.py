@@ -4,23 +4,13 @@ fp32: the optimizer updates the model's own parameters; their `.grad` are slices
 fp16/bf16: the model runs in half precision; the optimizer updates fp32 master copies whose `.grad` are slices of
 fp32 buckets, and the updated masters are copied back into the model after each applied step.
 """
-import importlib
 import inspect
 import math
 
 import torch
 
+from ..ops import multi_tensor as mt
 from .grad_buffers import GradBuffers
-
-
-def _multi_tensor():
-    """dsfast.ops.multi_tensor when present in this build (fused kernels on GPU, torch reference on CPU)."""
-    try:
-        return importlib.import_module("dsfast.ops.multi_tensor")
-    except ModuleNotFoundError as err:
-        if err.name != "dsfast.ops.multi_tensor":
-            raise
-        return None
 
 
 class FullPrecision:
@@ -93,12 +83,8 @@ def build_precision(precision, module, params, bucket_elems, allocate=None):
 
 def global_norm(flats):
     """L2 norm over all flat gradient buckets, as a 0-dim fp32 tensor (no host sync)."""
-    mt = _multi_tensor()
-    if mt is not None:
-        total, _ = mt.l2_norm(flats, per_tensor=False)
-        return total.reshape(())
-    norms = torch._foreach_norm(flats)
-    return torch.linalg.vector_norm(torch.stack(norms).float())
+    total, _ = mt.l2_norm(flats, per_tensor=False)
+    return total.reshape(())
 
 
 @torch.no_grad()
@@ -111,8 +97,7 @@ def finalize_grads(flats, factor, clip, check_overflow):
     """
     if not flats:
         return True, None
-    mt = _multi_tensor()
-    if check_overflow and clip <= 0 and mt is not None:
+    if check_overflow and clip <= 0:
         # no norm needed: one fused pass unscales and flags inf/NaN (grads are dropped anyway on overflow)
         found_inf = torch.zeros((), device=flats[0].device)
         mt.unscale_and_check_(flats, torch.full((), factor, device=flats[0].device), found_inf)

@@ -4,11 +4,8 @@ The one place that maps a DeepSpeed optimizer type to a class:
   Adam / AdamW -> dsfast CPUAdam on CPU, FusedAdam on GPU (decoupled weight decay unless `adam_w_mode: false`
                   for "Adam", as in DeepSpeed); `torch_adam: true` picks torch.optim.Adam/AdamW instead.
   SGD          -> dsfast CPUSGD on CPU, FusedSGD on GPU.
-If a dsfast optimizer module is not present in this build, the torch.optim equivalent is used (with a warning).
 """
-import importlib
 import inspect
-import warnings
 
 import torch
 
@@ -17,16 +14,6 @@ SUPPORTED = ("adam", "adamw", "sgd")
 
 class OptimizerConfigError(ValueError):
     """The `optimizer` section names a type or parameter we cannot build."""
-
-
-def _dsfast_class(module, name):
-    """dsfast.optim.<module>.<name>, or None when that module is not in this build."""
-    try:
-        return getattr(importlib.import_module(f"dsfast.optim.{module}"), name)
-    except ModuleNotFoundError as err:
-        if err.name != f"dsfast.optim.{module}":
-            raise
-        return None
 
 
 def _fit_kwargs(cls, kwargs, defaults, type_name):
@@ -50,25 +37,18 @@ def _adam_class(device_type, adamw_mode, torch_adam):
     if torch_adam:
         return (torch.optim.AdamW if adamw_mode else torch.optim.Adam), {}
     if device_type == "cuda":
-        cls = _dsfast_class("fused_adam", "FusedAdam")
-        if cls is not None:
-            return cls, {"adam_w_mode": adamw_mode}
-    else:
-        cls = _dsfast_class("cpu_adam", "CPUAdam")
-        if cls is not None:
-            return cls, {"adamw_mode": adamw_mode}
-    warnings.warn("dsfast's Adam kernels are not in this build; using torch.optim "
-                  + ("AdamW" if adamw_mode else "Adam"))
-    return (torch.optim.AdamW if adamw_mode else torch.optim.Adam), {}
+        from dsfast.optim.fused_adam import FusedAdam
+        return FusedAdam, {"adam_w_mode": adamw_mode}
+    from dsfast.optim.cpu_adam import CPUAdam
+    return CPUAdam, {"adamw_mode": adamw_mode}
 
 
 def _sgd_class(device_type):
-    name, module = ("FusedSGD", "fused_sgd") if device_type == "cuda" else ("CPUSGD", "cpu_sgd")
-    cls = _dsfast_class(module, name)
-    if cls is None:
-        warnings.warn(f"dsfast's {name} is not in this build; using torch.optim.SGD")
-        return torch.optim.SGD
-    return cls
+    if device_type == "cuda":
+        from dsfast.optim.fused_sgd import FusedSGD
+        return FusedSGD
+    from dsfast.optim.cpu_sgd import CPUSGD
+    return CPUSGD
 
 
 def build_optimizer(opt_cfg, param_groups, device):
