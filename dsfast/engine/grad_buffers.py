@@ -48,9 +48,16 @@ class GradBuffers:
         self.masters = {}    # id(param) -> fp32 master whose .grad is the param's slice (half precision)
         self._receipts = {}  # id(param) -> (16-bit grad last absorbed, its version counter), half precision
         if layout is not None:
+            d = self.params[0].dtype if grads_are_views else accum_dtype
+            total = sum(padded for _, padded in layout)
+            if allocate is not None and len({(p.dtype, p.device) for p in self.params}) == 1:
+                self.storage = allocate(total, d, self.params[0].device)
+            offset = 0
             for ps, padded in layout:
-                d = ps[0].dtype if grads_are_views else accum_dtype
-                self._add_bucket(ps, torch.zeros(padded, dtype=d, device=ps[0].device), 0)
+                flat = self.storage[offset:offset + padded] if self.storage is not None else \
+                    torch.zeros(padded, dtype=d, device=ps[0].device)
+                self._add_bucket(ps, flat, offset)
+                offset += padded
             return
         plan, pending, size, dtype = [], [], 0, None
         for p in reversed(self.params):

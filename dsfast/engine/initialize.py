@@ -128,9 +128,11 @@ def _build_owner(cfg, model, trainable, groups, bucket, world, rank):
     from dsfast.zero.sharded import build_sharded_owner
     zero = cfg.zero_optimization
     offload = zero.offload_optimizer_device == "cpu"
+    shared = (lambda: shm_allocator(world)) if trainable and dist.is_initialized() else None
     return build_sharded_owner(cfg.zero_stage, trainable, _group_index(groups, trainable), cfg.precision, bucket,
                                world, rank, offload=offload,
-                               pin_memory=bool(offload and zero.offload_optimizer.pin_memory), module=model)
+                               pin_memory=bool(offload and zero.offload_optimizer.pin_memory), module=model,
+                               shared=shared)
 
 
 def _group_index(groups, params):

@@ -40,8 +40,9 @@ class SliceRecord:
 
 
 def memory_breakdown(categories):
-    """{category: {device: bytes}} plus {"total": {device: bytes}}, counted from the tensors themselves. A storage
-    shared by several tensors (views of one flat buffer) is counted once, in the first category that holds it."""
+    """{category: {device: bytes}} plus {"total": {device: bytes}}, counted from the tensors themselves (their own
+    elements: a rank's row of a shared-memory table counts, the other ranks' rows do not). A tensor listed twice
+    is counted once, in the first category that holds it."""
     seen = set()
     out, total = {}, {}
     for cat, tensors in categories.items():
@@ -49,12 +50,12 @@ def memory_breakdown(categories):
         for t in tensors:
             if t is None or not torch.is_tensor(t):
                 continue
-            key = (t.untyped_storage().data_ptr(), t.device)
-            if key in seen or t.untyped_storage().nbytes() == 0:
+            nbytes = t.numel() * t.element_size()
+            key = (t.data_ptr(), nbytes, t.device)
+            if key in seen or nbytes == 0:
                 continue
             seen.add(key)
             dev = "host" if t.device.type == "cpu" else str(t.device)
-            nbytes = t.untyped_storage().nbytes()
             per[dev] = per.get(dev, 0) + nbytes
             total[dev] = total.get(dev, 0) + nbytes
     out["total"] = total

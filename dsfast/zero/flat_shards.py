@@ -11,15 +11,19 @@ Placement (offload_optimizer.device = cpu): masters and states live on the host 
 present); on a CPU-only machine the host is the device, and the same code runs.
 """
 import torch
+import torch.distributed as dist
 
 from ..comm.flat_collectives import all_gather_flat
 from .partition import owned_pieces, plan_buckets
 
 
 class FlatShards:
-    def __init__(self, params, group_of, model_dtype, bucket_elems, world, rank, offload=False, pin_memory=False):
+    def __init__(self, params, group_of, model_dtype, bucket_elems, world, rank, offload=False, pin_memory=False,
+                 allocate=None):
         """params: trainable parameters in model order (still fp32 when model_dtype is 16-bit: the masters are
-        taken from them before the cast); group_of: param-group index per param."""
+        taken from them before the cast); group_of: param-group index per param. `allocate(numel, dtype, device)`
+        (shm_reduce.SharedTable), when given, provides one storage for every parameter bucket: same-host ranks then
+        all-gather through shared memory (`table` is set when it did)."""
         self.params = list(params)
         self.world, self.rank = world, rank
         self.model_dtype = model_dtype
@@ -35,9 +39,17 @@ class FlatShards:
         self.plans = plan_buckets([p.numel() for p in self.params], group_of, kinds, bucket_elems, world)
         self.flats, self.masters, self.shards = [], [], []
         self.host16 = []   # offload with a GPU: pinned host copies of the 16-bit slices the CPU optimizer writes
+        self.table, self.offsets = None, []
+        storage = allocate(sum(p.padded for p in self.plans), model_dtype, self.device) if allocate else None
+        if storage is not None and getattr(allocate, "table", None) is not None:
+            self.table = allocate.table        # [world, numel]: row r is rank r's parameter buckets
+        offset = 0
         with torch.no_grad():
             for plan in self.plans:
-                flat = torch.zeros(plan.padded, dtype=model_dtype, device=self.device)
+                self.offsets.append(offset)
+                flat = storage[offset:offset + plan.padded] if self.table is not None else \
+                    torch.zeros(plan.padded, dtype=model_dtype, device=self.device)
+                offset += plan.padded
                 lo, hi = plan.shard_range(rank)
                 master = None
                 if self.mixed:  # fp32 masters from the fp32 values, before they are rounded to 16 bits
@@ -100,6 +112,17 @@ class FlatShards:
     def all_gather(self, group=None):
         """Every rank's updated slice into every rank's parameter buckets (in place: input is our own slice)."""
         if self.world == 1:
+            return
+        if self.table is not None:
+            # shared memory: once every rank wrote its slice, copy the others' slices out of their rows. A rank
+            # writes its row again only in its next step, after the next backward's barriers, so no one is
+            # still reading it then.
+            dist.barrier(group=group)
+            for plan, offset in zip(self.plans, self.offsets):
+                for q in range(self.world):
+                    if q != self.rank:
+                        lo, hi = plan.shard_range(q)
+                        self.table[self.rank, offset + lo:offset + hi].copy_(self.table[q, offset + lo:offset + hi])
             return
         handles = []
         for plan, flat in zip(self.plans, self.flats):

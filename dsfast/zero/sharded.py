@@ -164,14 +164,50 @@ class _ReduceScatterSync(AllReduceGradSync):
         self._next += 1
 
 
+class _ShmReduceScatterSync(_ReduceScatterSync):
+    """Same-host CPU ranks: the gradient buckets are rows of one /dev/shm table (shm_reduce.py); reducing a bucket
+    is a barrier, then this rank sums its own slice over every row into its row (half an all-reduce's work)."""
+
+    def __init__(self, buffers, plans, world, rank, table, group=None):
+        super().__init__(buffers, plans, world, rank, group)
+        self.table = table
+
+    def _launch(self, bucket):
+        dist.barrier(group=self.group)   # every rank finished writing this bucket (and reducing the previous one)
+        lo, hi = self.plans[bucket.index].shard_range(self.rank)
+        lo, hi = bucket.offset + lo, bucket.offset + hi
+        self.table[self.rank, lo:hi].copy_(self.table[:, lo:hi].sum(dim=0))  # (out= would alias its input)
+        bucket.handle = _DONE
+        self.collectives_launched += 1
+        self._next += 1
+
+    def end_backward(self):
+        reduced = self._reduce
+        super().end_backward()
+        if reduced:
+            dist.barrier(group=self.group)  # no rank still reads our row when we next write or zero it
+
+
+class _Done:
+    def wait(self):
+        pass
+
+
+_DONE = _Done()
+
+
 class ShardedOptimizerState(_ShardedBase):
     stage = 1
 
-    def __init__(self, store, precision, group=None):
+    def __init__(self, store, precision, group=None, allocate=None):
         super().__init__(store, precision, group)
         layout = [([store.params[e.param] for e in plan.entries], plan.padded) for plan in store.plans]
-        self.buffers = GradBuffers(store.params, 0, grads_are_views=True, layout=layout)
-        self.sync = _ReduceScatterSync(self.buffers, store.plans, self.world, self.rank, group)
+        self.buffers = GradBuffers(store.params, 0, grads_are_views=True, layout=layout, allocate=allocate)
+        table = getattr(allocate, "table", None) if self.buffers.storage is not None else None
+        if table is not None:
+            self.sync = _ShmReduceScatterSync(self.buffers, store.plans, self.world, self.rank, table, group)
+        else:
+            self.sync = _ReduceScatterSync(self.buffers, store.plans, self.world, self.rank, group)
 
     @property
     def collectives_launched(self):
@@ -308,9 +344,11 @@ class ShardedGradients(_ShardedBase):
 
 
 def build_sharded_owner(stage, params, group_of, precision_name, bucket_elems, world, rank, offload=False,
-                        pin_memory=False, group=None, module=None):
+                        pin_memory=False, group=None, module=None, shared=None):
     """Flatten `params` into partitioned buckets and return the stage's owner. For fp16/bf16 the module is cast
-    after the fp32 values were captured for the masters."""
+    after the fp32 values were captured for the masters. `shared()`, when given, makes a shm_reduce.SharedTable
+    allocator (same-host CPU ranks): parameter buckets (both stages) and stage 1's gradient buckets then live in
+    shared memory and are gathered / reduced there."""
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision_name]
     policy = DtypePolicy(precision_name, None if dtype == torch.float32 else dtype)
     if dtype != torch.float32:
@@ -319,10 +357,10 @@ def build_sharded_owner(stage, params, group_of, precision_name, bucket_elems, w
             module.to(dtype)
         for p, v in zip(params, fp32):   # FlatShards reads fp32 values for the masters, then casts
             p.data = v
-        store = FlatShards(params, group_of, dtype, bucket_elems, world, rank, offload, pin_memory)
-    else:
-        store = FlatShards(params, group_of, dtype, bucket_elems, world, rank, offload, pin_memory)
-    cls = {1: ShardedOptimizerState, 2: ShardedGradients}.get(stage)
-    if cls is None:
+    if stage not in (1, 2):
         raise NotImplementedError(f"ZeRO stage {stage} is not implemented by the sharded owners (stages 1, 2)")
-    return cls(store, policy, group)
+    store = FlatShards(params, group_of, dtype, bucket_elems, world, rank, offload, pin_memory,
+                       allocate=shared() if shared else None)
+    if stage == 1:
+        return ShardedOptimizerState(store, policy, group, allocate=shared() if shared else None)
+    return ShardedGradients(store, policy, group)
