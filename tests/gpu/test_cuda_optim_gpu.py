@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from dsfast.ops.reference import cuda_optim as ref
+from dsfast.ops.reference import portable_multi_tensor as ref
 
 pytestmark = pytest.mark.gpu
 
