@@ -55,14 +55,14 @@ def aot_extensions(wanted):
     except ImportError:
         sys.exit(f"{BUILD_OPS} needs torch importable while building: install torch first, then run "
                  f"`{BUILD_OPS}=1 pip install --no-build-isolation .`")
-    from dsfast.ops import cache_key, jit
+    from dsfast.ops import abi, cache_key, jit
     from dsfast.ops.registry import OPS
 
     if wanted != "all":
         unknown = sorted(wanted - set(OPS))
         if unknown:
             sys.exit(f"{BUILD_OPS}: unknown op(s) {unknown}; registered ops: {sorted(OPS)}")
-    extensions, built, digests = [], [], {}
+    extensions, built, digests, abis = [], [], {}, {}
     for name, spec in sorted(OPS.items()):
         if wanted != "all" and name not in wanted:
             continue
@@ -77,7 +77,9 @@ def aot_extensions(wanted):
                   "at first use", file=sys.stderr)
             continue
         sources = [f"csrc/{s}" for s in spec.sources]
-        args = {"cxx": list(jit.BASE_CFLAGS + tuple(spec.extra_cflags))}
+        op_abi = abi.choose() if spec.frontend else ""
+        abi_flags = abi.cflags(op_abi, spec.with_cuda) if op_abi else ()
+        args = {"cxx": list(jit.BASE_CFLAGS + abi_flags + tuple(spec.extra_cflags))}
         kind = CppExtension
         if spec.with_cuda:
             args["nvcc"] = list(jit.BASE_CUDA_CFLAGS + tuple(spec.extra_cuda_cflags))
@@ -86,6 +88,8 @@ def aot_extensions(wanted):
                                extra_compile_args=args, extra_link_args=list(jit.BASE_LDFLAGS)))
         built.append(name)
         digests[name] = cache_key.sources_digest(spec, HERE / "csrc")
+        if op_abi:
+            abis[name] = op_abi
 
     class BuildExtWithInfo(BuildExtension):
         """Also record the torch and the sources the ops were compiled from (a mismatch is skipped at load)."""
@@ -95,7 +99,7 @@ def aot_extensions(wanted):
             out = (HERE / "dsfast" / "_ops") if self.inplace else Path(self.build_lib) / "dsfast" / "_ops"
             out.mkdir(parents=True, exist_ok=True)
             (out / "build_info.json").write_text(json.dumps({"torch": torch.__version__, "ops": built,
-                                                               "sources": digests}))
+                                                               "sources": digests, "abi": abis}))
 
     return extensions, BuildExtWithInfo
 

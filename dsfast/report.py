@@ -50,7 +50,12 @@ def collect():
             state, detail = status.op_status(spec)
         except Exception as e:      # the report must survive any one op's problem
             state, detail = status.UNAVAILABLE, f"{type(e).__name__}: {e}"
-        ops[name] = {"state": state, "detail": detail, "cuda": spec.with_cuda, "reference": spec.reference}
+        try:
+            op_abi = status.op_abi(spec)
+        except Exception:       # noqa: BLE001 (the report must survive any one op's problem)
+            op_abi = None
+        ops[name] = {"state": state, "detail": detail, "cuda": spec.with_cuda, "reference": spec.reference,
+                     "abi": op_abi}
     return {
         "dsfast": {"version": dsfast.__version__, "location": os.path.dirname(dsfast.__file__), "csrc": csrc},
         "python": f"{platform.python_version()} ({sys.executable})",
@@ -97,7 +102,8 @@ def format_report(info):
     if not info["ops"]:
         lines.append("  (none registered)")
     for name, op in info["ops"].items():
-        lines.append(f"  {name:<16}{op['state']:<12}{op['detail']}")
+        abi = f"[{op['abi']} ABI] " if op.get("abi") else ""
+        lines.append(f"  {name:<16}{op['state']:<12}{abi}{op['detail']}")
     return "\n".join(lines)
 
 

@@ -166,11 +166,11 @@ def test_native_op_names_the_argument_it_cannot_convert():
         pytest.skip("the native op's own argument parsing is not loaded (reference fallback)")
     lists = ([z.clone()], [z], [z.clone()], [z.clone()], [], [torch.tensor(0.0)])
     ok = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, adamw=True, bias_correction=True)
-    with pytest.raises(TypeError, match="argument 'lr' must be a number, not str"):
+    with pytest.raises(TypeError, match="argument 'lr' but instead found type 'str'"):
         op.adam_step(*lists, **{**ok, "lr": "x"})
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
         op.adam_step(*lists, **ok, bogus=1)
-    with pytest.raises(TypeError, match="missing required argument 'lr'"):
+    with pytest.raises(TypeError, match="missing .*required .*'lr'"):
         op.adam_step(*lists)
     p = lists[0][0]
     op.adam_step(*lists, **ok, label="L", isa="scalar")      # a keyword call with every option works

@@ -1,5 +1,6 @@
 """CI checks of the CUDA sources without a GPU: nvcc builds every .cu for sm_80 and sm_90 via
-CMake, and the torch binding compiles (to an object file) against the installed torch headers,
+CMake, and the torch binding compiles (to an object file, for the stable and the classic torch
+ABI) against the installed torch headers,
 which on the CPU wheel lack the generated c10/cuda config (hence C10_CUDA_NO_CMAKE_CONFIGURE_FILE)."""
 import os
 import re
@@ -73,17 +74,24 @@ def test_cmake_builds_every_kernel_for_sm80_and_sm90(tmp_path):
 
 @pytest.mark.slow
 @needs_nvcc
-def test_binding_compiles_against_installed_torch_headers(tmp_path):
+@pytest.mark.parametrize("op_abi", ["stable", "classic"])
+def test_binding_compiles_against_installed_torch_headers(tmp_path, op_abi):
+    from dsfast.ops import abi
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is None:
         pytest.skip("no C++ compiler found")
     tinc = Path(torch.__file__).parent / "include"
-    if not (tinc / "c10" / "cuda" / "CUDAStream.h").exists():
+    if op_abi == "stable" and abi.torch_version() < abi.STABLE_TARGET:
+        pytest.skip(f"torch {torch.__version__} has no stable ABI for the binding")
+    if op_abi == "classic" and not (tinc / "c10" / "cuda" / "CUDAStream.h").exists():
         pytest.skip(f"this torch ({torch.__version__}) ships no c10/cuda headers")
-    std = "-std=c++20" if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 10) else "-std=c++17"
+    std = "-std=c++20" if abi.torch_version() >= (2, 10) else "-std=c++17"
     cmd = [cxx, std, "-O0", "-fPIC", "-c", str(ROOT / "csrc/bindings/cuda_optim.cpp"), "-o", str(tmp_path / "cuda_optim.o"),
-           "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-DTORCH_EXTENSION_NAME=cuda_optim",
+           "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", *abi.cflags(op_abi, with_cuda=True),
            f"-I{tinc}", f"-I{tinc / 'torch/csrc/api/include'}", f"-I{sysconfig.get_paths()['include']}",
            f"-I{_cuda_include()}"]
     _run(cmd, ROOT, 600)
     assert (tmp_path / "cuda_optim.o").stat().st_size > 0
+    # the object registers the ops under the dsfast namespace (TORCH_LIBRARY), not a Python module
+    symbols = _run(["nm", "-C", str(tmp_path / "cuda_optim.o")], ROOT, 60)
+    assert "PyInit_" not in symbols

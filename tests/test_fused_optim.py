@@ -360,4 +360,4 @@ def test_cuda_op_unavailable_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("DSFAST_REQUIRE_OPS")
     with pytest.warns(DsfastOpWarning, match="cuda_optim.*reference"):
         mod = multi_tensor.backend("cuda")
-    assert mod.__name__ == "dsfast.ops.reference.cuda_optim"
+    assert mod.__name__ == "dsfast.ops.reference.portable_multi_tensor"

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dsfast.ops import multi_tensor as mt
-from dsfast.ops.reference import cuda_optim as ref
+from dsfast.ops.reference import portable_multi_tensor as ref
 from dsfast.optim import FusedAdam
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

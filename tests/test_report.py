@@ -58,3 +58,13 @@ def test_report_json_states_and_isa(tmp_path):
         for op in cuda_ops:
             assert op["state"] == "unavailable" and "no CUDA torch" in op["detail"]
     assert not (tmp_path / "cache").exists()
+
+
+def test_report_says_which_abi_each_torch_library_op_is_built_for(monkeypatch):
+    from dsfast.ops import abi
+    from dsfast.report import collect, format_report
+    info = collect()
+    assert info["ops"]["cpu_optim"]["abi"] == abi.choose()
+    assert f"[{abi.choose()} ABI]" in format_report(info)
+    monkeypatch.setenv("DSFAST_OP_ABI", "classic")
+    assert collect()["ops"]["cpu_optim"]["abi"] == "classic"

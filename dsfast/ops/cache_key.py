@@ -1,7 +1,7 @@
 """The JIT cache key: everything that changes the built binary, hashed.
 
 Sources' content (the op's files, the headers beside them and every file under csrc/include), the build flags,
-torch/Python/CUDA versions, the compiler and the machine architecture. We never build with
+the torch ABI (stable: any torch from the target on; classic: this torch's version), Python/CUDA versions, the compiler and the machine architecture. We never build with
 -march=native (kernels dispatch on the running CPU), so the architecture is the only ISA input.
 """
 import hashlib
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import toolchain
 
-KEY_VERSION = "2"   # bump when the loader changes how it builds
+KEY_VERSION = "3"   # bump when the loader changes how it builds
 
 
 def _file_identity(path):
@@ -55,7 +55,7 @@ def sources_digest(spec, root):
     return h.hexdigest()
 
 
-def compute(spec, root, cflags, cuda_cflags, ldflags):
+def compute(spec, root, cflags, cuda_cflags, ldflags, abi=""):
     import torch
     h = hashlib.sha256()
 
@@ -75,7 +75,9 @@ def compute(spec, root, cflags, cuda_cflags, ldflags):
     add("cflags", cflags)
     add("cuda_cflags", cuda_cflags)
     add("ldflags", ldflags)
-    add("torch", torch.__version__)
+    # A stable-ABI binary loads in every torch from its target on (abi.STABLE_TARGET, in the cflags).
+    add("abi", abi or "python-module")
+    add("torch", "any (stable ABI)" if abi == "stable" else torch.__version__)
     add("python", sys.implementation.cache_tag)
     add("machine", f"{sys.platform}-{platform.machine()}")
     add("cxx", _file_identity(toolchain.cxx_path()))

@@ -13,6 +13,8 @@ CACHE_DIR = "DSFAST_CACHE_DIR"
 LOCK_TIMEOUT = "DSFAST_BUILD_LOCK_TIMEOUT"
 # 1: print the compiler's output while building.
 VERBOSE = "DSFAST_BUILD_VERBOSE"
+# "stable" or "classic": the torch ABI torch-library ops are built for (default: stable when torch has it).
+OP_ABI = "DSFAST_OP_ABI"
 # Use this directory as the csrc root instead of the packaged/repo one (development, tests).
 CSRC_DIR = "DSFAST_CSRC_DIR"
 

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import abi as abi_mod
 from . import cache_key, env, paths, toolchain
 from .build_lock import build_lock
 from .errors import DsfastOpError
@@ -35,6 +36,7 @@ class Plan:
     ldflags: tuple
     key: str
     build_dir: Path
+    abi: str = ""       # 'stable' / 'classic' for torch-library ops, '' for Python-module ops
 
     @property
     def ext_name(self):
@@ -56,16 +58,21 @@ def plan(spec):
     if missing:
         raise FileNotFoundError(f"source file(s) missing: {', '.join(missing)} (csrc root {root}); "
                                 "the installation is incomplete, reinstall dsfast")
-    cflags = BASE_CFLAGS + tuple(spec.extra_cflags)
+    abi = abi_mod.choose() if spec.frontend else ""
+    abi_flags = abi_mod.cflags(abi, spec.with_cuda) if abi else ()
+    cflags = BASE_CFLAGS + abi_flags + tuple(spec.extra_cflags)
     cuda_cflags = (BASE_CUDA_CFLAGS + tuple(spec.extra_cuda_cflags)) if spec.with_cuda else ()
-    key = cache_key.compute(spec, root, cflags, cuda_cflags, BASE_LDFLAGS)
+    key = cache_key.compute(spec, root, cflags, cuda_cflags, BASE_LDFLAGS, abi)
     return Plan(spec, root, sources, cflags, cuda_cflags, BASE_LDFLAGS, key,
-                cache_dir_for(spec.name, key))
+                cache_dir_for(spec.name, key, abi), abi)
 
 
-def cache_dir_for(name, key):
+def cache_dir_for(name, key, abi=""):
     import torch
-    flavour = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{sys.implementation.cache_tag}-torch{torch.__version__}")
+    # A stable-ABI binary serves every torch from its target on: its folder names no torch version.
+    torch_part = f"abi-{abi_mod.STABLE}{abi_mod.STABLE_TARGET[0]}.{abi_mod.STABLE_TARGET[1]}" \
+        if abi == abi_mod.STABLE else f"torch{torch.__version__}"
+    flavour = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{sys.implementation.cache_tag}-{torch_part}")
     return env.cache_root() / flavour / f"{name}-{key[:16]}"
 
 
@@ -80,18 +87,24 @@ def cached_info(build_dir):
     return info
 
 
-def import_built(build_dir):
+def import_built(op_spec, build_dir):
     """Import a completed build from the cache, or None if there is none (or it is unusable)."""
     info = cached_info(build_dir)
     if info is None:
         return None
     try:
-        return _import_file(info["module"], Path(build_dir) / info["file"])
-    except ImportError:
+        return import_binary(op_spec, info["module"], Path(build_dir) / info["file"])
+    except (ImportError, OSError):
         return None     # a corrupt or incompatible binary: rebuild it under the lock
 
 
-def _import_file(module_name, path):
+def import_binary(op_spec, module_name, path):
+    """The op's module from its binary: a torch library is loaded into torch's operator registry and
+    its frontend module returned; a Python extension module is imported as it is."""
+    if op_spec.frontend:
+        import torch
+        torch.ops.load_library(str(path))       # OSError when it does not load
+        return importlib.import_module(op_spec.frontend)
     spec = importlib.util.spec_from_file_location(module_name, str(path))
     if spec is None:
         raise ImportError(f"cannot import {path}")
@@ -102,7 +115,7 @@ def _import_file(module_name, path):
 
 def build(p):
     """Return the op's module from the cache, building it first if needed (at most once across processes)."""
-    module = import_built(p.build_dir)
+    module = import_built(p.spec, p.build_dir)
     if module is not None:
         return module
     try:
@@ -115,7 +128,7 @@ def build(p):
                             f"point {env.CACHE_DIR} at a writable directory") from None
     waiting_since = time.time()
     with build_lock(p.build_dir / LOCK, f"dsfast op {p.spec.name!r}", env.lock_timeout()):
-        module = import_built(p.build_dir)           # someone built it while we waited
+        module = import_built(p.spec, p.build_dir)   # someone built it while we waited
         if module is not None:
             return module
         failed = p.build_dir / FAILED
@@ -147,17 +160,21 @@ def _compile(p, failed):
             build_directory=str(p.build_dir),
             verbose=env.verbose(),
             with_cuda=p.spec.with_cuda,
+            is_python_module=not p.spec.frontend,   # a torch library: torch.ops.load_library loads it
         )
+        so_path = Path(module if p.spec.frontend else module.__file__)
+        if p.spec.frontend:
+            module = importlib.import_module(p.spec.frontend)
     except Exception as e:  # compiler errors arrive as RuntimeError, bad binaries as ImportError
         output = f"{type(e).__name__}: {e}"
         failed.write_text(output)
         raise BuildFailed(output, failed) from None
     seconds = time.monotonic() - started
     print(f"[dsfast] built op {p.spec.name!r} in {seconds:.1f} s", file=sys.stderr, flush=True)
-    so_file = Path(module.__file__).name
-    info = {"module": p.ext_name, "file": so_file, "key": p.key, "build_seconds": round(seconds, 2),
+    import torch
+    info = {"module": p.ext_name, "file": so_path.name, "key": p.key, "build_seconds": round(seconds, 2),
             "sources": [str(s) for s in p.sources], "cflags": list(p.cflags),
-            "cxx": toolchain.cxx_path()}
+            "cxx": toolchain.cxx_path(), "abi": p.abi, "torch": torch.__version__}
     tmp = p.build_dir / f"{MARKER}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(info, indent=1))
     os.replace(tmp, p.build_dir / MARKER)            # atomic: readers see all or nothing

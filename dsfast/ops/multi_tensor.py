@@ -1,7 +1,7 @@
 """Loss-scaling and gradient-norm functions over many tensors, for the engine and optimizers.
 
 CUDA tensors go to the `cuda_optim` op (one launch per ~hundreds of tensors, nothing read
-back to the host); other tensors go to its pure-torch reference. Every function accepts
+back to the host); other tensors go to the pure-torch reference.portable_multi_tensor. Every function accepts
 tensors of mixed dtypes and groups them itself.
 
     found_inf = torch.zeros((), device=dev)
@@ -22,8 +22,8 @@ def backend(device):
     if torch.device(device).type == "cuda":
         from . import load
         return load(OP_NAME)
-    from .reference import cuda_optim
-    return cuda_optim
+    from .reference import portable_multi_tensor
+    return portable_multi_tensor
 
 
 def _check_tensor_list(name, tensors):

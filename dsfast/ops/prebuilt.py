@@ -1,8 +1,8 @@
 """Ops built ahead of time by `DSFAST_BUILD_OPS=1 pip install --no-build-isolation .`.
 
 They live in the package as dsfast._ops.<name>; dsfast/_ops/build_info.json records the torch
-version they were compiled against, because a binary built for another torch crashes or fails
-to import.
+version and ABI they were compiled for: a classic-ABI binary built for another torch crashes or fails
+to import, a stable-ABI one serves every torch from its target version on.
 """
 import importlib
 import importlib.util
@@ -33,11 +33,14 @@ def find(name):
     if found is None or not found.origin:
         return None, None
     import torch
+
+    from . import abi
     info = build_info()
     built_for = info.get("torch")
-    if built_for and built_for != torch.__version__:
-        return found.origin, (f"the prebuilt {PACKAGE}.{name} was built for torch {built_for}, "
-                              f"this is torch {torch.__version__}")
+    op_abi = info.get("abi", {}).get(name, abi.CLASSIC)
+    if built_for and not abi.works_with(op_abi, built_for):
+        return found.origin, (f"the prebuilt {PACKAGE}.{name} was built for torch {built_for} "
+                              f"({abi.label(op_abi)}), this is torch {torch.__version__}")
     recorded = info.get("sources", {}).get(name)
     if recorded and recorded != _current_digest(name):
         # An editable checkout whose kernels were edited after `DSFAST_BUILD_OPS=1 pip install -e .`.
@@ -61,7 +64,11 @@ def load(name):
         return None, None
     if problem:
         return None, problem
+    from .jit import import_binary
+    from .registry import OPS
     try:
+        if name in OPS and OPS[name].frontend:
+            return import_binary(OPS[name], f"{PACKAGE}.{name}", origin), None
         return importlib.import_module(f"{PACKAGE}.{name}"), None
     except (ImportError, OSError) as e:
         return None, f"the prebuilt {PACKAGE}.{name} does not import ({e})"

@@ -1,5 +1,5 @@
 """What state each op is in, without building or importing any of them (for `dsfast report`)."""
-from . import env, jit, prebuilt, toolchain
+from . import abi, env, jit, prebuilt, toolchain
 from .errors import DsfastOpError
 
 PREBUILT, CACHED, BUILDABLE, UNAVAILABLE, DISABLED = "prebuilt", "cached", "buildable", "unavailable", "disabled"
@@ -31,3 +31,17 @@ def op_status(spec):
     if failed.exists():
         return BUILDABLE, f"the last build attempt failed, log: {failed}; retried at first use{note}"
     return BUILDABLE, f"JIT-built at first use into {p.build_dir}{note}"
+
+
+def op_abi(spec):
+    """The torch ABI `spec` is (or would be) built for: 'stable', 'classic', or None (a Python-module op)."""
+    if not spec.frontend:
+        return None
+    info = prebuilt.build_info()
+    origin, problem = prebuilt.find(spec.name)
+    if origin and not problem and spec.name in info.get("abi", {}):
+        return info["abi"][spec.name]
+    try:
+        return abi.choose()
+    except ValueError:
+        return None

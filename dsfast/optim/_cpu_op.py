@@ -1,4 +1,5 @@
-"""Shared plumbing of the CPU optimizers: the op handle, ISA checks, error relabelling."""
+"""What CPUAdam and CPUSGD share: the op handle, ISA checks, error relabelling, the per-group
+tensor-list cache, and their base class (state normalisation on load, the step() preamble)."""
 import operator
 import re
 from itertools import repeat
@@ -97,3 +98,40 @@ class GroupCache:
         states = [optimizer.state[p] for p in params]
         self._entries[group_index] = dict(plist=plist, n=len(plist), state=optimizer.state, params=list(params),
                                           states=states, tensors={k: [st[k] for st in states] for k in keys})
+
+
+def normalise_state(state):
+    """State loaded from elsewhere (an int step, a non-contiguous moment) in the kernel's layout."""
+    if not state:
+        return
+    step = state.get("step")
+    if step is not None and not (isinstance(step, torch.Tensor) and step.dtype == torch.float32
+                                 and step.device.type == "cpu" and step.numel() == 1):
+        state["step"] = torch.tensor(float(step), dtype=torch.float32)
+    for key in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
+        t = state.get(key)
+        if isinstance(t, torch.Tensor) and not t.is_contiguous():
+            state[key] = t.contiguous()
+
+
+class CPUOptimizer(torch.optim.Optimizer):
+    """Base of CPUAdam / CPUSGD: the ISA choice, the list cache, loading state into the kernel's
+    layout, and the closure preamble of step()."""
+
+    def __init__(self, params, defaults, isa):
+        self.isa = check_isa(isa)
+        self._cache = GroupCache()
+        super().__init__(params, defaults)
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            for p in group["params"]:
+                normalise_state(self.state.get(p))
+
+    @staticmethod
+    def _run_closure(closure):
+        if closure is None:
+            return None
+        with torch.enable_grad():
+            return closure()

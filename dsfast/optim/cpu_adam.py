@@ -49,7 +49,7 @@ def adam_flat_step(param, grad, exp_avg, exp_avg_sq, step, *, lr, betas=(0.9, 0.
     return int(step_t.item())
 
 
-class CPUAdam(torch.optim.Optimizer):
+class CPUAdam(_cpu_op.CPUOptimizer):
     """Adam/AdamW on CPU tensors (DeepSpeedCPUAdam's signature; adamw_mode=True by default)."""
 
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
@@ -57,14 +57,12 @@ class CPUAdam(torch.optim.Optimizer):
         check_adam_hparams(lr, betas, eps, weight_decay, amsgrad)
         if not fp32_optimizer_states:
             raise ValueError("fp32_optimizer_states=False is not supported: CPUAdam keeps fp32 states")
-        self.isa = _cpu_op.check_isa(isa)
-        self._cache = _cpu_op.GroupCache()
         # decoupled_weight_decay is torch.optim.Adam's name for adamw_mode: kept equal so that
         # state dicts carry the right rule to and from torch.
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         bias_correction=bias_correction, adamw_mode=adamw_mode,
                         decoupled_weight_decay=adamw_mode, maximize=maximize)
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, isa)
 
     def __setstate__(self, state):
         super().__setstate__(state)
@@ -76,20 +74,11 @@ class CPUAdam(torch.optim.Optimizer):
                 group["adamw_mode"] = bool(group.get("decoupled_weight_decay", getattr(self, "_default_adamw", True)))
             group["decoupled_weight_decay"] = group["adamw_mode"]
 
-    def load_state_dict(self, state_dict):
-        super().load_state_dict(state_dict)
-        for group in self.param_groups:
-            for p in group["params"]:
-                _normalise_state(self.state.get(p))
-
     @torch.no_grad()
     def step(self, closure=None, fp16_param_groups=None):
         """One step. fp16_param_groups: optional, per group, a list of bf16/fp16 tensors (one
         per param) that receive the updated parameters in the same pass."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._run_closure(closure)
         op = _cpu_op.op()
         threads = _cpu_op.num_threads()
         for gi, group in enumerate(self.param_groups):
@@ -146,16 +135,3 @@ class CPUAdamW(CPUAdam):
         super().__init__(params, lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
                          weight_decay=weight_decay, amsgrad=amsgrad, adamw_mode=True, maximize=maximize, isa=isa)
 
-
-def _normalise_state(state):
-    """State loaded from elsewhere (an int step, a non-contiguous moment) in the kernel's layout."""
-    if not state:
-        return
-    step = state.get("step")
-    if step is not None and not (isinstance(step, torch.Tensor) and step.dtype == torch.float32
-                                 and step.device.type == "cpu" and step.numel() == 1):
-        state["step"] = torch.tensor(float(step), dtype=torch.float32)
-    for key in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
-        t = state.get(key)
-        if isinstance(t, torch.Tensor) and not t.is_contiguous():
-            state[key] = t.contiguous()

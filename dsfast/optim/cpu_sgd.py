@@ -11,7 +11,6 @@ Flat-buffer entry point for the offload engine: `sgd_flat_step`.
 import torch
 
 from . import _cpu_op
-from .cpu_adam import _normalise_state
 from .validation import check_sgd_hparams, check_unsupported_flags
 
 
@@ -31,15 +30,13 @@ def sgd_flat_step(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampen
                  num_threads or _cpu_op.num_threads(), isa)
 
 
-class CPUSGD(torch.optim.Optimizer):
+class CPUSGD(_cpu_op.CPUOptimizer):
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
                  maximize=False, isa="auto"):
         check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
-        self.isa = _cpu_op.check_isa(isa)
-        self._cache = _cpu_op.GroupCache()
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                         nesterov=nesterov, maximize=maximize)
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, isa)
 
     def __setstate__(self, state):
         super().__setstate__(state)
@@ -47,18 +44,9 @@ class CPUSGD(torch.optim.Optimizer):
             group.setdefault("nesterov", False)
             group.setdefault("maximize", False)
 
-    def load_state_dict(self, state_dict):
-        super().load_state_dict(state_dict)
-        for group in self.param_groups:
-            for p in group["params"]:
-                _normalise_state(self.state.get(p))
-
     @torch.no_grad()
     def step(self, closure=None, fp16_param_groups=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._run_closure(closure)
         op = _cpu_op.op()
         threads = _cpu_op.num_threads()
         for gi, group in enumerate(self.param_groups):

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from dsfast.ops.reference import cuda_optim as ref
+from dsfast.ops.reference import portable_multi_tensor as ref
 
 pytestmark = pytest.mark.gpu
 
@@ -277,3 +277,25 @@ def test_binding_argument_errors(op):
         op.adam_([a], [a], [a], [a], [s], [a], 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
     with pytest.raises(RuntimeError, match="found_inf is on cpu"):
         op.sgd_([a], [a], [], [], 0.1, 0.0, 0.0, 0.0, False, False, found_inf=torch.zeros(()))
+
+
+def test_opcheck_every_cuda_op():
+    """torch.library.opcheck on each dsfast::cuda_* operator (schema, fake impl, mutation, autograd)."""
+    from dsfast.ops import load, loaded_from
+    load("cuda_optim")
+    if loaded_from("cuda_optim") == "reference":
+        pytest.skip("the native cuda_optim op did not build")
+    dev = "cuda"
+    ps = [torch.randn(9, device=dev), torch.randn(4, 3, device=dev)]
+    gs = [torch.randn_like(p) for p in ps]
+    ms, vs = [torch.zeros_like(p) for p in ps], [torch.zeros_like(p) for p in ps]
+    steps = [torch.ones((), device=dev) for _ in ps]
+    copies = [torch.zeros_like(p, dtype=torch.bfloat16) for p in ps]
+    inv, flag = torch.full((), 0.5, device=dev), torch.zeros((), device=dev)
+    ops = torch.ops.dsfast
+    torch.library.opcheck(ops.cuda_adam_.default, (gs, ps, ms, vs, steps, copies, 1e-3, 0.9, 0.999, 1e-8, 0.01,
+                                                   True, True, inv, None, flag, False))
+    torch.library.opcheck(ops.cuda_sgd_.default, (gs, ps, ms, [], 0.1, 0.9, 0.0, 0.0, False, True, inv, None, None,
+                                                  False))
+    torch.library.opcheck(ops.cuda_unscale_and_check_.default, (gs, inv, flag))
+    torch.library.opcheck(ops.cuda_l2_norm.default, (gs, True, inv, flag, 1.0))

@@ -98,13 +98,12 @@ def _check_step(s, w):
         raise ValueError(f"{w} step must be a one-element float32 cpu tensor (torch's layout)")
 
 
-def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps, weight_decay, adamw,
-              bias_correction, grad_scale=1.0, num_threads=0, isa="auto", label="params"):
+def check_adam_args(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label="params"):
+    """The native op's checks, on metadata only (so the op's fake implementation runs them too)."""
     _check_lists(("outs",), params=params, grads=grads, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs, outs=outs,
                  steps=steps)
     n = len(params)
     _check_lengths(n, outs, grads=grads, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs, steps=steps)
-    _check_isa(isa)
     for i, p in enumerate(params):   # validate everything before touching anything
         w = f"{label}[{i}]"
         _check_param(p, w)
@@ -113,6 +112,28 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta
         _check_fp32(exp_avg_sqs[i], p, w, "state['exp_avg_sq']")
         _check_out(outs[i] if outs else None, p, w)
         _check_step(steps[i], w)
+
+
+def check_sgd_args(params, grads, momentum_buffers, outs, first_steps, momentum, label="params"):
+    """As check_adam_args, for sgd_step."""
+    _check_lists(("outs",), params=params, grads=grads, momentum_buffers=momentum_buffers, outs=outs)
+    n = len(params)
+    _check_lengths(n, outs, grads=grads)
+    if momentum != 0:
+        _check_lengths(n, [], momentum_buffers=momentum_buffers, first_steps=first_steps)
+    for i, p in enumerate(params):
+        w = f"{label}[{i}]"
+        _check_param(p, w)
+        _check_grad(grads[i], p, w)
+        if momentum != 0:
+            _check_fp32(momentum_buffers[i], p, w, "state['momentum_buffer']")
+        _check_out(outs[i] if outs else None, p, w)
+
+
+def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps, weight_decay, adamw,
+              bias_correction, grad_scale=1.0, num_threads=0, isa="auto", label="params"):
+    check_adam_args(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label)
+    _check_isa(isa)
     with torch.no_grad():
         for i, p in enumerate(params):
             step = int(steps[i].item()) + 1
@@ -137,19 +158,8 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta
 
 def sgd_step(params, grads, momentum_buffers, outs, first_steps, lr, momentum, dampening, weight_decay, nesterov,
              grad_scale=1.0, num_threads=0, isa="auto", label="params"):
-    _check_lists(("outs",), params=params, grads=grads, momentum_buffers=momentum_buffers, outs=outs)
-    n = len(params)
-    _check_lengths(n, outs, grads=grads)
-    if momentum != 0:
-        _check_lengths(n, [], momentum_buffers=momentum_buffers, first_steps=first_steps)
+    check_sgd_args(params, grads, momentum_buffers, outs, first_steps, momentum, label)
     _check_isa(isa)
-    for i, p in enumerate(params):
-        w = f"{label}[{i}]"
-        _check_param(p, w)
-        _check_grad(grads[i], p, w)
-        if momentum != 0:
-            _check_fp32(momentum_buffers[i], p, w, "state['momentum_buffer']")
-        _check_out(outs[i] if outs else None, p, w)
     with torch.no_grad():
         for i, p in enumerate(params):
             g = grads[i].float()

@@ -1,5 +1,7 @@
-"""Pure-torch stand-in for the `cuda_optim` op: the binding's functions, arguments and results,
-on tensors of any device (the CPU tests run FusedAdam/FusedSGD through it).
+"""The multi-tensor ops (adam_, sgd_, unscale_and_check_, l2_norm) in pure torch, for tensors on
+any device: the implementation FusedAdam/FusedSGD and dsfast.ops.multi_tensor use for every
+non-CUDA tensor (on CPU this IS the implementation, not a fallback), and the stand-in for the
+`cuda_optim` op when it cannot be built (same functions, arguments and results).
 
 Math follows csrc/include/dsfast/optim_math.h step by step in fp32, so it is also the parity
 reference for the GPU tests. Unlike the kernels it may read device scalars back to the host
