@@ -4,7 +4,6 @@ fp32: the optimizer updates the model's own parameters; their `.grad` are slices
 fp16/bf16: the model runs in half precision; the optimizer updates fp32 master copies whose `.grad` are slices of
 fp32 buckets, and the updated masters are copied back into the model after each applied step.
 """
-import inspect
 import math
 
 import torch
@@ -65,11 +64,9 @@ class HalfPrecision:
 
 
 def _takes_half_outputs(optimizer):
-    """True for optimizers whose step() accepts fp16_param_groups (dsfast CPUAdam / CPUSGD), over masters only."""
-    try:
-        return "fp16_param_groups" in inspect.signature(optimizer.step).parameters
-    except (TypeError, ValueError):
-        return False
+    """dsfast's CPU optimizers write the 16-bit copies in their update pass (step(fp16_param_groups=))."""
+    from ..optim._cpu_op import CPUOptimizer
+    return isinstance(optimizer, CPUOptimizer)
 
 
 def build_precision(precision, module, params, bucket_elems, allocate=None):

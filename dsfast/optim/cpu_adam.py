@@ -20,7 +20,7 @@ updated values into a 16-bit buffer (round-to-nearest-even) in the same pass.
 """
 import torch
 
-from . import _cpu_op
+from . import _cpu_op, functional
 from .validation import check_adam_hparams, check_unsupported_flags
 
 _STATE_KEYS = ("exp_avg", "exp_avg_sq", "step")
@@ -79,8 +79,6 @@ class CPUAdam(_cpu_op.CPUOptimizer):
         """One step. fp16_param_groups: optional, per group, a list of bf16/fp16 tensors (one
         per param) that receive the updated parameters in the same pass."""
         loss = self._run_closure(closure)
-        op = _cpu_op.op()
-        threads = _cpu_op.num_threads()
         for gi, group in enumerate(self.param_groups):
             lr, (beta1, beta2), eps, wd = check_adam_hparams(group["lr"], group["betas"], group["eps"],
                                                               group["weight_decay"], group.get("amsgrad", False))
@@ -98,9 +96,10 @@ class CPUAdam(_cpu_op.CPUOptimizer):
                 continue
             adamw = bool(group["adamw_mode"])
             group["decoupled_weight_decay"] = adamw
-            _cpu_op.call(op.adam_step, gi, indices, params, grads, ms, vs, outs, steps, lr, beta1, beta2, eps, wd,
-                         adamw, bool(group["bias_correction"]),
-                         -1.0 if group.get("maximize") else 1.0, threads, self.isa)
+            functional.adam_(params, grads, ms, vs, steps, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd,
+                             adamw=adamw, bias_correction=bool(group["bias_correction"]),
+                             grad_scale=-1.0 if group.get("maximize") else 1.0, out16=outs, isa=self.isa,
+                             group_index=gi, indices=indices)
         return loss
 
     def _gather(self, group, halves):

@@ -10,7 +10,7 @@ Flat-buffer entry point for the offload engine: `sgd_flat_step`.
 """
 import torch
 
-from . import _cpu_op
+from . import _cpu_op, functional
 from .validation import check_sgd_hparams, check_unsupported_flags
 
 
@@ -47,8 +47,6 @@ class CPUSGD(_cpu_op.CPUOptimizer):
     @torch.no_grad()
     def step(self, closure=None, fp16_param_groups=None):
         loss = self._run_closure(closure)
-        op = _cpu_op.op()
-        threads = _cpu_op.num_threads()
         for gi, group in enumerate(self.param_groups):
             lr, momentum, dampening, wd, nesterov = check_sgd_hparams(
                 group["lr"], group["momentum"], group["dampening"], group["weight_decay"], group["nesterov"])
@@ -65,8 +63,9 @@ class CPUSGD(_cpu_op.CPUOptimizer):
                 params, grads, bufs, firsts, outs, indices = self._gather(group, halves, momentum)
             if not params:
                 continue
-            _cpu_op.call(op.sgd_step, gi, indices, params, grads, bufs, outs, firsts, lr, momentum, dampening, wd,
-                         nesterov, -1.0 if group.get("maximize") else 1.0, threads, self.isa)
+            functional.sgd_(params, grads, bufs, firsts, lr=lr, momentum=momentum, dampening=dampening,
+                            weight_decay=wd, nesterov=nesterov, grad_scale=-1.0 if group.get("maximize") else 1.0,
+                            out16=outs, isa=self.isa, group_index=gi, indices=indices)
             if cached is None:
                 # new buffers enter the state only once seeded: a refused step leaves no garbage buffer
                 for p, buf, first in zip(params, bufs, firsts):

@@ -12,8 +12,10 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..optim.cpu_adam import CPUAdam, adam_flat_step
-from ..optim.cpu_sgd import CPUSGD, sgd_flat_step
+from ..optim.cpu_adam import CPUAdam
+from ..optim.cpu_sgd import CPUSGD
+from ..optim.functional import adam_, sgd_
+from ..optim.fused_adam import FusedAdam
 
 
 @torch.no_grad()
@@ -29,47 +31,49 @@ def global_grad_norm(grads, world, group=None):
     return math.sqrt(float(sq)) if math.isfinite(float(sq)) else float("inf")
 
 
-def _adam_shard(opt, group, shard, grad, scale, out16):
-    state = opt.state[shard]
-    if len(state) == 0:
-        state["step"] = torch.tensor(0.0, dtype=torch.float32)
-        state["exp_avg"] = torch.zeros_like(shard, memory_format=torch.contiguous_format)
-        state["exp_avg_sq"] = torch.zeros_like(shard, memory_format=torch.contiguous_format)
-    if group.get("maximize"):
-        scale = -scale
-    adam_flat_step(shard.data, grad, state["exp_avg"], state["exp_avg_sq"], state["step"], lr=group["lr"],
-                   betas=group["betas"], eps=group["eps"], weight_decay=group["weight_decay"],
-                   adamw=bool(group["adamw_mode"]), bias_correction=bool(group["bias_correction"]),
-                   grad_scale=scale, out16=out16, isa=opt.isa)
+def _adam_group(opt, group, shards, grads, scale, outs):
+    for shard in shards:
+        state = opt.state[shard]
+        if len(state) == 0:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=shard.device)
+            state["exp_avg"] = torch.zeros_like(shard, memory_format=torch.contiguous_format)
+            state["exp_avg_sq"] = torch.zeros_like(shard, memory_format=torch.contiguous_format)
+    states = [opt.state[s] for s in shards]
+    adam_([s.data for s in shards], grads, [st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states],
+          [st["step"] for st in states], lr=group["lr"], betas=group["betas"], eps=group["eps"],
+          weight_decay=group["weight_decay"], adamw=bool(group.get("adamw_mode", group.get("adam_w_mode", True))),
+          bias_correction=bool(group.get("bias_correction", True)),
+          grad_scale=-scale if group.get("maximize") else scale, out16=outs, isa=getattr(opt, "isa", "auto"))
 
 
-def _sgd_shard(opt, group, shard, grad, scale, out16):
-    state = opt.state[shard]
+def _sgd_group(opt, group, shards, grads, scale, outs):
     momentum = group["momentum"]
-    buf, first = None, False
-    if momentum != 0:
-        buf = state.get("momentum_buffer")
-        first = buf is None
-        if first:
-            buf = torch.empty_like(shard, memory_format=torch.contiguous_format)
-    if group.get("maximize"):
-        scale = -scale
-    sgd_flat_step(shard.data, grad, buf, lr=group["lr"], momentum=momentum, dampening=group["dampening"],
-                  weight_decay=group["weight_decay"], nesterov=group["nesterov"], first_step=first, grad_scale=scale,
-                  out16=out16, isa=opt.isa)
-    if first:
-        state["momentum_buffer"] = buf
-
-
-_FLAT = {CPUAdam: _adam_shard, CPUSGD: _sgd_shard}
+    bufs, firsts = [], []
+    for shard in shards:
+        buf = opt.state[shard].get("momentum_buffer") if momentum != 0 else None
+        firsts.append(buf is None)
+        bufs.append(torch.empty_like(shard, memory_format=torch.contiguous_format) if buf is None else buf)
+    sgd_([s.data for s in shards], grads, bufs, firsts, lr=group["lr"], momentum=momentum,
+         dampening=group["dampening"], weight_decay=group["weight_decay"], nesterov=group["nesterov"],
+         grad_scale=-scale if group.get("maximize") else scale, out16=outs, isa=opt.isa)
+    if momentum != 0:   # buffers enter the state once seeded (a refused step leaves none behind)
+        for shard, buf in zip(shards, bufs):
+            opt.state[shard]["momentum_buffer"] = buf
 
 
 def _flat_kernel(optimizer, shards):
-    """The flat CPU kernel for this optimizer, when it can step these shards directly (CPU masters)."""
-    fn = next((f for cls, f in _FLAT.items() if isinstance(optimizer, cls)), None)
-    if fn is None or not shards or any(s.device.type != "cpu" for s in shards):
+    """The functional update for this optimizer over these shards, when one applies: dsfast's CPU Adam/SGD on CPU
+    masters (offload), dsfast's FusedAdam on CUDA masters. None: step the optimizer itself."""
+    if not shards:
         return None
-    return fn
+    on_cpu = all(s.device.type == "cpu" for s in shards)
+    if on_cpu and isinstance(optimizer, CPUAdam):
+        return _adam_group
+    if on_cpu and isinstance(optimizer, CPUSGD):
+        return _sgd_group
+    if not on_cpu and isinstance(optimizer, FusedAdam) and not optimizer.master_weights:
+        return _adam_group
+    return None
 
 
 @torch.no_grad()
@@ -83,14 +87,14 @@ def step_shards(store, optimizer, grads, scale):
     kernel = _flat_kernel(optimizer, shards)
     if kernel is not None:
         index = {id(s): i for i, s in enumerate(shards)}
-        for group in optimizer.param_groups:
-            for shard in group["params"]:
-                i = index[id(shard)]
-                out16 = None
-                if store.mixed:
-                    out16 = store.host16[i] if store.host16[i] is not None else \
-                        store.flats[i][slice(*store.plans[i].shard_range(store.rank))]
-                kernel(optimizer, group, shard, host_grads[i], scale, out16)
+        for group in optimizer.param_groups:   # one multi-tensor call per param group
+            ids = [index[id(s)] for s in group["params"]]
+            outs = []
+            if store.mixed:
+                outs = [store.host16[i] if store.host16[i] is not None else
+                        store.flats[i][slice(*store.plans[i].shard_range(store.rank))] for i in ids]
+            if ids:
+                kernel(optimizer, group, [shards[i] for i in ids], [host_grads[i] for i in ids], scale, outs)
         for i, h in enumerate(store.host16):
             if h is not None:
                 store.flats[i][slice(*store.plans[i].shard_range(store.rank))].copy_(h, non_blocking=True)
