@@ -82,7 +82,7 @@ def step_shards(store, optimizer, grads, scale):
     multiplied by `scale`; the 16-bit parameter slices hold the new values afterwards (all-gather not included)."""
     shards = store.shards
     host_grads = [g if g.device == s.device else g.to(s.device, non_blocking=True) for g, s in zip(grads, shards)]
-    if any(g is not h for g, h in zip(grads, host_grads)) and torch.cuda.is_available():
+    if store.offload and store.device.type == "cuda":
         torch.cuda.current_stream().synchronize()   # the host copies must land before the CPU reads them
     kernel = _flat_kernel(optimizer, shards)
     if kernel is not None:

@@ -52,9 +52,13 @@ class _ShardedBase:
             norm = raw * factor
             if clip > 0 and norm > clip:
                 scale *= clip / (norm + 1e-6)
-        step_shards(self.store, optimizer, grads, scale)
+        step_shards(self.store, optimizer, self.update_grads(), scale)
         self.store.all_gather(self.group)
         return True, norm
+
+    def update_grads(self):
+        """The gradient shards the update reads (host copies when they were made during backward)."""
+        return self.grad_shards()
 
     def after_checkpoint_load(self):
         self.store.write_back()
@@ -245,6 +249,11 @@ class ShardedGradients(_ShardedBase):
         super().__init__(store, precision, group)
         dev, dt = store.device, store.model_dtype
         self.shard_grads = [torch.zeros(plan.shard, dtype=dt, device=dev) for plan in store.plans]
+        # offload with a GPU: each shard is copied to pinned host memory as soon as its last reduce-scatter of the
+        # accumulation window lands, while the rest of backward runs (the CPU optimizer reads these)
+        self.host_grads = [torch.empty(plan.shard, dtype=dt, pin_memory=True) for plan in store.plans] \
+            if store.offload and dev.type == "cuda" else None
+        self._boundary = True
         self.collectives_launched = 0
         self._staging = {}     # bucket index -> staging buffer (full bucket size) while it is being filled
         self._arrived = {}     # bucket index -> number of its params whose gradient arrived this backward
@@ -257,6 +266,7 @@ class ShardedGradients(_ShardedBase):
 
     def begin_backward(self, reduce):
         # stage 2 reduces at every micro-step, boundary or not: the partition accumulates (as DeepSpeed's)
+        self._boundary = reduce
         self._in_backward = True
         self._next = 0
         self._arrived.clear()
@@ -289,6 +299,7 @@ class ShardedGradients(_ShardedBase):
         staging = self._buffer(i)
         if self.world == 1:
             self.shard_grads[i].add_(staging)
+            self._to_host(i)
             del self._staging[i]
         else:
             out = torch.empty(plan.shard, dtype=staging.dtype, device=staging.device)
@@ -304,6 +315,14 @@ class ShardedGradients(_ShardedBase):
         i, handle, out = self._in_flight.pop(0)
         handle.wait()
         self.shard_grads[i].add_(out)
+        self._to_host(i)
+
+    def _to_host(self, i):
+        if self.host_grads is not None and self._boundary:
+            self.host_grads[i].copy_(self.shard_grads[i], non_blocking=True)
+
+    def update_grads(self):
+        return self.host_grads if self.host_grads is not None else self.shard_grads
 
     @torch.no_grad()
     def end_backward(self):
@@ -338,7 +357,7 @@ class ShardedGradients(_ShardedBase):
 
     def memory_tensors(self):
         cats = super().memory_tensors()
-        cats["grads"] += self.shard_grads
+        cats["grads"] += self.shard_grads + (self.host_grads or [])
         cats["comm_buffers"] += list(self._staging.values()) + [out for _, _, out in self._in_flight]
         return cats
 
