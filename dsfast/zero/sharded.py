@@ -357,7 +357,8 @@ class ShardedGradients(_ShardedBase):
 
     def memory_tensors(self):
         cats = super().memory_tensors()
-        cats["grads"] += self.shard_grads + (self.host_grads or [])
+        cats["grads"] += self.shard_grads
+        cats["comm_buffers"] += self.host_grads or []   # pinned staging of the device -> host copies
         cats["comm_buffers"] += list(self._staging.values()) + [out for _, _, out in self._in_flight]
         return cats
 
