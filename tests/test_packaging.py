@@ -87,11 +87,11 @@ def clean_env(tmp_path, **extra):
 
 
 INSPECT = textwrap.dedent("""
-    import json, dsfast
+    import json, dsfast, torch
     from dsfast.ops import paths
     from dsfast.ops.registry import OPS
     root = paths.csrc_root()
-    print(json.dumps({"dsfast": dsfast.__file__, "csrc": str(root),
+    print(json.dumps({"dsfast": dsfast.__file__, "torch": torch.__file__, "csrc": str(root),
                       "missing": [s for spec in OPS.values() for s in spec.sources if not (root / s).is_file()],
                       "include": sorted(p.name for p in (root / "include" / "dsfast").iterdir())}))
 """)
@@ -106,6 +106,9 @@ def test_plain_pip_install_ships_sources_and_imports_outside_the_repo(tmp_path):
     info = json.loads(run([python, "-c", INSPECT], cwd=tmp_path, env=env))
     site = tmp_path / "venv" / "lib"
     assert Path(info["dsfast"]).is_relative_to(site), info          # the installed copy, not the repo
+    import torch
+    # the very torch this interpreter runs (a venv's own, not its base interpreter's, which may have none or another)
+    assert Path(info["torch"]).resolve() == Path(torch.__file__).resolve(), info
     assert Path(info["csrc"]).is_relative_to(site) and info["csrc"].endswith("dsfast/csrc")
     assert info["missing"] == []
     expected = sorted(p.name for p in (REPO / "csrc" / "include" / "dsfast").iterdir())
