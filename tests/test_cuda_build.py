@@ -55,9 +55,11 @@ def test_registered_op_builds_every_cu_file():
 @needs_nvcc
 @needs_cmake
 def test_cmake_builds_every_kernel_for_sm80_and_sm90(tmp_path):
+    """The plain `cmake -S . -B build` builds the CUDA kernels once a CUDA compiler is found (no -D needed)."""
     build = tmp_path / "build"
     env = dict(os.environ, CUDACXX=NVCC)  # cmake finds nvcc even when it is not on PATH
-    _run(["cmake", "-S", str(ROOT), "-B", str(build), "-DDSFAST_CUDA=ON"], ROOT, 300, env)
+    out = _run(["cmake", "-S", str(ROOT), "-B", str(build)], ROOT, 300, env)
+    assert "dsfast: building the CUDA kernels with" in out
     _run(["cmake", "--build", str(build), "--target", "dsfast_cuda_kernels", "dsfast_cuda_plan_test", "-j2"],
          ROOT, 600, env)
     objects = sorted(o for o in build.rglob("*.cu.o") if "plan_test" not in str(o))
@@ -70,6 +72,48 @@ def test_cmake_builds_every_kernel_for_sm80_and_sm90(tmp_path):
     plan = next(build.rglob("dsfast_cuda_plan_test"))
     out = _run([str(plan)], ROOT, 60)
     assert "all passed" in out
+
+
+def _configure(tmp_path, *flags, cudacxx):
+    env = dict(os.environ, CUDACXX=str(cudacxx))
+    build = tmp_path / "build"
+    r = subprocess.run(["cmake", "-S", str(ROOT), "-B", str(build), *flags], cwd=ROOT, env=env, text=True,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    return r.returncode, r.stdout, (build / "csrc" / "cuda").exists()
+
+
+def _no_cuda_compiler(tmp_path):
+    fake = tmp_path / "nvcc"          # CMake's probe of it fails, as with no toolkit at all
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    return fake
+
+
+@needs_cmake
+def test_cmake_without_a_cuda_compiler_builds_the_rest(tmp_path):
+    rc, out, cuda = _configure(tmp_path, cudacxx=_no_cuda_compiler(tmp_path))
+    assert rc == 0 and not cuda, out
+    assert "dsfast: no CUDA compiler found" in out
+
+
+@needs_cmake
+def test_cmake_cuda_on_without_a_compiler_is_an_error(tmp_path):
+    rc, out, _ = _configure(tmp_path, "-DDSFAST_CUDA=ON", cudacxx=_no_cuda_compiler(tmp_path))
+    assert rc != 0 and "DSFAST_CUDA=ON but no CUDA compiler was found" in out and "-DDSFAST_CUDA=OFF" in out
+
+
+@needs_cmake
+@needs_nvcc
+def test_cmake_cuda_off_skips_the_kernels_even_with_nvcc(tmp_path):
+    rc, out, cuda = _configure(tmp_path, "-DDSFAST_CUDA=OFF", cudacxx=NVCC)
+    assert rc == 0 and not cuda, out
+    assert "DSFAST_CUDA=OFF: the CUDA kernels are not built" in out and "Looking for a CUDA compiler" not in out
+
+
+@needs_cmake
+def test_cmake_cuda_bad_value_lists_the_valid_ones(tmp_path):
+    rc, out, _ = _configure(tmp_path, "-DDSFAST_CUDA=maybe", cudacxx=_no_cuda_compiler(tmp_path))
+    assert rc != 0 and "DSFAST_CUDA=maybe is not valid; use AUTO (the default), ON or OFF" in out
 
 
 @pytest.mark.slow

@@ -1,11 +1,12 @@
 """Installing dsfast: a plain `pip install .` (build isolation, no torch at build time) and the
-ahead-of-time op build, each into a fresh venv that sees the system torch, used from outside the repo.
+ahead-of-time op build, each into a fresh venv that sees the running interpreter's torch, used from outside the repo.
 
 The source tree is copied first so that the installs never write build/ into the shared checkout.
 """
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import textwrap
@@ -47,11 +48,29 @@ def copy_tree(dst):
 
 
 def make_venv(path):
-    # --without-pip: the venv uses the system's pip/setuptools (a bundled setuptools 65 would shadow
-    # them and lacks bdist_wheel for --no-build-isolation); it is also faster.
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(path)],
-                   check=True, timeout=TIMEOUT)
-    return path / "bin" / "python"
+    """A fresh venv that sees the packages this interpreter sees (torch, pip, setuptools), wherever they live.
+
+    `--system-site-packages` is not that: when this interpreter is itself a venv (a newcomer's), "system" is the
+    base interpreter, which has no torch. So a .pth in the new venv adds this interpreter's own site directories
+    (processing their .pth files, as its own start-up does), after the new venv's site-packages, so what is
+    installed into the new venv wins. --without-pip: pip and setuptools come from this interpreter too (a bundled
+    setuptools 65 would shadow them and lacks bdist_wheel for --no-build-isolation); it is also faster.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=TIMEOUT)
+    python = path / "bin" / "python"
+    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=path).strip()
+    outer = [d for d in site_dirs() if Path(d).is_dir()]
+    (Path(purelib) / "_dsfast_test_outer_site.pth").write_text(
+        "import site; " + "; ".join(f"site.addsitedir({d!r})" for d in outer) + "\n")
+    return python
+
+
+def site_dirs():
+    """This interpreter's site directories: its own (a venv's, a conda env's or the global one) and the user's."""
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return dirs
 
 
 def run(cmd, cwd, env=None):
@@ -68,11 +87,11 @@ def clean_env(tmp_path, **extra):
 
 
 INSPECT = textwrap.dedent("""
-    import json, dsfast
+    import json, dsfast, torch
     from dsfast.ops import paths
     from dsfast.ops.registry import OPS
     root = paths.csrc_root()
-    print(json.dumps({"dsfast": dsfast.__file__, "csrc": str(root),
+    print(json.dumps({"dsfast": dsfast.__file__, "torch": torch.__file__, "csrc": str(root),
                       "missing": [s for spec in OPS.values() for s in spec.sources if not (root / s).is_file()],
                       "include": sorted(p.name for p in (root / "include" / "dsfast").iterdir())}))
 """)
@@ -87,6 +106,9 @@ def test_plain_pip_install_ships_sources_and_imports_outside_the_repo(tmp_path):
     info = json.loads(run([python, "-c", INSPECT], cwd=tmp_path, env=env))
     site = tmp_path / "venv" / "lib"
     assert Path(info["dsfast"]).is_relative_to(site), info          # the installed copy, not the repo
+    import torch
+    # the very torch this interpreter runs (a venv's own, not its base interpreter's, which may have none or another)
+    assert Path(info["torch"]).resolve() == Path(torch.__file__).resolve(), info
     assert Path(info["csrc"]).is_relative_to(site) and info["csrc"].endswith("dsfast/csrc")
     assert info["missing"] == []
     expected = sorted(p.name for p in (REPO / "csrc" / "include" / "dsfast").iterdir())

@@ -1,7 +1,6 @@
 """init_distributed: create the default process group from what the environment says (see env.py)."""
 import atexit
 import datetime
-import sys
 import os
 import warnings
 
@@ -9,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from .env import DEFAULT_MASTER_PORT, discover
+from .teardown import destroy_at_exit, exit_timeout
 
 # DeepSpeed waits 30 minutes by default; DSFAST_TIMEOUT_S overrides it for every collective.
 DEFAULT_TIMEOUT_S = 1800
@@ -44,6 +44,7 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
             warnings.warn(f"init_distributed: the process group already uses {current!r}; "
                           f"ignoring dist_backend={dist_backend!r}")
         return current
+    exit_timeout()          # a bad DSFAST_EXIT_TIMEOUT_S is an error now, not at the end of the run
     env = dict(os.environ)
     if not auto_mpi_discovery:
         env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "SLURM_"))}
@@ -65,24 +66,11 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     else:
         kwargs["init_method"] = f"tcp://{_url_host(found.master_addr)}:{found.master_port}"
     dist.init_process_group(**kwargs)
-    atexit.register(_destroy_at_exit)
+    atexit.register(destroy_at_exit)    # bounded meeting of the ranks, then the teardown
     if verbose and found.rank == 0 and found.world_size > 1:
         print(f"[dsfast] process group ready: backend={backend} world_size={found.world_size} "
               f"(from {found.source}), master={found.master_addr}:{found.master_port}", flush=True)
     return backend
-
-
-def _destroy_at_exit():
-    """Tear the group we created down before interpreter shutdown.
-
-    Left to static destructors, gloo's worker threads can be destroyed while still joinable when a peer has
-    already exited, and the process aborts ("terminate called without an active exception") after a clean run."""
-    if not dist.is_initialized():
-        return
-    try:
-        dist.destroy_process_group()
-    except RuntimeError as e:   # too late to fail the run for it: say so and let the process exit
-        print(f"[dsfast] warning: destroying the process group at exit failed: {e}", file=sys.stderr)
 
 
 def _url_host(addr):

@@ -176,6 +176,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         from .plan import build_plan
         plan = build_plan(args)
+        for warning in plan.warnings:
+            print(f"dsfast: warning: {warning}", file=sys.stderr, flush=True)
         if args.dry_run:
             try:
                 print(format_plan(plan.as_json()), flush=True)

@@ -1,5 +1,6 @@
 """Resolve the command line into a launch plan: hosts and slots, master, exported env and the commands to run."""
 import os
+import socket
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from .errors import LaunchError
 from .hostfile import find_hostfile
 from .runners import LAUNCHERS, build_commands
 from .selection import select_resources
+from .this_machine import is_this_machine
 
 LOCAL_HOST = "localhost"
 
@@ -36,6 +38,7 @@ class Plan:
     node_rank: int = 0
     job_id: str = ""
     commands: List[List[str]] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)     # for stderr, before anything starts
 
     @property
     def world_size(self) -> int:
@@ -75,8 +78,11 @@ def build_plan(args, environ: Optional[Mapping[str, str]] = None, cwd: Optional[
         raise LaunchError(f"--ssh_port must be in 1..65535, got {args.ssh_port}")
     hosts = resolve_hosts(args, environ)
     launcher = args.launcher
+    warnings = []
     if launcher is None:
         launcher = "ssh" if (len(hosts) > 1 or args.force_multi) else "local"
+        if launcher == "local" and not is_this_machine(next(iter(hosts))):
+            warnings.append(_runs_here_warning(next(iter(hosts))))
     if launcher not in LAUNCHERS:
         raise LaunchError(f"--launcher {launcher!r}: choose one of {', '.join(LAUNCHERS)}")
     node_rank = 0
@@ -108,6 +114,13 @@ def build_plan(args, environ: Optional[Mapping[str, str]] = None, cwd: Optional[
                 launcher_args=args.launcher_args or "", ssh_port=args.ssh_port, no_local_rank=args.no_local_rank,
                 no_python=args.no_python, module=bool(args.module), bind_cores_to_rank=args.bind_cores_to_rank,
                 bind_core_list=args.bind_core_list, each_rank_log=args.each_rank_log, node_rank=node_rank,
-                job_id=uuid.uuid4().hex[:12])
+                job_id=uuid.uuid4().hex[:12], warnings=warnings)
     plan.commands = build_commands(plan)
     return plan
+
+
+def _runs_here_warning(host: str) -> str:
+    # DeepSpeed starts a one-host job locally whatever the host's name; so do we, but not silently.
+    return (f"the selection leaves one host, {host!r}, which is not this machine ({socket.gethostname()}); as "
+            f"DeepSpeed does, a one-host job runs here, on this machine, with {host}'s slots. To start it on {host} "
+            "instead, pass --force_multi (it then goes through ssh, or the --launcher you name)")

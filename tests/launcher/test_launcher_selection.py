@@ -1,10 +1,15 @@
 """--include / --exclude / --num_nodes / --num_gpus: every accepted and rejected form, as functions and via CLI."""
+import os
+import socket
+import subprocess
+import sys
 from collections import OrderedDict
 
 import pytest
 
 from dsfast.launcher.errors import LaunchError
 from dsfast.launcher.selection import parse_node_spec, select_resources
+from dsfast.launcher.this_machine import is_this_machine
 from launcher_util import dry
 
 HOSTS = OrderedDict([("worker-0", 4), ("worker-1", 4), ("worker-2", 2), ("worker-3", 2)])
@@ -111,3 +116,55 @@ def test_filters_apply_to_this_machine_without_hostfile(capsys, monkeypatch):
     assert rc == 2 and "slot 1 of host 'localhost'" in err
     rc, _, err = dry(["--num_nodes", "2", "train.py"], capsys)
     assert rc == 2 and "has only 1 host" in err
+
+
+# ------------------------------------------------------------------------------------------------ one remote host
+def test_one_remote_host_left_runs_here_and_says_so(tmp_path, capsys):
+    """As in DeepSpeed, a one-host selection runs locally; a host that is not this machine gets a warning."""
+    (tmp_path / "hf").write_text(HOSTFILE)
+    rc, plan, err = dry(["-H", "hf", "--include", "worker-2:0,1", "train.py"], capsys)
+    assert rc == 0 and plan["launcher"] == "local" and plan["master_addr"] == "127.0.0.1"
+    assert err.startswith("dsfast: warning: ") and "'worker-2', which is not this machine" in err
+    assert "--force_multi" in err and socket.gethostname() in err
+    rc, plan, err = dry(["-H", "hf", "--include", "worker-2:0,1", "--force_multi", "train.py"], capsys)
+    assert rc == 0 and plan["launcher"] == "ssh" and plan["master_addr"] == "worker-2" and err == ""
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "127.0.0.2", socket.gethostname()])
+def test_one_host_that_is_this_machine_runs_here_quietly(tmp_path, capsys, host):
+    (tmp_path / "hf").write_text(f"{host} slots=2\nworker-1 slots=2\n")
+    rc, plan, err = dry(["-H", "hf", "--include", host, "train.py"], capsys)
+    assert rc == 0 and plan["launcher"] == "local" and plan["hosts"] == {host: [0, 1]} and err == ""
+
+
+def test_this_machine_without_dns():
+    own = socket.gethostname()
+    for host in ("localhost", "LOCALHOST", own, own.split(".")[0], "127.1.2.3", "::1", "[::1]"):
+        assert is_this_machine(host), host
+    # a documentation address (never assigned) and names that only share a prefix
+    for host in ("worker-2", "192.0.2.7", f"{own}x", f"x{own}"):
+        assert not is_this_machine(host), host
+
+
+@pytest.mark.parametrize("own, host, same", [("node7", "node7.cluster", True), ("node7.cluster", "node7", True),
+                                             ("node7.a", "node7.b", False), ("node7", "node71", False)])
+def test_short_and_full_hostnames(monkeypatch, own, host, same):
+    monkeypatch.setattr(socket, "gethostname", lambda: own)
+    assert is_this_machine(host) is same
+
+
+def test_explicit_local_launcher_is_not_warned(tmp_path, capsys):
+    (tmp_path / "hf").write_text(HOSTFILE)
+    rc, plan, err = dry(["-H", "hf", "--include", "worker-2", "--no_ssh", "train.py"], capsys)
+    assert rc == 0 and plan["launcher"] == "local" and err == ""
+
+
+def test_the_warning_comes_before_the_local_run(tmp_path):
+    (tmp_path / "hf").write_text(HOSTFILE)
+    (tmp_path / "w.py").write_text("import os; print('ran rank', os.environ['RANK'], flush=True)\n")
+    p = subprocess.run([sys.executable, "-m", "dsfast.launcher", "-H", "hf", "--include", "worker-2:1", "w.py"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert p.returncode == 0, p.stderr
+    assert "ran rank 0" in p.stdout
+    assert p.stderr.startswith("dsfast: warning: the selection leaves one host, 'worker-2'"), p.stderr

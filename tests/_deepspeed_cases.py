@@ -1,0 +1,142 @@
+"""The DeepSpeed cross-checks' inputs and how a run of them is traced, shared by the tests and by
+tests/data/make_deepspeed_goldens.py, which records DeepSpeed's traces into tests/data/ so that the comparisons run
+without DeepSpeed installed. Traces are plain JSON (floats round-trip exactly)."""
+import json
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data"
+GOLDEN_DEEPSPEED = "0.19.8"      # the version the golden files were recorded from
+
+# ------------------------------------------------------------------------------------------------ loss scaler
+# 'O' overflow, '.' clean. The window is never reached: DeepSpeed 0.19 grows the scale one step later than its
+# docs (and we) say, so only halving and hysteresis are compared.
+LOSS_SCALE_PATTERN = "O.OO.O.OOO..O.O"
+LOSS_SCALE_ARGS = dict(init_scale=2.0 ** 16, scale_window=10 ** 6, min_scale=1)
+HYSTERESIS = 2      # ours: hysteresis=, DeepSpeed's: delayed_shift=
+
+
+def loss_scale_trace(scaler):
+    """[loss_scale, cur_hysteresis] after each step of LOSS_SCALE_PATTERN."""
+    out = []
+    for ch in LOSS_SCALE_PATTERN:
+        scaler.update_scale(ch == "O")
+        out.append([float(scaler.loss_scale), int(scaler.cur_hysteresis)])
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ LR schedules
+LR_CASES = [
+    ("WarmupLR", dict(warmup_min_lr=0.001, warmup_max_lr=0.02, warmup_num_steps=7)),
+    ("WarmupLR", dict(warmup_num_steps=5, warmup_type="linear")),
+    ("WarmupDecayLR", dict(total_num_steps=25, warmup_num_steps=6, warmup_max_lr=0.05)),
+    ("WarmupDecayLR", dict(total_num_steps=25, warmup_num_steps=6, warmup_type="linear")),
+    ("WarmupCosineLR", dict(total_num_steps=25, warmup_num_steps=6, warmup_min_ratio=0.1, cos_min_ratio=0.05)),
+    ("WarmupCosineLR", dict(total_num_steps=20, warmup_num_steps=3, warmup_type="linear")),
+    ("OneCycle", dict(cycle_min_lr=0.01, cycle_max_lr=0.1, cycle_first_step_size=5, cycle_second_step_size=3,
+                      decay_lr_rate=0.3, decay_step_size=2, decay_mom_rate=0.1)),
+    ("OneCycle", dict(cycle_min_lr=0.01, cycle_max_lr=0.1, cycle_first_step_size=6, cycle_first_stair_count=3)),
+    ("LRRangeTest", dict(lr_range_test_min_lr=0.001, lr_range_test_step_size=3, lr_range_test_step_rate=0.5)),
+    ("LRRangeTest", dict(lr_range_test_step_size=2, lr_range_test_staircase=True)),
+]
+LR_STEPS = 30
+
+
+def lr_case_id(name, params):
+    return name + "(" + ", ".join(f"{k}={v}" for k, v in sorted(params.items())) + ")"
+
+
+def lr_optimizer():
+    """AdamW with two groups at lr 0.03 (a schedule must drive every group)."""
+    import torch
+    params = [torch.nn.Parameter(torch.zeros(2)) for _ in range(2)]
+    return torch.optim.AdamW([{"params": [p]} for p in params], lr=0.03, betas=(0.9, 0.999))
+
+
+def lr_trace(schedule, optimizer):
+    """Each group's lr (and beta1, which OneCycle cycles) before each of LR_STEPS steps, then the state_dict."""
+    steps = []
+    for _ in range(LR_STEPS):
+        steps.append({"lr": [g["lr"] for g in optimizer.param_groups],
+                      "beta1": [g["betas"][0] for g in optimizer.param_groups]})
+        schedule.step()
+    return {"steps": steps, "state": schedule.state_dict()}
+
+
+# ------------------------------------------------------------------------------------------------ config schema
+# DeepSpeed's pydantic model (module, class) -> ours (module, class)
+CONFIG_PAIRS = [
+    (("deepspeed.runtime.zero.config", "DeepSpeedZeroConfig"), ("dsfast.config.zero", "ZeroConfig")),
+    (("deepspeed.runtime.zero.offload_config", "DeepSpeedZeroOffloadOptimizerConfig"),
+     ("dsfast.config.zero", "OffloadOptimizerConfig")),
+    (("deepspeed.runtime.zero.offload_config", "DeepSpeedZeroOffloadParamConfig"),
+     ("dsfast.config.zero", "OffloadParamConfig")),
+    (("deepspeed.runtime.precision_config", "DeepSpeedFP16Config"), ("dsfast.config.precision", "Fp16Config")),
+    (("deepspeed.runtime.precision_config", "DeepSpeedBF16Config"), ("dsfast.config.precision", "Bf16Config")),
+]
+
+
+def model_class(module_and_name):
+    import importlib
+    module, name = module_and_name
+    return getattr(importlib.import_module(module), name)
+
+
+def config_fields(model):
+    """{field: {"alias", "default"}} of a pydantic model, defaults as plain JSON values (enums by value)."""
+    out = {}
+    for name, field in model.model_fields.items():
+        value = field.get_default(call_default_factory=True)
+        value = getattr(value, "value", value)
+        if hasattr(value, "model_dump"):
+            value = value.model_dump()
+        out[name] = {"alias": field.alias, "default": json.loads(json.dumps(value, default=str))}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ DeepSpeed's side
+def deepspeed_traces(kind):
+    """DeepSpeed's traces of one kind of case (needs deepspeed importable; DS_ACCELERATOR=cpu without a GPU)."""
+    return {"loss_scaler": _deepspeed_loss_scaler, "lr_schedules": _deepspeed_lr_schedules,
+            "config_defaults": _deepspeed_config_defaults}[kind]()
+
+
+KINDS = ("loss_scaler", "lr_schedules", "config_defaults")
+
+
+def _deepspeed_loss_scaler():
+    from deepspeed.runtime.fp16 import loss_scaler
+    loss_scaler.dist.get_rank = lambda: 0     # its overflow logging asks deepspeed.comm for the rank
+    return {str(consecutive): loss_scale_trace(loss_scaler.DynamicLossScaler(
+                **LOSS_SCALE_ARGS, delayed_shift=HYSTERESIS, consecutive_hysteresis=consecutive))
+            for consecutive in (False, True)}
+
+
+def _deepspeed_lr_schedules():
+    from deepspeed.runtime import lr_schedules
+    out = {}
+    for name, params in LR_CASES:
+        optimizer = lr_optimizer()
+        out[lr_case_id(name, params)] = lr_trace(getattr(lr_schedules, name)(optimizer, **params), optimizer)
+    return out
+
+
+def _deepspeed_config_defaults():
+    return {theirs[1]: config_fields(model_class(theirs)) for theirs, _ in CONFIG_PAIRS}
+
+
+# ------------------------------------------------------------------------------------------------ golden files
+def golden_path(kind):
+    return DATA / f"deepspeed_{kind}.json"
+
+
+def load_golden(kind):
+    """The recorded traces of `kind`; a missing or foreign file says how to regenerate it."""
+    path = golden_path(kind)
+    regen = "DS_ACCELERATOR=cpu python tests/data/make_deepspeed_goldens.py (with DeepSpeed importable)"
+    if not path.is_file():
+        raise FileNotFoundError(f"golden file {path} is missing; regenerate it with {regen}")
+    data = json.loads(path.read_text())
+    if data.get("deepspeed") != GOLDEN_DEEPSPEED:
+        raise ValueError(f"{path} was recorded from DeepSpeed {data.get('deepspeed')!r}, the tests expect "
+                         f"{GOLDEN_DEEPSPEED}; regenerate it with {regen}")
+    return data["traces"]

@@ -1,0 +1,64 @@
+"""dsfast's exit hook: ranks tear the gloo group down only once every rank has arrived (bounded), a dead peer or a
+dead store host never makes a rank hang, and a rank failing with an exception does not wait for the others."""
+import os
+import re
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from dist_launch import launch  # noqa: E402
+
+WORKER = os.path.join(HERE, "worker_teardown.py")
+
+
+def stamp(output, what):
+    found = re.findall(rf"^{what} (\d+\.\d+)$", output, re.M)
+    assert len(found) == 1, output
+    return float(found[0])
+
+
+def test_a_rank_does_not_tear_down_before_a_slow_peer_arrives():
+    (rc0, out0), (rc1, out1) = launch(WORKER, nprocs=2, timeout=60, extra_env={"SLEEP1": "2"})
+    assert rc0 == rc1 == 0
+    assert stamp(out0, "DESTROY") >= stamp(out1, "LEAVING") - 0.05      # rank 0 waited for rank 1 (clock slack)
+    assert stamp(out0, "DESTROY") - stamp(out0, "LEAVING") > 1.5
+    assert "warning" not in out0 + out1
+
+
+def test_a_dead_peer_delays_the_exit_by_the_bound_only():
+    start = time.monotonic()
+    (rc0, out0), (rc1, _) = launch(WORKER, nprocs=2, timeout=60, check=False,
+                                   extra_env={"DIE": "1", "DSFAST_EXIT_TIMEOUT_S": "2"})
+    assert rc1 == 3 and rc0 == 0, out0
+    assert "rank 0: at exit, 1 of 2 ranks arrived within 2 s" in out0 and "DSFAST_EXIT_TIMEOUT_S" in out0
+    assert 2 <= stamp(out0, "DESTROY") - stamp(out0, "LEAVING") < 4
+    assert time.monotonic() - start < 40
+
+
+def test_a_dead_store_host_does_not_hold_the_others():
+    (rc0, _), (rc1, out1) = launch(WORKER, nprocs=2, timeout=60, check=False, extra_env={"DIE": "0", "SLEEP0": "1"})
+    assert rc0 == 3 and rc1 == 0, out1
+    assert "rank 1: the store is unreachable at exit" in out1
+    assert stamp(out1, "DESTROY") - stamp(out1, "LEAVING") < 5
+
+
+def test_a_failing_rank_exits_without_waiting_for_its_peers():
+    (rc0, out0), (rc1, out1) = launch(WORKER, nprocs=2, timeout=60, check=False,
+                                      extra_env={"RAISE": "1", "SLEEP0": "4", "DSFAST_EXIT_TIMEOUT_S": "30"})
+    assert rc1 == 1 and "this rank fails" in out1 and rc0 == 0, out0 + out1
+    assert stamp(out1, "DESTROY") - stamp(out1, "LEAVING") < 2              # did not wait for rank 0's 4 s
+    assert "warning" not in out0                                            # rank 1 still counted itself in
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan"])
+def test_a_bad_exit_timeout_is_an_error_at_init(monkeypatch, value):
+    import torch.distributed as dist
+
+    import dsfast
+    monkeypatch.setenv("DSFAST_EXIT_TIMEOUT_S", value)
+    with pytest.raises(ValueError, match=rf"DSFAST_EXIT_TIMEOUT_S='{value}' is not valid.*>= 0"):
+        dsfast.init_distributed(dist_backend="gloo")
+    assert not dist.is_initialized()
