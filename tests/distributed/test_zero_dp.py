@@ -58,11 +58,15 @@ def reference(text, world):
     spec = parse(text)
     spec.update(stage=0, offload=False, gas=spec["gas"] * world, inject_rank=-1 if spec["inject_rank"] < 0 else 0)
     losses, engine = train(dsfast.initialize, spec, 0, 1, dist_init_required=False)
-    return losses, full_params(engine)
+    return losses, full_params(engine), engine
 
 
 def _check(ranks, text, world, atol, rtol):
-    want_losses, want = reference(text, world)
+    want_losses, want, ref = reference(text, world)
+    for r in ranks:   # one global norm over all partitions (clipping used it), and the same schedule
+        if ref.get_global_grad_norm() is not None:
+            assert r["norm"] == pytest.approx(ref.get_global_grad_norm(), rel=1e-5)
+        assert r["lrs"] == pytest.approx(ref.get_lr())
     for r in ranks:
         assert set(r["params"]) == set(want)
         for name in want:
@@ -93,7 +97,7 @@ def test_bf16_matches_stage0_within_bf16_rounding(request, runs, key, world):
     # per-step differences of ~1e-2 relative in a gradient move Adam's update by a fraction of lr (1e-2)
     ranks = request.getfixturevalue(runs)[key]
     text = (RUNS2 if runs == "two" else RUNS4)[key]
-    _, want = reference(text, world)
+    _, want, _ = reference(text, world)
     got = torch.cat([ranks[0]["params"][n].flatten() for n in want])
     ref = torch.cat([want[n].flatten() for n in want])
     assert (got - ref).norm() / ref.norm() < 2e-2

@@ -69,8 +69,10 @@ def train(initialize, spec, rank, world, **init_kw):
     = gas x world it is the one-process reference of the same global batch."""
     model, params = build(spec)
     client = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1) if spec["optimizer"] == "client" else None
-    engine = initialize(model=model, model_parameters=params, optimizer=client, config=config(spec, world),
-                        **init_kw)[0]
+    # with a client optimizer, a client LR scheduler too (built on engine.optimizer: the flat shards at ZeRO)
+    schedule = (lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))) if client else None
+    engine = initialize(model=model, model_parameters=params, optimizer=client, lr_scheduler=schedule,
+                        config=config(spec, world), **init_kw)[0]
     gas = engine.gradient_accumulation_steps()
     losses = []
     for step in range(spec["steps"]):
