@@ -16,6 +16,7 @@ _LAZY = {
     "Engine": "dsfast.engine",
     "optim": "dsfast.optim",
     "ops": "dsfast.ops",
+    "checkpoint": "dsfast.checkpoint",
 }
 
 

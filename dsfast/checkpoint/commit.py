@@ -41,15 +41,16 @@ def fsync_dir(path):
 
 def rename_into_place(tmp, final, nonce, rank=0):
     parent = os.path.dirname(final)
-    old = None
     if os.path.exists(final):
         old = os.path.join(parent, f".old-{os.path.basename(final)}-{nonce}")
         os.rename(final, old)
         fault_point("between_renames", rank)
     os.rename(tmp, final)
     fsync_dir(parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    prefix = f".old-{os.path.basename(final)}-"   # this save's aside copy, and any a killed re-save left
+    for name in os.listdir(parent):
+        if name.startswith(prefix):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
 def write_latest(save_dir, tag):

@@ -53,8 +53,14 @@ class Meeting:
         keys = [self._key(phase, r) for r in ranks]
         try:
             self.store.wait(keys, datetime.timedelta(seconds=self.timeout_s))
-        except Exception:   # torch raises DistStoreError (a RuntimeError) on timeout
-            missing = [r for r, k in zip(ranks, keys) if not self.store.check([k])]
+        except Exception as err:   # torch raises DistStoreError on timeout, DistNetworkError if the host died
+            try:
+                missing = [r for r, k in zip(ranks, keys) if not self.store.check([k])]
+            except Exception:
+                raise CheckpointTimeoutError(
+                    f"{self.what} on rank {self.rank}: lost the process group's store while waiting for step "
+                    f"{phase!r} ({type(err).__name__}: {str(err).splitlines()[0][:200]}); the rank hosting it "
+                    "(rank 0, MASTER_ADDR) has most likely died") from None
             if not missing:
                 return [self.store.get(k) for k in keys]
             raise CheckpointTimeoutError(
