@@ -34,6 +34,7 @@ class SaveJob:
     shard_tensors: dict
     slices: list
     module: dict = None
+    module_info: dict = None
     engine_json: dict = None
     engine_tensors: dict = None
     nonce: str = ""
@@ -58,6 +59,7 @@ def prepare(engine, save_dir, tag, client_state, save_latest, exclude_frozen, ra
         if snapshot:
             job.engine_tensors = {k: v.clone() for k, v in job.engine_tensors.items()}
         job.module = state_files.module_tensors(engine, exclude_frozen, snapshot)
+        job.module_info = state_files.module_info(engine.module)
     return job
 
 
@@ -161,7 +163,8 @@ def _commit(job, tmp, reports):
                 f"{job.tag!r} was not committed and `latest` is unchanged")
     try:
         m = manifest.build(job.tag, job.flags, job.precision, reports,
-                           {"module_file": manifest.MODEL_FILE, "engine_file": manifest.ENGINE_FILE})
+                           {"module_file": manifest.MODEL_FILE, "engine_file": manifest.ENGINE_FILE,
+                            **job.module_info})
         for name, info in m["files"].items():
             path = os.path.join(tmp, name)
             size = os.path.getsize(path) if os.path.exists(path) else None

@@ -21,6 +21,18 @@ def module_tensors(engine, exclude_frozen=False, snapshot=False):
     return out
 
 
+def module_info(module):
+    """Parameter names (with tied aliases) for consolidation: {"param_names": [...], "tied": {alias: first}}."""
+    first, tied, names = {}, {}, []
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.append(name)
+        if id(p) in first:
+            tied[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return {"param_names": names, "tied": tied}
+
+
 def _param_groups(optimizer, tensors):
     if optimizer is None:
         return None
