@@ -46,6 +46,18 @@ class Meeting:
         self.prefix = f"dsfast/ckpt/{next(_SAVES)}/"
         self.store = dist.distributed_c10d._get_default_store() if self.distributed else None
 
+    def _lost(self, phase, err):
+        return CheckpointTimeoutError(
+            f"{self.what} on rank {self.rank}: lost the process group's store at step {phase!r} "
+            f"({type(err).__name__}: {str(err).splitlines()[0][:200]}); the rank hosting it (rank 0, MASTER_ADDR) "
+            "has most likely died")
+
+    def _set(self, phase, value):
+        try:
+            self.store.set(self._key(phase, self.rank), value)
+        except Exception as err:   # DistNetworkError: the store's host is gone
+            raise self._lost(phase, err) from None
+
     def _key(self, phase, rank):
         return f"{self.prefix}{phase}/{rank}"
 
@@ -57,31 +69,34 @@ class Meeting:
             try:
                 missing = [r for r, k in zip(ranks, keys) if not self.store.check([k])]
             except Exception:
-                raise CheckpointTimeoutError(
-                    f"{self.what} on rank {self.rank}: lost the process group's store while waiting for step "
-                    f"{phase!r} ({type(err).__name__}: {str(err).splitlines()[0][:200]}); the rank hosting it "
-                    "(rank 0, MASTER_ADDR) has most likely died") from None
+                raise self._lost(phase, err) from None
             if not missing:
-                return [self.store.get(k) for k in keys]
+                return self._get_all(phase, keys)
             raise CheckpointTimeoutError(
                 f"{self.what} on rank {self.rank}: rank(s) {', '.join(map(str, missing))} did not reach step "
                 f"{phase!r} within {self.timeout_s:g} s. Every rank must call {self.what} (calling it under "
                 "`if rank == 0` is the usual cause), or a rank died or is still busy; raise checkpoint.timeout_s "
                 f"(config) or ${ENV_TIMEOUT} for very slow disks") from None
-        return [self.store.get(k) for k in keys]
+        return self._get_all(phase, keys)
+
+    def _get_all(self, phase, keys):
+        try:
+            return [self.store.get(k) for k in keys]
+        except Exception as err:
+            raise self._lost(phase, err) from None
 
     def all_gather(self, phase, value: bytes):
         """Every rank's value, in rank order."""
         if not self.distributed:
             return [value]
-        self.store.set(self._key(phase, self.rank), value)
+        self._set(phase, value)
         return self._wait(phase, range(self.world))
 
     def gather(self, phase, value: bytes):
         """Rank 0 gets every rank's value; the others get None (they do not wait)."""
         if not self.distributed:
             return [value]
-        self.store.set(self._key(phase, self.rank), value)
+        self._set(phase, value)
         return self._wait(phase, range(self.world)) if self.rank == 0 else None
 
     def broadcast(self, phase, value: bytes = None):
@@ -89,6 +104,6 @@ class Meeting:
         if not self.distributed:
             return value
         if self.rank == 0:
-            self.store.set(self._key(phase, 0), value)
+            self._set(phase, value)
             return value
         return self._wait(phase, [0])[0]
