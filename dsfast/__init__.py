@@ -22,6 +22,7 @@ _LAZY = {
     "get_accelerator": "dsfast.accelerator",
     "comm": "dsfast.comm",
     "moe": "dsfast.moe",
+    "checkpoint": "dsfast.checkpoint",
 }
 
 

@@ -322,12 +322,11 @@ def test_initializing_the_same_model_twice_leaves_only_the_new_engine_in_charge(
         torch.testing.assert_close(p.grad, r.grad / 2)
 
 
-def test_checkpoint_methods_say_they_are_not_there_yet_instead_of_a_module_attribute_error():
+def test_checkpoint_methods_are_engine_methods_not_module_attributes(tmp_path):
     engine, _, _, _ = init()
-    with pytest.raises(NotImplementedError, match="save_checkpoint is not available"):
-        engine.save_checkpoint("/tmp/x")
-    with pytest.raises(NotImplementedError, match="load_checkpoint is not available"):
-        engine.load_checkpoint("/tmp/x")
+    path = engine.save_checkpoint(str(tmp_path), client_sd={"step": 1})
+    assert path == str(tmp_path / "global_step0")
+    assert engine.load_checkpoint(str(tmp_path)) == (path, {"step": 1})
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])

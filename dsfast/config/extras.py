@@ -32,6 +32,9 @@ class CheckpointConfig(StrictModel):
     load_universal: bool = False
     use_node_local_storage: bool = False
     parallel_write: ParallelWriteConfig = Field(default_factory=ParallelWriteConfig)
+    # dsfast's own: write from host copies in a background thread; bound on every wait for the other ranks
+    async_save: bool = False
+    timeout_s: float = Field(300.0, gt=0)
 
     @field_validator("tag_validation", mode="before")
     @classmethod

@@ -239,17 +239,21 @@ class Engine(torch.nn.Module):
         if self.loss_scaler is not None and state.get("loss_scaler") is not None:
             self.loss_scaler.load_state_dict(state["loss_scaler"])
 
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
-        raise NotImplementedError(
-            "engine.save_checkpoint is not available in this dsfast build yet (checkpoints land with the "
-            "checkpoint issue); meanwhile save engine.module.state_dict(), engine.optimizer.state_dict(), "
-            "engine.lr_scheduler.state_dict() and engine.engine_state_dict() with torch.save on every rank")
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True, exclude_frozen_parameters=False,
+                        *, client_sd=None, async_save=None):
+        """DeepSpeed's save_checkpoint, on every rank (client_sd= is the seeds' spelling of client_state)."""
+        from dsfast.checkpoint import save_checkpoint
+        if client_sd is not None and client_state is not None:
+            raise TypeError("save_checkpoint: pass client_state or client_sd (the same thing), not both")
+        return save_checkpoint(self, save_dir, tag, client_state if client_state is not None else client_sd,
+                               save_latest, async_save=async_save, exclude_frozen_parameters=exclude_frozen_parameters)
 
-    def load_checkpoint(self, load_dir, tag=None, load_optimizer_states=True, load_lr_scheduler_states=True,
-                        load_module_only=False):
-        raise NotImplementedError(
-            "engine.load_checkpoint is not available in this dsfast build yet (checkpoints land with the "
-            "checkpoint issue); load what you saved with torch.load and the matching load_state_dict methods")
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                        load_lr_scheduler_states=True, load_module_only=False):
+        """DeepSpeed's load_checkpoint -> (path, client_state), or (None, None) when there is no checkpoint."""
+        from dsfast.checkpoint import load_checkpoint
+        return load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
+                               load_lr_scheduler_states, load_module_only)
 
     def destroy(self):
         """Release the engine's hooks and buffers (DeepSpeed's engine.destroy()); the module stays usable."""

@@ -1,0 +1,129 @@
+"""load_checkpoint: read a checkpoint folder (any world size / stage) into this engine. Nothing is unpickled."""
+import os
+import warnings
+
+import torch
+
+from . import commit, jsonable, manifest, shards, state_files
+from .errors import CheckpointError
+from .safetensors_io import SafeTensorsFile
+from .stage0_layout import checkpoint_layout, engine_after_load, masters_from_module
+
+
+class CheckpointReader:
+    """One checkpoint folder: its manifest and its files, each read and checked against the manifest once."""
+
+    def __init__(self, ckpt_dir):
+        self.dir = ckpt_dir
+        self.manifest = manifest.read(ckpt_dir)
+        self._open = {}
+
+    def file(self, name):
+        if name not in self._open:
+            info = self.manifest["files"].get(name)
+            if info is None:
+                raise CheckpointError(f"{os.path.join(self.dir, manifest.MANIFEST)}: lists no file {name!r}")
+            self._open[name] = SafeTensorsFile(os.path.join(self.dir, name), info)
+        return self._open[name]
+
+    def engine_state(self):
+        name = self.manifest["engine_file"]
+        state = state_files.read_json_checked(os.path.join(self.dir, name), self.manifest["files"].get(name))
+        tensors = {}
+        if manifest.ENGINE_TENSORS in self.manifest["files"]:
+            tensors = self.file(manifest.ENGINE_TENSORS).tensors()
+        return state, tensors
+
+    def module_state(self):
+        f = self.file(self.manifest["module_file"])
+        return {k: v.clone() for k, v in f.tensors().items()}
+
+    def close(self):
+        self._open.clear()
+
+
+def resolve(load_dir, tag):
+    """(checkpoint folder, tag) or (None, reason)."""
+    load_dir = os.fspath(load_dir)
+    if tag is None:
+        tag = commit.read_latest(load_dir)
+        if tag is None:
+            return None, f"no `latest` file in {load_dir!r}; pass a tag explicitly"
+    tag = str(tag)
+    found = commit.find_checkpoint(load_dir, tag)
+    if found is None:
+        return None, f"checkpoint {os.path.join(load_dir, tag)!r} does not exist"
+    return found, tag
+
+
+def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                    load_lr_scheduler_states=True, load_module_only=False):
+    """DeepSpeed's load_checkpoint -> (path, client_state); (None, None) with a warning if there is nothing."""
+    path, why = resolve(load_dir, tag)
+    if path is None:
+        warnings.warn(f"load_checkpoint: {why}; nothing was loaded")
+        return None, None
+    if not os.path.exists(os.path.join(path, manifest.MANIFEST)):
+        from .deepspeed_import import is_deepspeed_checkpoint, load_deepspeed_into
+        if is_deepspeed_checkpoint(path):
+            return load_deepspeed_into(engine, path, load_module_strict, load_optimizer_states,
+                                       load_lr_scheduler_states, load_module_only)
+    reader = CheckpointReader(path)
+    try:
+        return path, _load(engine, reader, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
+                           load_module_only)
+    finally:
+        reader.close()
+
+
+@torch.no_grad()
+def _load(engine, reader, strict, load_optimizer_states, load_lr_scheduler_states, module_only):
+    # every file this rank needs is read and checked before anything is modified: never a partial load
+    state, tensors = reader.engine_state()
+    module_sd = reader.module_state()
+    layout = checkpoint_layout(engine)
+    if not module_only:
+        for name in _files_needed(layout, reader.manifest["params"]):
+            reader.file(name)
+    _load_module(engine.module, module_sd, strict, reader.dir)
+    client = jsonable.decode(state.get("client_state") or {}, tensors)
+    if module_only:
+        masters_from_module(engine, layout)
+        engine_after_load(engine)
+        return client
+    shards.apply(layout, engine.optimizer, reader.manifest["params"], reader.file, load_optimizer_states)
+    if load_optimizer_states and engine.optimizer is not None and state.get("param_groups") is not None:
+        _load_param_groups(engine.optimizer, jsonable.decode(state["param_groups"], tensors), reader.dir)
+    engine.load_engine_state_dict(jsonable.decode(state["engine"], tensors))
+    if load_lr_scheduler_states and engine.lr_scheduler is not None:
+        if state.get("lr_scheduler") is None:
+            warnings.warn(f"{reader.dir}: the checkpoint has no lr_scheduler state; the scheduler is unchanged")
+        else:
+            engine.lr_scheduler.load_state_dict(jsonable.decode(state["lr_scheduler"], tensors))
+    engine_after_load(engine)
+    return client
+
+
+def _files_needed(layout, params):
+    names = set()
+    for r in layout.records:
+        for s in params.get(r.name, {}).get("slices", []):
+            if s["start"] < r.stop and r.start < s["stop"]:
+                names.add(s["file"])
+    return sorted(names)
+
+
+def _load_module(module, sd, strict, where):
+    result = module.load_state_dict(sd, strict=strict)
+    if not strict and (result.missing_keys or result.unexpected_keys):
+        warnings.warn(f"{where}: module weights loaded with load_module_strict=False; missing "
+                      f"{result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")
+
+
+def _load_param_groups(optimizer, groups, where):
+    if len(groups) != len(optimizer.param_groups):
+        raise CheckpointError(f"{where}: the checkpoint has {len(groups)} optimizer param groups, this optimizer "
+                              f"has {len(optimizer.param_groups)}; load with load_optimizer_states=False")
+    for group, saved in zip(optimizer.param_groups, groups):
+        for key, value in saved.items():
+            group[key] = value

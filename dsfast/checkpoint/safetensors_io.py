@@ -1,0 +1,164 @@
+"""A small reader/writer of the safetensors format (no pickle, no dependency).
+
+Layout: 8-byte little-endian header length N, N bytes of JSON {name: {dtype, shape, data_offsets}, "__metadata__":
+{str: str}}, then the raw little-endian tensor bytes. The reader checks every offset against the file size, so a
+truncated or corrupted file is an error naming the file, never a partial load; the writer returns the size and
+sha256 of what it wrote, for the manifest.
+"""
+import hashlib
+import json
+import os
+import struct
+
+import torch
+
+from .errors import CheckpointCorruptError
+
+DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+          torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+          torch.bool: "BOOL"}
+for _name, _code in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"), ("uint16", "U16"),
+                     ("uint32", "U32"), ("uint64", "U64")):
+    if hasattr(torch, _name):
+        DTYPES[getattr(torch, _name)] = _code
+BY_CODE = {v: k for k, v in DTYPES.items()}
+MAX_HEADER = 256 << 20
+_CHUNK = 64 << 20
+
+
+def _bytes_of(t):
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def write_file(path, tensors, metadata=None, fault=None):
+    """Write {name: tensor} to `path` (fsynced). Returns {"size": bytes, "sha256": hex}. `fault(stage)` is the
+    test hook of the kill tests (called after the header and after each tensor)."""
+    header, offset, order = {}, 0, []
+    for name, t in tensors.items():
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{path}: tensor {name!r} has dtype {t.dtype}, which safetensors cannot store")
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        offset += n
+        order.append((name, t))
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)      # the data starts 8-byte aligned
+    digest = hashlib.sha256()
+    with open(path, "wb") as f:
+        for chunk in (struct.pack("<Q", len(raw)), raw):
+            f.write(chunk)
+            digest.update(chunk)
+        if fault:
+            fault("header")
+        for name, t in order:
+            data = memoryview(_bytes_of(t))
+            for i in range(0, len(data), _CHUNK):
+                part = data[i:i + _CHUNK]
+                f.write(part)
+                digest.update(part)
+            if fault:
+                fault("tensor")
+        f.flush()
+        os.fsync(f.fileno())
+    return {"size": 8 + len(raw) + offset, "sha256": digest.hexdigest()}
+
+
+def file_sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(_CHUNK)
+            if not block:
+                return digest.hexdigest()
+            digest.update(block)
+
+
+class SafeTensorsFile:
+    """One file read whole into memory, checked, with tensors handed out as views of that buffer."""
+
+    def __init__(self, path, expect=None):
+        self.path = path
+        try:
+            size = os.path.getsize(path)
+            buf = bytearray(size)
+            with open(path, "rb") as f:
+                got = f.readinto(buf)
+        except OSError as err:
+            raise CheckpointCorruptError(f"{path}: cannot be read ({err})") from None
+        if got != size:
+            raise CheckpointCorruptError(f"{path}: read {got} of {size} bytes (the file changed while loading)")
+        if expect is not None:
+            if expect.get("size") is not None and size != expect["size"]:
+                raise CheckpointCorruptError(f"{path}: is {size} bytes but the manifest says {expect['size']} "
+                                             "(truncated or replaced)")
+            if expect.get("sha256") and hashlib.sha256(buf).hexdigest() != expect["sha256"]:
+                raise CheckpointCorruptError(f"{path}: sha256 does not match the manifest (the file is corrupted)")
+        self.buffer = buf
+        self.header, self.data_start = self._parse(buf, size)
+        self.metadata = self.header.pop("__metadata__", {}) or {}
+
+    def _parse(self, buf, size):
+        if size < 8:
+            raise CheckpointCorruptError(f"{self.path}: {size} bytes is too short for a safetensors file (truncated)")
+        (n,) = struct.unpack("<Q", bytes(buf[:8]))
+        if n > MAX_HEADER or 8 + n > size:
+            raise CheckpointCorruptError(f"{self.path}: header length {n} does not fit the {size}-byte file "
+                                         "(truncated or not a safetensors file)")
+        try:
+            header = json.loads(bytes(buf[8:8 + n]).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise CheckpointCorruptError(f"{self.path}: the header is not valid JSON ({err}); the file is "
+                                         "corrupted") from None
+        if not isinstance(header, dict):
+            raise CheckpointCorruptError(f"{self.path}: the header is not a JSON object")
+        data_len, end = size - 8 - n, 0
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                lo, hi = info["data_offsets"]
+                dtype = BY_CODE[info["dtype"]]
+                numel = 1
+                for d in info["shape"]:
+                    numel *= int(d)
+            except (KeyError, TypeError, ValueError) as err:
+                raise CheckpointCorruptError(f"{self.path}: entry {name!r} is malformed ({err!r})") from None
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            if not (0 <= lo <= hi <= data_len) or hi - lo != numel * itemsize:
+                raise CheckpointCorruptError(f"{self.path}: tensor {name!r} spans bytes [{lo}, {hi}) but the data "
+                                             f"section has {data_len} bytes (truncated or corrupted)")
+            end = max(end, hi)
+        if end != data_len:
+            raise CheckpointCorruptError(f"{self.path}: {data_len - end} unexpected bytes after the last tensor")
+        return header, 8 + n
+
+    def keys(self):
+        return list(self.header)
+
+    def __contains__(self, name):
+        return name in self.header
+
+    def get(self, name):
+        info = self.header.get(name)
+        if info is None:
+            raise CheckpointCorruptError(f"{self.path}: has no tensor {name!r} (the manifest lists it)")
+        dtype, shape = BY_CODE[info["dtype"]], info["shape"]
+        lo, hi = info["data_offsets"]
+        if hi == lo:
+            return torch.empty(shape, dtype=dtype)
+        flat = torch.frombuffer(self.buffer, dtype=torch.uint8, count=hi - lo, offset=self.data_start + lo)
+        return flat.view(dtype).reshape(shape)
+
+    def tensors(self):
+        return {name: self.get(name) for name in self.header}
+
+
+def read_file(path, expect=None):
+    """{name: tensor} of a whole file (copies, independent of the read buffer)."""
+    f = SafeTensorsFile(path, expect)
+    return {k: v.clone() for k, v in f.tensors().items()}

@@ -1,0 +1,118 @@
+"""A rank's slices of masters and optimizer state <-> named flat tensors, and resharding at load.
+
+Save: every SliceRecord gives tensors "<name>@<start>/master" and "<name>@<start>/<state key>" (1-D, the record's
+elements) plus JSON scalars (step). Load: every record of the NEW layout is filled from the saved slices that
+overlap its element range, whichever world size and stage wrote them, so a checkpoint reshapes at load.
+"""
+import warnings
+
+import torch
+
+from .errors import CheckpointError
+
+
+def _per_element(key, value, opt_param):
+    return (torch.is_tensor(value) and value.numel() == opt_param.numel() and key != "step"
+            and (value.dim() > 0 or opt_param.dim() == 0))
+
+
+def _scalar(where, key, value):
+    if torch.is_tensor(value):
+        if value.numel() != 1:
+            raise CheckpointError(f"{where}: optimizer state {key!r} is a tensor of shape {tuple(value.shape)}, "
+                                  "neither per-element nor a scalar; the checkpoint layer cannot slice it")
+        return {"value": value.item(), "tensor": str(value.dtype).replace("torch.", ""), "shape": list(value.shape)}
+    if isinstance(value, (bool, int, float)):
+        return {"value": value, "tensor": None}
+    raise CheckpointError(f"{where}: optimizer state {key!r} is a {type(value).__name__}; only tensors and "
+                          "numbers can be checkpointed")
+
+
+def collect(layout, optimizer, file_name, snapshot=False):
+    """(tensors, slice entries) for this rank's records; snapshot=True copies to host memory (async saves)."""
+    tensors, entries = {}, []
+    for r in layout.records:
+        n = r.stop - r.start
+        base = f"{r.name}@{r.start}"
+
+        def part(t):
+            flat = t.detach().reshape(-1)[r.opt_offset:r.opt_offset + n]
+            return flat.to("cpu", copy=True) if snapshot else flat
+
+        keys = {"master": f"{base}/master"}
+        tensors[keys["master"]] = part(r.opt_param)
+        scalars = {}
+        state = optimizer.state.get(r.opt_param, {}) if optimizer is not None else {}
+        for key, value in state.items():
+            if _per_element(key, value, r.opt_param):
+                keys[key] = f"{base}/{key}"
+                tensors[keys[key]] = part(value)
+            else:
+                scalars[key] = _scalar(f"parameter {r.name!r}", key, value)
+        entries.append({"name": r.name, "shape": list(r.shape), "start": r.start, "stop": r.stop,
+                        "file": file_name, "keys": keys, "scalars": scalars})
+    return tensors, entries
+
+
+def _scalar_value(info, device):
+    if info.get("tensor") is None:
+        return info["value"]
+    return torch.tensor(info["value"], dtype=getattr(torch, info["tensor"]), device=device).reshape(
+        info.get("shape", []))
+
+
+@torch.no_grad()
+def apply(layout, optimizer, params_manifest, open_file, load_optimizer_states=True):
+    """Fill every record's master (and, if asked, optimizer state) from the saved slices overlapping it."""
+    created, scalars_set, differing = set(), set(), []
+    for r in layout.records:
+        saved = params_manifest.get(r.name)
+        if saved is None:
+            raise CheckpointError(f"the checkpoint has no master weights for parameter {r.name!r} (it holds "
+                                  f"{len(params_manifest)} parameters); was it saved from a different model?")
+        if tuple(saved["shape"]) != tuple(r.shape):
+            raise CheckpointError(f"parameter {r.name!r} has shape {tuple(r.shape)} here but "
+                                  f"{tuple(saved['shape'])} in the checkpoint")
+        state = optimizer.state[r.opt_param] if (optimizer is not None and load_optimizer_states) else None
+        covered, first_scalars = 0, None
+        for s in saved["slices"]:
+            lo, hi = max(r.start, s["start"]), min(r.stop, s["stop"])
+            if lo >= hi:
+                continue
+            f = open_file(s["file"])
+            dst_lo, dst_hi = r.opt_offset + lo - r.start, r.opt_offset + hi - r.start
+            for key, tensor_name in s["keys"].items():
+                if key != "master" and state is None:
+                    continue
+                src = f.get(tensor_name).reshape(-1)
+                if src.numel() != s["stop"] - s["start"]:
+                    raise CheckpointError(f"{f.path}: {tensor_name!r} has {src.numel()} elements, the manifest "
+                                          f"says {s['stop'] - s['start']}")
+                if key == "master":
+                    dst = r.opt_param
+                else:
+                    dst = state.get(key)
+                    if dst is None or (id(r.opt_param), key) not in created and dst.numel() != r.opt_param.numel():
+                        dst = state[key] = torch.zeros(r.opt_param.shape, dtype=src.dtype, device=r.opt_param.device)
+                    created.add((id(r.opt_param), key))
+                dst.view(-1)[dst_lo:dst_hi].copy_(src[lo - s["start"]:hi - s["start"]])
+            covered += hi - lo
+            if first_scalars is None:
+                first_scalars = s.get("scalars", {})
+            elif s.get("scalars", {}) != first_scalars:
+                differing.append(r.name)
+        if covered != r.stop - r.start:
+            raise CheckpointError(f"the checkpoint covers {covered} of the {r.stop - r.start} elements "
+                                  f"[{r.start}, {r.stop}) of parameter {r.name!r}; its manifest is incomplete")
+        if state is not None and first_scalars and id(r.opt_param) not in scalars_set:
+            scalars_set.add(id(r.opt_param))
+            for key, info in first_scalars.items():
+                value = _scalar_value(info, r.opt_param.device)
+                old = state.get(key)
+                if torch.is_tensor(old) and torch.is_tensor(value) and old.shape == value.shape:
+                    old.copy_(value)
+                else:
+                    state[key] = value
+    if differing:
+        warnings.warn(f"saved slices of {len(differing)} parameter(s) (first: {differing[0]!r}) carry different "
+                      "optimizer step counts; each merged shard takes the first slice's")
