@@ -4,7 +4,7 @@ Files, one job each:
   tags.py             user tag (str / int / float) -> a safe folder name
   safetensors_io.py   small safetensors reader / writer (no pickle), size + sha256 of each file
   jsonable.py         client_state / scheduler state <-> JSON + tensors; unsafe values refused, key named
-  stage0_layout.py    the engine contract: SliceRecords (which slices this rank holds), writing masters back
+  layout.py           the engine contract: SliceRecords (which slices this rank holds), writing masters back
   shards.py           records <-> named flat tensors; resharding on load by overlapping element ranges
   state_files.py      rank 0's module weights and engine state (counters, scaler, scheduler, client_state)
   manifest.py         manifest.json: world size, stage, every parameter's slices, every file's size/sha256
@@ -16,7 +16,7 @@ Files, one job each:
   deepspeed_import.py DeepSpeed 0.19 checkpoints through restricted unpickling; `dsfast convert-deepspeed`
 """
 from .errors import CheckpointCorruptError, CheckpointError, CheckpointTimeoutError, UnsafeStateError
-from .stage0_layout import Layout, SliceRecord, checkpoint_layout, engine_after_load
+from .layout import Layout, SliceRecord, checkpoint_layout, engine_after_load
 
 
 def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=True, async_save=None,

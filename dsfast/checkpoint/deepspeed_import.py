@@ -184,7 +184,7 @@ def _as_manifest(ds):
 @torch.no_grad()
 def load_deepspeed_into(engine, path, strict, load_optimizer_states, load_lr_scheduler_states, module_only):
     from . import shards
-    from .stage0_layout import checkpoint_layout, engine_after_load, masters_from_module
+    from .layout import checkpoint_layout, engine_after_load, masters_from_module
     ds = DeepSpeedCheckpoint(path)
     module = {k: v for k, v in ds.module.items()}
     if ds.stage == 3:        # partitioned module weights: the full fp32 ones, cast to the model's dtypes

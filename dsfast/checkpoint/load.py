@@ -7,7 +7,7 @@ import torch
 from . import commit, jsonable, manifest, shards, state_files
 from .errors import CheckpointError
 from .safetensors_io import SafeTensorsFile
-from .stage0_layout import checkpoint_layout, engine_after_load, masters_from_module
+from .layout import checkpoint_layout, engine_after_load, masters_from_module
 
 
 class CheckpointReader:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from . import commit, manifest, safetensors_io, shards, state_files
 from .errors import CheckpointError
 from .rendezvous import Meeting, resolve_timeout
-from .stage0_layout import checkpoint_layout
+from .layout import checkpoint_layout
 from .tags import normalize_tag
 
 _OK = "ok"

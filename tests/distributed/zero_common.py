@@ -64,18 +64,22 @@ def config(spec, world):
     return cfg
 
 
-def train(initialize, spec, rank, world, **init_kw):
-    """Train `spec` on this rank's share of each global batch; returns (losses, engine). With world == 1 and GAS
-    = gas x world it is the one-process reference of the same global batch."""
+def make_engine(initialize, spec, world, **init_kw):
     model, params = build(spec)
     client = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1) if spec["optimizer"] == "client" else None
     # with a client optimizer, a client LR scheduler too (built on engine.optimizer: the flat shards at ZeRO)
     schedule = (lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))) if client else None
-    engine = initialize(model=model, model_parameters=params, optimizer=client, lr_scheduler=schedule,
-                        config=config(spec, world), **init_kw)[0]
+    return initialize(model=model, model_parameters=params, optimizer=client, lr_scheduler=schedule,
+                      config=config(spec, world), **init_kw)[0]
+
+
+def train(initialize, spec, rank, world, engine=None, first=0, **init_kw):
+    """Train `spec` on this rank's share of each global batch, steps [first, spec["steps"]); returns (losses,
+    engine). With world == 1 and GAS = gas x world it is the one-process reference of the same global batch."""
+    engine = engine or make_engine(initialize, spec, world, **init_kw)
     gas = engine.gradient_accumulation_steps()
     losses = []
-    for step in range(spec["steps"]):
+    for step in range(first, spec["steps"]):
         x, y = global_batch(step, MICRO * gas * world)
         total = 0.0
         for i in range(gas):
