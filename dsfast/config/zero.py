@@ -15,7 +15,7 @@ from .base import StrictModel, nested_error, plain_error
 logger = logging.getLogger("dsfast.config")
 
 # >>> The stages the engine implements. <<<
-SUPPORTED_ZERO_STAGES = frozenset({0, 1, 2})
+SUPPORTED_ZERO_STAGES = frozenset({0, 1, 2, 3})
 
 _DEVICES = ("none", "cpu", "nvme")
 

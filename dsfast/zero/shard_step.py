@@ -88,12 +88,11 @@ def step_shards(store, optimizer, grads, scale):
                 i = index[id(shard)]
                 out16 = None
                 if store.mixed:
-                    out16 = store.host16[i] if store.host16[i] is not None else \
-                        store.flats[i][slice(*store.plans[i].shard_range(store.rank))]
+                    out16 = store.host16[i] if store.host16[i] is not None else store.slice16(i)
                 kernel(optimizer, group, shard, host_grads[i], scale, out16)
         for i, h in enumerate(store.host16):
             if h is not None:
-                store.flats[i][slice(*store.plans[i].shard_range(store.rank))].copy_(h, non_blocking=True)
+                store.slice16(i).copy_(h, non_blocking=True)
         return
     for shard, g in zip(shards, host_grads):
         shard.grad = g.to(torch.float32) * scale if g.dtype != torch.float32 or scale != 1.0 else g
