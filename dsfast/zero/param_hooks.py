@@ -110,7 +110,7 @@ class ParamCoordinator:
                     t.register_hook(lambda grad, m=module: self._pre_backward(m))
         for r in recs:
             r.refs -= 1
-            r.release()
+            r.release(resize=True)
 
     @staticmethod
     def _pre_backward(module):

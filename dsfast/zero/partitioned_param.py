@@ -2,10 +2,16 @@
 
 Every partitioned parameter carries a PartitionedParam (`param._dsfast_z3`). The rank keeps `shard`, its slice of
 the flattened parameter padded to `world * ALIGN` elements (the same layout as a one-parameter partition.BucketPlan,
-so the stage 1/2 maths, checkpoint records and formulas apply unchanged). `full` is the padded whole parameter; its
-storage is resized to 0 bytes while the parameter is released and back when it is gathered. Keeping one storage
-object matters: tensors autograd saved during forward (weight.t() views, non-reentrant checkpointing's detached
-copies) point at that storage and see the values again once the parameter is re-gathered for backward.
+so the stage 1/2 maths, checkpoint records and formulas apply unchanged). `full` is the padded whole parameter. Two ways to
+release it:
+  after a module's forward  its storage is resized to 0 bytes and back when the parameter is gathered for
+                            backward. Keeping that one storage object matters: tensors autograd saved during
+                            forward (weight.t() views, checkpointing's detached copies) point at it and see the
+                            values again once the parameter is re-gathered; dropping it instead would keep every
+                            saved weight alive until backward (the whole model).
+  anywhere else             the storage is handed over to whoever still references it (a state_dict taken inside
+                            GatheredParameters, autograd's last saved tensors) and freed when they drop it; the
+                            next gather allocates a new one. Safe for any reference a user kept.
 
 While released, `param.data` is an empty tensor of the parameter's dtype, so nothing can read stale memory; while
 gathered it is a view of `full` with the parameter's shape.
@@ -44,8 +50,7 @@ class PartitionedParam:
             a, b = min(lo, self.numel), min(hi, self.numel)
             if a < b:
                 self.shard[:b - a].copy_(flat[a:b])
-        self.full = torch.empty(self.padded, dtype=self.dtype, device=self.device)
-        self._free_storage()
+        self.full = None
         param.data = self._empty()
         param._dsfast_z3 = self
 
@@ -61,9 +66,6 @@ class PartitionedParam:
     def _empty(self):
         return torch.empty(0, dtype=self.dtype, device=self.device)
 
-    def _free_storage(self):
-        self.full.untyped_storage().resize_(0)
-
     def cast(self, dtype):
         """Change the model dtype (fp16/bf16 training): the shard is rounded, the full buffer re-made."""
         if dtype == self.dtype:
@@ -75,8 +77,7 @@ class PartitionedParam:
         self.shard = self.shard.to(dtype)
         if self.pin:
             self.shard = self.shard.pin_memory()
-        self.full = torch.empty(self.padded, dtype=dtype, device=self.device)
-        self._free_storage()
+        self.full = None
         self.param.data = self._empty()
         if was:
             gather([self])
@@ -84,9 +85,10 @@ class PartitionedParam:
     # ---- gather / free ---------------------------------------------------------------------------------------
     def _launch(self):
         """Start filling `full` from every rank's shard; returns a handle (None when done already)."""
-        storage = self.full.untyped_storage()
-        if storage.nbytes() == 0:
-            storage.resize_(self.padded * self.full.element_size())
+        if self.full is None:
+            self.full = torch.empty(self.padded, dtype=self.dtype, device=self.device)
+        elif self.full.untyped_storage().nbytes() == 0:
+            self.full.untyped_storage().resize_(self.padded * self.full.element_size())
         src = self.shard if self.shard.device == self.device else self.shard.to(self.device, non_blocking=True)
         if self.world == 1:
             self.full.copy_(src)
@@ -97,15 +99,19 @@ class PartitionedParam:
         self.param.data = self.full[:self.numel].view(self.shape)
         self.gathered = True
 
-    def free(self):
+    def free(self, resize=False):
+        """resize=True: shrink the storage in place (after forward, see above); else let it go."""
         self.param.data = self._empty()
-        self._free_storage()
+        if resize:
+            self.full.untyped_storage().resize_(0)
+        else:
+            self.full = None
         self.gathered = False
 
-    def release(self):
+    def release(self, resize=False):
         """Free the whole parameter unless something still holds it."""
         if self.gathered and not self.persistent and self.refs <= 0 and not self.backward_hold:
-            self.free()
+            self.free(resize)
 
     @torch.no_grad()
     def set_from_full(self, full_values):

@@ -184,7 +184,7 @@ class Stage3(_ShardedBase):
     def memory_tensors(self):
         cats = super().memory_tensors()
         cats["grads"] = list(self.store.grads)
-        cats["gathered"] = [r.full for r in self.store.all_records if r.gathered]
+        cats["gathered"] = [r.full for r in self.store.all_records if r.full is not None]
         cats["comm_buffers"] += [t for _, _, out, staging in self._in_flight for t in (out, staging)]
         return cats
 
@@ -245,7 +245,7 @@ def _adopt(rec, p, world, rank, group, device, shard_device, pin):
         rec.pin = bool(pin and shard_device.type == "cpu" and torch.cuda.is_available())
         if rec.pin:
             rec.shard = rec.shard.pin_memory()
-    if rec.full.device != rec.device:
-        rec.full = torch.empty(rec.padded, dtype=rec.dtype, device=rec.device)
-        rec._free_storage()
-        p.data = rec._empty()
+    if rec.gathered:
+        rec.free()
+    rec.full = None
+    p.data = rec._empty()

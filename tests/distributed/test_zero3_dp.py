@@ -161,4 +161,4 @@ def test_memory_is_flat_over_50_steps(two):
         totals = [sum(m["total"].values()) for m in r["memory"]]
         assert len(totals) == 50
         assert max(totals[3:]) == min(totals[3:]) == totals[-1], totals
-        assert r["losses"][-1] < r["losses"][0]
+    _check(two["s3_long"], RUNS2["s3_long"], 2, atol=1e-5, rtol=1e-5)   # and it trained as stage 0 did
