@@ -16,14 +16,23 @@ import torch
 
 from .partitioned_param import gather, record_of
 
-_ACTIVE = []   # modules whose forward is running, innermost last
+_ACTIVE = []         # modules whose forward is running, innermost last
+CONSTRUCTION = []    # zero.Init's window while a module's __init__ runs under it (init.py), else empty
 
 
 class ZeroParamDict(dict):
-    """module._parameters that gathers a released parameter read during another module's forward."""
+    """module._parameters that gathers a released parameter read during another module's forward (and, under
+    zero.Init, one read while a module is being built: init.py)."""
+
+    def items(self):
+        if CONSTRUCTION:
+            CONSTRUCTION[-1].touch(self, [p for p in dict.values(self) if p is not None])
+        return dict.items(self)
 
     def __getitem__(self, key):
         p = dict.__getitem__(self, key)
+        if CONSTRUCTION and p is not None:
+            CONSTRUCTION[-1].touch(self, [p])
         if _ACTIVE and p is not None:
             rec = getattr(p, "_dsfast_z3", None)
             active = _ACTIVE[-1]

@@ -53,6 +53,7 @@ class PartitionedParam:
         self.full = None
         param.data = self._empty()
         param._dsfast_z3 = self
+        param.ds_shape, param.ds_numel = torch.Size(self.shape), self.numel   # DeepSpeed's names for them
 
     # ---- layout ----------------------------------------------------------------------------------------------
     def shard_range(self):

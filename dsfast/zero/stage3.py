@@ -178,7 +178,7 @@ class Stage3(_ShardedBase):
         gather(recs)
         for r in recs:
             r.param.data = r.full[:r.numel].clone().view(r.shape)
-            del r.param._dsfast_z3
+            del r.param._dsfast_z3, r.param.ds_shape, r.param.ds_numel
         self.store.all_records = []
 
     def memory_tensors(self):

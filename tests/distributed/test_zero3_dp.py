@@ -1,5 +1,7 @@
 """ZeRO stage 3 (with and without each offload) on 2 and 4 gloo ranks against one process at stage 0.
 
+Runs named init* build the model under dsfast.zero.Init (partitioned module by module as it is built, the
+parents' in-__init__ changes to their children's parameters kept) against the same model built normally.
 Every run trains on the same global batches as its reference (one process, GAS = gas x world): fp32 must agree
 to float32 rounding of a different summation order (1e-5 over 20 steps); bf16/fp16 within stated tolerances.
 """
@@ -29,6 +31,9 @@ RUNS2 = {
     "s3_bf16_off": "s3_bf16_off:bf16:1:1:1:0:8:awkward:config:-1:0",
     "s3_fp16_overflow": "s3_fp16_overflow:fp16:0:0:1:0:4:plain:config:1:0",
     "s3_long": "s3_long:fp32:0:0:1:0:50:awkward:config:-1:0",
+    "init_inplace": "init_inplace:fp32:0:0:2:0.05:10:inplace:config:-1:0",
+    "init_awkward_off": "init_awkward_off:fp32:1:1:1:0:10:awkward:config:-1:0",
+    "init_bf16": "init_bf16:bf16:0:0:1:0:6:inplace:config:-1:0",
 }
 RUNS4 = {
     "s3": "s3:fp32:0:0:1:0.05:20:plain:config:-1:0",
@@ -36,6 +41,7 @@ RUNS4 = {
     "s3_fancy": "s3_fancy:fp32:0:0:1:0:10:fancy:config:-1:0",
     "s3_awkward": "s3_awkward:fp32:1:0:1:0.05:10:awkward:config:-1:0",
     "s3_bf16": "s3_bf16:bf16:0:1:1:0:6:fancy:config:-1:0",
+    "init_inplace": "init_inplace:fp32:0:1:1:0.05:10:inplace:config:-1:0",
 }
 
 
@@ -80,20 +86,20 @@ def _check(ranks, text, world, atol, rtol):
 
 
 @pytest.mark.parametrize("key", ["s3", "s3_offopt", "s3_offparam", "s3_offboth", "s3_fancy", "s3_awkward",
-                                 "s3_persist", "s3_client", "s3_sgd_off"])
+                                 "s3_persist", "s3_client", "s3_sgd_off", "init_inplace", "init_awkward_off"])
 def test_fp32_two_ranks_equal_one_process_at_stage0(two, key):
     got, want = _check(two[key], RUNS2[key], 2, atol=1e-5, rtol=1e-5)
     assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
 
 
-@pytest.mark.parametrize("key", ["s3", "s3_offboth", "s3_fancy", "s3_awkward"])
+@pytest.mark.parametrize("key", ["s3", "s3_offboth", "s3_fancy", "s3_awkward", "init_inplace"])
 def test_fp32_four_ranks_equal_one_process_at_stage0(four, key):
     got, want = _check(four[key], RUNS4[key], 4, atol=1e-5, rtol=1e-5)
     assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.parametrize("runs,key,world", [("two", "s3_bf16", 2), ("two", "s3_bf16_off", 2),
-                                            ("four", "s3_bf16", 4)])
+                                            ("two", "init_bf16", 2), ("four", "s3_bf16", 4)])
 def test_bf16_matches_stage0_within_bf16_rounding(request, runs, key, world):
     # as at stage 2: 16-bit gradients are reduced and accumulated in bf16 at ZeRO stages, in fp32 at stage 0
     ranks = request.getfixturevalue(runs)[key]

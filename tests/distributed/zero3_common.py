@@ -4,7 +4,9 @@ A run is "name:precision:offload_optimizer:offload_param:gas:clip:steps:model:op
 (threshold: param_persistence_threshold; 0 partitions every parameter). Models: "plain" and "fancy" from
 zero_common (frozen layer, tied weight, two param groups), and "awkward": a module called twice in one forward,
 a parameter read outside its module's forward (the root reads the embedding's weight as its head), reentrant and
-non-reentrant activation checkpointing, and an eval forward under torch.no_grad() after every step.
+non-reentrant activation checkpointing, and an eval forward under torch.no_grad() after every step; "inplace"
+(BuiltInPlace: a parent changing its children's parameters in __init__). Runs named init* build the model under
+dsfast.zero.Init.
 """
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -43,6 +45,40 @@ class Awkward(torch.nn.Module):
         return self.out(back)
 
 
+class BuiltInPlace(torch.nn.Module):
+    """A model whose __init__ changes its children's parameters after building them (as GPT code does): an
+    apply() re-initialisation, a loop over named_parameters() scaling some, and a weight tied in __init__."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = torch.nn.Linear(D_IN, D_HID)
+        self.blocks = torch.nn.ModuleList([Block() for _ in range(2)])
+        self.a = torch.nn.Linear(D_HID, D_HID)
+        self.b = torch.nn.Linear(D_HID, D_HID)
+        self.b.weight = self.a.weight
+        self.head = torch.nn.Linear(D_IN, D_OUT)
+        self.scale = torch.nn.Parameter(torch.ones(D_HID))
+        self.apply(self._init)
+        for name, p in self.named_parameters():
+            if name.endswith("fc.weight"):
+                p.data.mul_(0.5)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.normal_(m.weight, std=0.2)
+            if m.bias is not None:
+                torch.nn.init.uniform_(m.bias, -0.1, 0.1)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        for blk in self.blocks:
+            h = blk(h)
+        h = torch.tanh(self.b(torch.tanh(self.a(h)))) * self.scale
+        return self.head(h @ self.inp.weight)
+
+
 def parse(run):
     f = run.split(":")
     return dict(name=f[0], precision=f[1], offload=f[2] == "1", offload_param=f[3] == "1", gas=int(f[4]),
@@ -51,7 +87,7 @@ def parse(run):
 
 
 def build(spec):
-    model = {"plain": build_model, "fancy": Fancy, "awkward": Awkward}[spec["model"]]()
+    model = {"plain": build_model, "fancy": Fancy, "awkward": Awkward, "inplace": BuiltInPlace}[spec["model"]]()
     if spec["model"] == "fancy":
         decay = [p for p in model.parameters() if p.requires_grad and p.dim() > 1]
         rest = [p for p in model.parameters() if p.requires_grad and p.dim() <= 1]
@@ -83,7 +119,13 @@ def config(spec, world):
 
 def train(initialize, spec, rank, world, on_step=None, **init_kw):
     """Train on this rank's share of each global batch (world 1 with GAS x world: the reference)."""
-    model, params = build(spec)
+    if spec["name"].startswith("init") and spec["stage"] == 3:   # built under dsfast.zero.Init
+        import dsfast
+        with dsfast.zero.Init(config_dict_or_path=config(spec, world)):
+            model, params = build(spec)
+        assert all(p.numel() == 0 for p in model.parameters())
+    else:
+        model, params = build(spec)
     client = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1) if spec["optimizer"] == "client" else None
     engine = initialize(model=model, model_parameters=params, optimizer=client, config=config(spec, world),
                         **init_kw)[0]
