@@ -32,8 +32,11 @@ class _Window:
     def __init__(self):
         self.owner = None
         self.records = []
+        self.building = 0   # module __init__s running (outside them a lookup changes nothing)
 
     def touch(self, params_dict, params):
+        if not self.building:
+            return
         if params_dict is not self.owner:
             self.flush()
             self.owner = params_dict
@@ -125,10 +128,12 @@ class Init:
         def __init__(module, *args, **kwargs):
             depth = module.__dict__.get("_dsfast_init_depth", 0)
             module.__dict__["_dsfast_init_depth"] = depth + 1
+            ctx._window.building += 1
             try:
                 orig(module, *args, **kwargs)
             finally:
                 module.__dict__["_dsfast_init_depth"] = depth
+                ctx._window.building -= 1
             if depth == 0:   # the most derived __init__ is done: the module is built
                 ctx._window.flush()
                 ctx._partition(module)
