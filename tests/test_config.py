@@ -238,11 +238,17 @@ def test_torch_autocast_with_fp16_is_refused_with_bf16_allowed():
 
 # ------------------------------------------------------------------------------------------------ ZeRO
 def test_zero_stage_above_supported_is_an_error_not_stage0():
-    assert SUPPORTED_ZERO_STAGES == frozenset({0, 1, 2})
-    _, msg = problems({**BASE, "zero_optimization": {"stage": 3}})
-    assert "zero_optimization.stage: ZeRO stage 3 is not supported by dsfast yet" in msg
-    for stage in (1, 2):
+    assert SUPPORTED_ZERO_STAGES == frozenset({0, 1, 2, 3})
+    _, msg = problems({**BASE, "zero_optimization": {"stage": 4}})
+    assert "zero_optimization.stage: Input should be less than or equal to 3 (got 4)" in msg
+    for stage in (1, 2, 3):
         assert cfg(zero_optimization={"stage": stage}).zero_stage == stage
+
+
+def test_partial_optimizer_offload_is_refused_at_stage3():
+    _, msg = problems({**BASE, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu",
+                                                                                      "ratio": 0.5}}})
+    assert "offload_optimizer.ratio" in msg and "not supported by dsfast" in msg
 
 
 def test_zero_bool_forms():

@@ -23,7 +23,7 @@ def init(**kw):
 @pytest.mark.parametrize("cfg,match", [
     ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2},
      r"train_batch_size=10, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=2, detected world size=1"),
-    ({"train_batch_size": 8, "zero_optimization": {"stage": 3}}, "ZeRO stage 3 is not supported by dsfast yet"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 4}}, "less than or equal to 3"),
     ({"train_batch_size": 8, "optimizer": {"type": "Adamm"}}, "did you mean 'adam'"),
     ({"train_batch_size": 8, "fp16": {"enabled": True}, "bf16": {"enabled": True}}, "mutually exclusive"),
     ({"train_batch_size": 8, "gradient_clipping": -1}, "gradient_clipping"),

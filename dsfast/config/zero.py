@@ -1,7 +1,7 @@
 """`zero_optimization` section: DeepSpeed's keys, aliases and defaults, all validated.
 
-SUPPORTED_ZERO_STAGES is the ONE place that says which stages the engine can run (stage 3 lands with its own
-issue); everything else here already validates stages 1-3.
+SUPPORTED_ZERO_STAGES is the ONE place that says which stages the engine can run (all of 0-3 today); everything
+else here validates stages 1-3.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .base import StrictModel, nested_error, plain_error
 logger = logging.getLogger("dsfast.config")
 
 # >>> The stages the engine implements. <<<
-SUPPORTED_ZERO_STAGES = frozenset({0, 1, 2})
+SUPPORTED_ZERO_STAGES = frozenset({0, 1, 2, 3})
 
 _DEVICES = ("none", "cpu", "nvme")
 
@@ -185,8 +185,9 @@ class ZeroConfig(StrictModel):
             key = "offload_optimizer" if self.offload_optimizer_device == "nvme" else "offload_param"
             raise nested_error([((key, "device"), 'NVMe offload is not supported by dsfast; use "cpu" (host '
                                                   'memory) or "none"')])
-        if self.offload_optimizer is not None and self.offload_optimizer.ratio < 1.0 and self.stage != 3:
-            raise nested_error([(("offload_optimizer", "ratio"), "ratio < 1 (partial offload) needs ZeRO stage 3")])
+        if self.offload_optimizer is not None and self.offload_optimizer.ratio < 1.0:
+            raise nested_error([(("offload_optimizer", "ratio"), "ratio < 1 (partial offload, a ZeRO stage 3 "
+                                                                 "option) is not supported by dsfast; use 1.0")])
         if not self.compute_grad_norm and self.stage not in (1, 2):
             raise nested_error([(("compute_grad_norm",), "false is supported only with ZeRO stage 1 or 2")])
         return self

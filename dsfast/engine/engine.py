@@ -272,6 +272,20 @@ class Engine(torch.nn.Module):
         """Drop accumulated gradients (the engine also does this after every optimizer step)."""
         self._owner.zero_grads()
 
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):
+        """Write the whole model's weights in the model dtype to save_dir/save_filename (rank 0 writes; a
+        `.safetensors` name writes that format). Under ZeRO stage 3 the weights are gathered from the partitions
+        (call it on every rank) and, as in DeepSpeed, only when zero_optimization.gather_16bit_weights_on_model_save
+        is true; otherwise a warning says so and False is returned."""
+        from dsfast.zero.save16 import save_16bit_model
+        if self.config.zero_stage == 3 and not self.config.zero_optimization.gather_16bit_weights_on_model_save:
+            if self.global_rank == 0:
+                print("[dsfast] save_16bit_model: nothing saved: under ZeRO stage 3 set zero_optimization."
+                      "gather_16bit_weights_on_model_save (stage3_gather_16bit_weights_on_model_save) to true "
+                      "so the partitioned weights are gathered", flush=True)
+            return False
+        return save_16bit_model(self.module, save_dir, save_filename, exclude_frozen_parameters)
+
 
 def _cast_floats(obj, dtype):
     """Floating-point fp32 tensors inside (nested) inputs -> the model's half dtype."""

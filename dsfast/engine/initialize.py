@@ -1,7 +1,8 @@
 """dsfast.initialize: config -> process group -> device -> state owner -> optimizer -> engine.
 
 Each step is a small function; the state owner (state_owner.py) is chosen by ZeRO stage here and nowhere else:
-stage 0 replicated.Replicated (precision strategy + all-reduce), stages 1-2 dsfast.zero.sharded.
+stage 0 replicated.Replicated (precision strategy + all-reduce), stages 1-2 dsfast.zero.sharded, stage 3
+dsfast.zero.stage3.
 """
 import os
 import warnings
@@ -58,7 +59,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     previous = getattr(model, "_dsfast_owner", None)
     if previous is not None:  # the model was given to initialize() before: its old hooks must not fire
         previous.detach()
-    owner = _build_owner(cfg, model, trainable, groups, bucket, world, rank)
+    owner = _build_owner(cfg, model, trainable, groups, bucket, world, rank, device)
     object.__setattr__(model, "_dsfast_owner", owner)
 
     opt = _make_optimizer(cfg, optimizer, groups, owner, device, rank)
@@ -88,7 +89,8 @@ def _pick_device(args):
 def _broadcast_from_rank0(model):
     """Every rank starts from rank 0's weights and buffers (as DDP and DeepSpeed do)."""
     for t in list(model.parameters()) + list(model.buffers()):
-        dist.broadcast(t.data, src=0)
+        if getattr(t, "_dsfast_z3", None) is None:   # zero.Init broadcast partitioned ones as they were built
+            dist.broadcast(t.data, src=0)
 
 
 def _unique(params):
@@ -120,7 +122,11 @@ def _trainable(model, optimizer, model_parameters):
     return ordered, groups
 
 
-def _build_owner(cfg, model, trainable, groups, bucket, world, rank):
+def _build_owner(cfg, model, trainable, groups, bucket, world, rank, device=None):
+    if cfg.zero_stage == 3:
+        from dsfast.zero.stage3 import build_stage3_owner
+        return build_stage3_owner(model, trainable, _group_index(groups, trainable), cfg.precision, world, rank,
+                                  device or torch.device("cpu"), cfg.zero_optimization)
     if cfg.zero_stage == 0:
         shared = shm_allocator(world) if trainable and dist.is_initialized() else None
         precision = build_precision(cfg.precision, model, trainable, bucket, allocate=shared)

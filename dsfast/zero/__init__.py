@@ -1,11 +1,31 @@
-"""ZeRO: partitioned optimizer states (stage 1) and gradients (stage 2), with optional CPU offload.
+"""ZeRO: partitioned optimizer states (stage 1), gradients (stage 2) and parameters (stage 3), with CPU offload.
 
 Files, one job each:
-  partition.py    pure partition maths (bucket plans, each rank's slices, the model-state memory formulas)
-  flat_shards.py  parameter buckets and each rank's fp32 master shards (the storage stages 1-2 share)
-  shard_step.py   global norm across ranks, clip, overflow skip, the update of the shards, write-back
-  sharded.py      the stage 1 and stage 2 state owners (reduce-scatter during backward)
+  partition.py         pure partition maths (bucket plans, each rank's slices, the model-state memory formulas)
+  flat_shards.py       parameter buckets and each rank's fp32 master shards (the storage stages 1-2 share)
+  shard_step.py        global norm across ranks, clip, overflow skip, the update of the shards, write-back
+  sharded.py           the stage 1 and stage 2 state owners (reduce-scatter during backward)
+  partitioned_param.py stage 3: one rank's slice of each parameter, gathered whole only while used
+  param_hooks.py       stage 3: module hooks that gather around forward / backward, external parameters
+  stage3.py            the stage 3 state owner (per-parameter reduce-scatter, step on the shards)
+  gathered.py          GatheredParameters (whole parameters inside a `with` block)
+  init.py              Init (partition each module as it is built)
+  estimate.py          model-state memory per rank for every stage and offload choice (also a CLI)
 """
 from .partition import model_state_bytes
 
-__all__ = ["model_state_bytes"]
+
+def __getattr__(name):
+    # the stage 3 API loads on first use (DeepSpeed's names: deepspeed.zero.Init, GatheredParameters, ...)
+    import importlib
+    where = {"GatheredParameters": ".gathered", "Init": ".init", "register_external_parameter": ".param_hooks",
+             "estimate_model_states": ".estimate"}
+    if name not in where:
+        raise AttributeError(f"module 'dsfast.zero' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = ["model_state_bytes", "GatheredParameters", "Init", "register_external_parameter",
+           "estimate_model_states"]

@@ -96,6 +96,10 @@ class FlatShards:
             out[plan.group]["params"].append(shard)
         return out
 
+    def slice16(self, i):
+        """This rank's model-dtype slice of bucket i (where the updated values go)."""
+        return self.flats[i][slice(*self.plans[i].shard_range(self.rank))]
+
     def pieces(self, plan):
         return owned_pieces(plan, self.rank)
 

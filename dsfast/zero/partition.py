@@ -88,14 +88,17 @@ def owned_pieces(plan: BucketPlan, rank: int):
     return out
 
 
-def model_state_bytes(psi: int, world: int, stage: int, mixed: bool, offload: bool = False):
+def model_state_bytes(psi: int, world: int, stage: int, mixed: bool, offload: bool = False,
+                      offload_param: bool = False):
     """ZeRO's model-state formulas for Adam (bytes per rank): {"device": ..., "host": ...}.
 
     Mixed precision (16-bit model, fp32 masters + 2 fp32 moments = 12 bytes/param of optimizer state):
       stage 0: 16 psi          stage 1: 4 psi + 12 psi/N      stage 2: 2 psi + 14 psi/N    stage 3: 16 psi/N
     fp32 (the parameters are the masters):
       stage 0: 16 psi          stage 1: 8 psi + 8 psi/N       stage 2: 4 psi + 12 psi/N    stage 3: 16 psi/N
-    offload_optimizer moves masters and moments (12 or 8 bytes/param, /N from stage 1 on) to the host."""
+    offload_optimizer moves masters and moments (12 or 8 bytes/param, /N from stage 1 on) to the host;
+    offload_param (stage 3 only) moves the parameter partitions there too (the fp32 one doubles as the master
+    only when both are on the same side, which the counts here ignore: they are upper bounds by a p psi/N)."""
     n = world
     p, g = (2, 2) if mixed else (4, 4)       # 16-bit or fp32 params and grads
     opt = 12 if mixed else 8                 # masters + exp_avg + exp_avg_sq (fp32 keeps no master copy)
@@ -109,6 +112,9 @@ def model_state_bytes(psi: int, world: int, stage: int, mixed: bool, offload: bo
         params, grads, states = p * psi / n, g * psi / n, opt * psi / n
     else:
         raise ValueError(f"ZeRO stage must be 0-3, got {stage}")
-    if offload:
-        return {"device": params + grads, "host": states}
-    return {"device": params + grads + states, "host": 0}
+    if offload_param and stage != 3:
+        raise ValueError(f"offload_param needs ZeRO stage 3 (got stage {stage})")
+    device, host = grads, 0
+    device, host = (device, host + states) if offload else (device + states, host)
+    device, host = (device, host + params) if offload_param else (device + params, host)
+    return {"device": device, "host": host}

@@ -92,12 +92,12 @@ def step_shards(store, optimizer, grads, scale):
             outs = []
             if store.mixed:
                 outs = [store.host16[i] if store.host16[i] is not None else
-                        store.flats[i][slice(*store.plans[i].shard_range(store.rank))] for i in ids]
+                        store.slice16(i) for i in ids]
             if ids:
                 kernel(optimizer, group, [shards[i] for i in ids], [host_grads[i] for i in ids], scale, outs)
         for i, h in enumerate(store.host16):
             if h is not None:
-                store.flats[i][slice(*store.plans[i].shard_range(store.rank))].copy_(h, non_blocking=True)
+                store.slice16(i).copy_(h, non_blocking=True)
         return
     for shard, g in zip(shards, host_grads):
         shard.grad = g.to(torch.float32) * scale if g.dtype != torch.float32 or scale != 1.0 else g

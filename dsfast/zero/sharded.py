@@ -85,7 +85,10 @@ class _ShardedBase:
             full[a - e.offset:b - e.offset].copy_(source(plan.index)[a - lo:b - lo])
         if self.world > 1:
             dist.all_reduce(full, group=self.group)
-        return full.view(param.shape)
+        return full.view(self._shape_of(param))
+
+    def _shape_of(self, param):
+        return param.shape
 
     def _local(self, param, source):
         plan, e = self.store.bucket_of[id(param)]

@@ -1,0 +1,60 @@
+"""Model-state memory per rank for every ZeRO stage and offload choice (partition.model_state_bytes' formulas,
+the ones the memory tests check against memory_breakdown()).
+
+    python -m dsfast.zero.estimate --params 7e9 --world-size 8 [--fp32] [--offload] [--largest-layer 1e8]
+    dsfast.zero.estimate_model_states(7e9, 8) -> [{"stage", "offload_optimizer", "offload_param", "device",
+                                                   "host"}, ...]  (bytes per rank)
+Adam is assumed (two fp32 moments). Stage 3 adds its gathered working set when the largest layer is given: that
+layer whole in the model dtype (the one being computed; prefetching may hold the next one too). Activations and
+temporary buffers are not model states and are not counted.
+"""
+import argparse
+
+from .partition import model_state_bytes
+
+_CHOICES = [(0, False, False), (1, False, False), (1, True, False), (2, False, False), (2, True, False),
+            (3, False, False), (3, True, False), (3, False, True), (3, True, True)]
+
+
+def estimate_model_states(params, world_size, mixed=True, largest_layer=0, offload=None):
+    """Rows for every (stage, offload_optimizer, offload_param) choice; offload=True/False keeps only the rows with
+    (any) / without offload."""
+    psi, world = int(float(params)), int(world_size)
+    if psi < 1 or world < 1:
+        raise ValueError(f"params and world_size must be >= 1 (got {params!r}, {world_size!r})")
+    rows = []
+    for stage, off_opt, off_param in _CHOICES:
+        if offload is not None and bool(offload) != (off_opt or off_param):
+            continue
+        b = model_state_bytes(psi, world, stage, mixed, off_opt, off_param)
+        if stage == 3 and largest_layer:
+            b["device"] += (2 if mixed else 4) * int(float(largest_layer))
+        rows.append({"stage": stage, "offload_optimizer": off_opt, "offload_param": off_param, **b})
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m dsfast.zero.estimate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--params", required=True, help="number of model parameters (7e9 is fine)")
+    ap.add_argument("--world-size", type=int, required=True, help="data-parallel ranks")
+    ap.add_argument("--fp32", action="store_true", help="fp32 training (default: fp16/bf16 with fp32 masters)")
+    ap.add_argument("--offload", action="store_true", help="only the rows that offload to host memory")
+    ap.add_argument("--largest-layer", default="0", help="parameters of the largest layer (stage 3 working set)")
+    args = ap.parse_args(argv)
+    try:
+        rows = estimate_model_states(args.params, args.world_size, not args.fp32, args.largest_layer,
+                                     True if args.offload else None)
+    except ValueError as err:
+        ap.error(str(err))
+    gib = 1024 ** 3
+    print(f"model states per rank: {float(args.params):.3g} params, {args.world_size} ranks, "
+          f"{'fp32' if args.fp32 else 'mixed precision'}, Adam")
+    print(f"{'stage':>5}  {'offload_optimizer':>17}  {'offload_param':>13}  {'device GiB':>10}  {'host GiB':>9}")
+    for r in rows:
+        print(f"{r['stage']:>5}  {str(r['offload_optimizer']):>17}  {str(r['offload_param']):>13}  "
+              f"{r['device'] / gib:>10.2f}  {r['host'] / gib:>9.2f}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

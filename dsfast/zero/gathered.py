@@ -1,0 +1,61 @@
+"""dsfast.zero.GatheredParameters: whole ZeRO stage 3 parameters for the duration of a `with` block.
+
+    with dsfast.zero.GatheredParameters(model.parameters(), modifier_rank=0):
+        if rank == 0:
+            model.head.weight.zero_()
+On exit the modifier rank's values are broadcast and every rank keeps its slice of them (the fp32 masters of
+trained parameters take them too); with modifier_rank=None changes are discarded. A collective: every rank enters
+the block with the same parameters. Parameters that are not partitioned are passed through untouched.
+"""
+import torch
+import torch.distributed as dist
+
+from .param_hooks import register_external_parameter
+from .partitioned_param import gather, record_of
+
+
+class GatheredParameters:
+    def __init__(self, params, modifier_rank=None, fwd_module=None, enabled=True):
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        seen, self.records = set(), []
+        for p in (params or []):
+            rec = record_of(p)
+            if rec is not None and id(rec) not in seen:
+                seen.add(id(rec))
+                self.records.append(rec)
+        world = self.records[0].world if self.records else 1
+        if modifier_rank is not None and not (isinstance(modifier_rank, int) and 0 <= modifier_rank < world):
+            raise ValueError(f"GatheredParameters: modifier_rank must be None or a rank in [0, {world}); "
+                             f"got {modifier_rank!r}")
+        self.modifier_rank = modifier_rank
+        self.enabled = enabled
+        if fwd_module is not None:
+            for rec in self.records:
+                register_external_parameter(fwd_module, rec.param)
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        for r in self.records:
+            r.refs += 1
+        gather(self.records)
+        return self
+
+    @torch.no_grad()
+    def __exit__(self, *exc):
+        if not self.enabled:
+            return False
+        if self.modifier_rank is not None:
+            for r in self.records:
+                values = r.param.data
+                if r.world > 1:
+                    dist.broadcast(values, src=self.modifier_rank, group=r.group)
+                r.set_from_full(values)
+                owner = getattr(r.param, "_dsfast_owner", None)
+                if owner is not None and hasattr(owner, "shard_changed"):
+                    owner.shard_changed(r.param)
+        for r in self.records:
+            r.refs -= 1
+            r.release()
+        return False

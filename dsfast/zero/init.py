@@ -1,0 +1,186 @@
+"""dsfast.zero.Init: build a model with its parameters partitioned module by module (DeepSpeed's zero.Init).
+
+    with dsfast.zero.Init(config_dict_or_path=ds_config):
+        model = GPT(cfg)           # no rank ever holds the whole model
+    engine, *_ = dsfast.initialize(model=model, config=ds_config, ...)
+
+Every nn.Module subclass's __init__ is wrapped while the context is open: when a module's construction finishes,
+each of its own parameters is broadcast from rank 0 (so every rank starts from the same values, as initialize()
+does for ordinary models) and partitioned (partitioned_param.py); only the module being built is ever whole.
+
+Parents that touch their children's parameters while being built (`self.apply(self._init_weights)`, a loop over
+`self.named_parameters()`, tying `self.head.weight = self.emb.weight`) find them released; the lookup (module
+`_parameters`, see param_hooks.ZeroParamDict) gathers them for the change, and they are partitioned again, rank 0's
+values kept, as soon as the parameters of another module are touched or a module's __init__ ends. One module's
+parameters are whole at a time: code that keeps a parameter of one module while changing another module's must use
+dsfast.zero.GatheredParameters(..., modifier_rank=0) instead.
+"""
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+from . import param_hooks
+from .param_hooks import ZeroParamDict
+from .partitioned_param import PartitionedParam, gather, record_of
+
+
+class _Window:
+    """The released parameters gathered for a change during construction (one module's dict at a time)."""
+
+    def __init__(self):
+        self.owner = None
+        self.records = []
+        self.building = 0   # module __init__s running (outside them a lookup changes nothing)
+
+    def touch(self, params_dict, params):
+        if not self.building:
+            return
+        if params_dict is not self.owner:
+            self.flush()
+            self.owner = params_dict
+        recs = [r for r in (record_of(p) for p in params) if r is not None and not r.gathered]
+        if recs:
+            for r in recs:
+                r.refs += 1
+            gather(recs)
+            self.records += recs
+
+    @torch.no_grad()
+    def flush(self):
+        for r in self.records:
+            values = r.param.data
+            if r.world > 1:
+                dist.broadcast(values, src=0, group=r.group)
+            r.set_from_full(values)
+            r.refs -= 1
+            r.release()
+        self.records = []
+        self.owner = None
+
+
+def _all_module_classes():
+    out, todo = set(), [torch.nn.Module]
+    while todo:
+        cls = todo.pop()
+        for sub in cls.__subclasses__():
+            if sub not in out:
+                out.add(sub)
+                todo.append(sub)
+    return out
+
+
+class Init:
+    def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear=True, remote_device=None,
+                 pin_memory=False, config_dict_or_path=None, config=None, enabled=True, dtype=None, mpu=None):
+        if mpu is not None:
+            raise NotImplementedError("zero.Init(mpu=...): model parallelism is not supported by dsfast")
+        if remote_device not in (None, "none", "cpu", "cuda", "device"):
+            raise ValueError(f"zero.Init(remote_device={remote_device!r}): dsfast keeps partitions on the device "
+                             "(None) or in host memory (\"cpu\"); NVMe is not supported")
+        self.enabled = enabled
+        self.group = data_parallel_group
+        self.dtype = dtype
+        cfg = _read_config(config_dict_or_path if config_dict_or_path is not None else config)
+        param_cfg = (cfg.get("zero_optimization") or {}).get("offload_param") or {}
+        self.offload = remote_device == "cpu" or str(param_cfg.get("device", "none")).lower() == "cpu"
+        self.pin = bool(pin_memory or param_cfg.get("pin_memory", False))
+        self._patched = {}
+        self._window = _Window()
+        if module is not None and enabled:   # an existing module: partition it now
+            self._setup()
+            for m in module.modules():
+                self._partition(m)
+
+    # ---- where partitions live ----------------------------------------------------------------------------
+    def _setup(self):
+        if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            from dsfast.comm import init_distributed
+            init_distributed(verbose=False)
+        self.world = dist.get_world_size(self.group) if dist.is_initialized() else 1
+        self.rank = dist.get_rank(self.group) if dist.is_initialized() else 0
+        if torch.cuda.is_available():
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+        self.shard_device = torch.device("cpu") if self.offload else self.device
+
+    @torch.no_grad()
+    def _partition(self, module):
+        for name, p in list(dict.items(module._parameters)):
+            if p is None or record_of(p) is not None:
+                continue
+            p.data = p.data.to(self.device, dtype=self.dtype or p.dtype)
+            if self.world > 1:
+                dist.broadcast(p.data, src=0, group=self.group)
+            PartitionedParam(p, self.world, self.rank, self.group, self.device, self.shard_device, pin=self.pin)
+        if not isinstance(module._parameters, ZeroParamDict):
+            module._parameters = ZeroParamDict(module._parameters)
+
+    # ---- the context --------------------------------------------------------------------------------------
+    def _wrap(self, cls):
+        if "__init__" not in cls.__dict__ or cls in self._patched:
+            return
+        orig = cls.__dict__["__init__"]
+        ctx = self
+
+        def __init__(module, *args, **kwargs):
+            depth = module.__dict__.get("_dsfast_init_depth", 0)
+            module.__dict__["_dsfast_init_depth"] = depth + 1
+            ctx._window.building += 1
+            try:
+                orig(module, *args, **kwargs)
+            finally:
+                module.__dict__["_dsfast_init_depth"] = depth
+                ctx._window.building -= 1
+            if depth == 0:   # the most derived __init__ is done: the module is built
+                ctx._window.flush()
+                ctx._partition(module)
+                del module.__dict__["_dsfast_init_depth"]
+
+        __init__.__wrapped__ = orig
+        self._patched[cls] = orig
+        cls.__init__ = __init__
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        self._setup()
+        for cls in _all_module_classes():
+            self._wrap(cls)
+        ctx = self
+        self._old_subclass_hook = torch.nn.Module.__dict__.get("__init_subclass__")
+
+        def __init_subclass__(cls, **kwargs):
+            super(torch.nn.Module, cls).__init_subclass__(**kwargs)
+            ctx._wrap(cls)
+
+        torch.nn.Module.__init_subclass__ = classmethod(__init_subclass__)
+        param_hooks.CONSTRUCTION.append(self._window)
+        return self
+
+    def __exit__(self, *exc):
+        if not self.enabled:
+            return False
+        self._window.flush()
+        param_hooks.CONSTRUCTION.remove(self._window)
+        for cls, orig in self._patched.items():
+            cls.__init__ = orig
+        self._patched.clear()
+        if self._old_subclass_hook is None:
+            del torch.nn.Module.__init_subclass__
+        else:
+            torch.nn.Module.__init_subclass__ = self._old_subclass_hook
+        return False
+
+
+def _read_config(cfg):
+    if cfg is None:
+        return {}
+    if isinstance(cfg, dict):
+        return cfg
+    if isinstance(cfg, (str, os.PathLike)):
+        with open(cfg) as f:
+            return json.load(f)
+    return getattr(cfg, "__dict__", {})

@@ -1,0 +1,148 @@
+"""ZeRO stage 3's module hooks: each module's parameters are whole exactly while its forward or backward runs.
+
+  before forward   gather the module's own parameters and its external ones (refs + 1)
+  after forward    refs - 1 and release; when the outputs need gradients, hook them: the first output gradient
+                   means the module's backward is about to run, so its parameters are gathered again and held
+                   (backward_hold) until their gradients are reduced (the owner releases them, stage3.py)
+Under torch.no_grad() / eval nothing is hooked: parameters are gathered and released, never reduced.
+
+External parameters: a module's forward that reads another module's parameter (a tied embedding read by the
+model's head, `x @ self.emb.weight.T`) finds it released. Every module's `_parameters` dict is replaced by
+ZeroParamDict, whose lookup (what `module.weight` does) gathers such a parameter and registers it on the module
+whose forward is running, so it is gathered with that module from then on, in forward and backward (DeepSpeed
+does the same with its ZeROOrderedDict). dsfast.zero.register_external_parameter does it explicitly.
+"""
+import torch
+
+from .partitioned_param import gather, record_of
+
+_ACTIVE = []         # modules whose forward is running, innermost last
+CONSTRUCTION = []    # zero.Init's window while a module's __init__ runs under it (init.py), else empty
+
+
+class ZeroParamDict(dict):
+    """module._parameters that gathers a released parameter read during another module's forward (and, under
+    zero.Init, one read while a module is being built: init.py)."""
+
+    def items(self):
+        if CONSTRUCTION:
+            CONSTRUCTION[-1].touch(self, [p for p in dict.values(self) if p is not None])
+        return dict.items(self)
+
+    def __getitem__(self, key):
+        p = dict.__getitem__(self, key)
+        if CONSTRUCTION and p is not None:
+            CONSTRUCTION[-1].touch(self, [p])
+        if _ACTIVE and p is not None:
+            rec = getattr(p, "_dsfast_z3", None)
+            active = _ACTIVE[-1]
+            if rec is not None and active.__dict__.get("_parameters") is not self:
+                _add_external(active, rec)
+        return p
+
+
+def _add_external(module, rec):
+    ext = module.__dict__.setdefault("_dsfast_external", [])
+    if any(r is rec for r in ext):
+        if not rec.gathered:
+            gather([rec])
+        return
+    ext.append(rec)
+    if any(m is module for m in _ACTIVE):   # inside its forward: held until that forward ends
+        rec.refs += 1
+    gather([rec])
+
+
+def register_external_parameter(module, parameter):
+    """Gather `parameter` whenever `module` runs (DeepSpeed's deepspeed.zero.register_external_parameter)."""
+    rec = record_of(parameter)
+    if rec is None:
+        return
+    ext = module.__dict__.setdefault("_dsfast_external", [])
+    if not any(r is rec for r in ext):
+        ext.append(rec)
+
+
+def _records(module):
+    out, seen = [], set()
+    for p in dict.values(module._parameters):
+        rec = record_of(p) if p is not None else None
+        if rec is not None and id(rec) not in seen:
+            seen.add(id(rec))
+            out.append(rec)
+    for rec in module.__dict__.get("_dsfast_external", ()):
+        if id(rec) not in seen:
+            seen.add(id(rec))
+            out.append(rec)
+    return out
+
+
+def _tensors(obj):
+    if torch.is_tensor(obj):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+class ParamCoordinator:
+    """Installs the hooks on every module of `model`; detach() removes them."""
+
+    def __init__(self, model):
+        self.model = model
+        self.handles = []
+        for m in model.modules():
+            if not isinstance(m._parameters, ZeroParamDict):
+                m._parameters = ZeroParamDict(m._parameters)
+            self.handles.append(m.register_forward_pre_hook(self._pre_forward))
+            self.handles.append(m.register_forward_hook(self._post_forward, always_call=True))
+            if any(record_of(p) is not None for p in dict.values(m._parameters) if p is not None):
+                self.handles.append(m.register_state_dict_pre_hook(_refuse_partitioned_state_dict))
+
+    def _pre_forward(self, module, args):
+        recs = _records(module)
+        for r in recs:
+            r.refs += 1
+        gather(recs)
+        _ACTIVE.append(module)
+
+    def _post_forward(self, module, args, output):
+        if _ACTIVE and _ACTIVE[-1] is module:
+            _ACTIVE.pop()
+        recs = _records(module)
+        if torch.is_grad_enabled():
+            for t in _tensors(output):
+                if t.requires_grad and t.grad_fn is not None:
+                    t.register_hook(lambda grad, m=module: self._pre_backward(m))
+        for r in recs:
+            r.refs -= 1
+            r.release(resize=True)
+
+    @staticmethod
+    def _pre_backward(module):
+        recs = _records(module)
+        for r in recs:
+            r.backward_hold = True
+        gather(recs)
+
+    def detach(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        for m in self.model.modules():
+            if isinstance(m._parameters, ZeroParamDict):
+                m._parameters = dict(m._parameters)
+
+
+def _refuse_partitioned_state_dict(module, prefix, keep_vars):
+    released = [n for n, p in dict.items(module._parameters)
+                if p is not None and record_of(p) is not None and not record_of(p).gathered]
+    if released:
+        raise RuntimeError(
+            f"state_dict() of a ZeRO stage 3 model: parameter(s) {', '.join(prefix + n for n in released[:3])} "
+            "are partitioned across ranks (this rank holds a slice only). Call engine.save_16bit_model(save_dir) "
+            "to write full weights, or read them inside `with dsfast.zero.GatheredParameters("
+            "engine.module.parameters()): sd = engine.module.state_dict()` (on every rank: it is a collective)")

@@ -1,0 +1,143 @@
+"""ZeRO stage 3's parameter partitioning: one rank's slice of each parameter, gathered whole only while used.
+
+Every partitioned parameter carries a PartitionedParam (`param._dsfast_z3`). The rank keeps `shard`, its slice of
+the flattened parameter padded to `world * ALIGN` elements (the same layout as a one-parameter partition.BucketPlan,
+so the stage 1/2 maths, checkpoint records and formulas apply unchanged). `full` is the padded whole parameter. Two ways to
+release it:
+  after a module's forward  its storage is resized to 0 bytes and back when the parameter is gathered for
+                            backward. Keeping that one storage object matters: tensors autograd saved during
+                            forward (weight.t() views, checkpointing's detached copies) point at it and see the
+                            values again once the parameter is re-gathered; dropping it instead would keep every
+                            saved weight alive until backward (the whole model).
+  anywhere else             the storage is handed over to whoever still references it (a state_dict taken inside
+                            GatheredParameters, autograd's last saved tensors) and freed when they drop it; the
+                            next gather allocates a new one. Safe for any reference a user kept.
+
+While released, `param.data` is an empty tensor of the parameter's dtype, so nothing can read stale memory; while
+gathered it is a view of `full` with the parameter's shape.
+
+Who holds a parameter gathered: `refs` (forward passes and GatheredParameters blocks in progress), `backward_hold`
+(its module's backward has started and its gradient has not been reduced yet) and `persistent` (small parameters,
+param_persistence_threshold, are never released). `release()` frees it when none of them does.
+"""
+import torch
+
+from ..comm.flat_collectives import all_gather_flat
+from .partition import ALIGN, BucketPlan, Entry, round_up
+
+
+class PartitionedParam:
+    def __init__(self, param, world, rank, group=None, device=None, shard_device=None, dtype=None, pin=False):
+        """Partition `param` (whole and equal on every rank) in place: keep this rank's slice, free the rest."""
+        self.param = param
+        self.shape = tuple(param.shape)
+        self.numel = param.numel()
+        self.dtype = dtype or param.dtype
+        self.world, self.rank, self.group = world, rank, group
+        self.device = torch.device(device) if device is not None else param.device
+        self.shard_device = torch.device(shard_device) if shard_device is not None else self.device
+        self.pin = bool(pin and self.shard_device.type == "cpu" and torch.cuda.is_available())
+        self.padded = round_up(max(self.numel, 1), world * ALIGN)
+        self.shard_numel = self.padded // world
+        self.refs = 0
+        self.backward_hold = False
+        self.persistent = False
+        self.gathered = False
+        self.shard = torch.zeros(self.shard_numel, dtype=self.dtype, device=self.shard_device, pin_memory=self.pin)
+        with torch.no_grad():
+            lo, hi = self.shard_range()
+            flat = param.detach().reshape(-1)
+            a, b = min(lo, self.numel), min(hi, self.numel)
+            if a < b:
+                self.shard[:b - a].copy_(flat[a:b])
+        self.full = None
+        param.data = self._empty()
+        param._dsfast_z3 = self
+        param.ds_shape, param.ds_numel = torch.Size(self.shape), self.numel   # DeepSpeed's names for them
+
+    # ---- layout ----------------------------------------------------------------------------------------------
+    def shard_range(self):
+        return self.rank * self.shard_numel, (self.rank + 1) * self.shard_numel
+
+    def plan(self, index, group_index, param_index):
+        """This parameter as a one-parameter bucket (what the stage 1/2 step, records and formulas read)."""
+        return BucketPlan(index, group_index, (Entry(param_index, 0, self.numel),), self.numel, self.padded,
+                          self.world)
+
+    def _empty(self):
+        return torch.empty(0, dtype=self.dtype, device=self.device)
+
+    def cast(self, dtype):
+        """Change the model dtype (fp16/bf16 training): the shard is rounded, the full buffer re-made."""
+        if dtype == self.dtype:
+            return
+        was = self.gathered
+        if was:
+            self.free()
+        self.dtype = dtype
+        self.shard = self.shard.to(dtype)
+        if self.pin:
+            self.shard = self.shard.pin_memory()
+        self.full = None
+        self.param.data = self._empty()
+        if was:
+            gather([self])
+
+    # ---- gather / free ---------------------------------------------------------------------------------------
+    def _launch(self):
+        """Start filling `full` from every rank's shard; returns a handle (None when done already)."""
+        if self.full is None:
+            self.full = torch.empty(self.padded, dtype=self.dtype, device=self.device)
+        elif self.full.untyped_storage().nbytes() == 0:
+            self.full.untyped_storage().resize_(self.padded * self.full.element_size())
+        src = self.shard if self.shard.device == self.device else self.shard.to(self.device, non_blocking=True)
+        if self.world == 1:
+            self.full.copy_(src)
+            return None
+        return all_gather_flat(self.full, src, group=self.group, async_op=True)
+
+    def _publish(self):
+        self.param.data = self.full[:self.numel].view(self.shape)
+        self.gathered = True
+
+    def free(self, resize=False):
+        """resize=True: shrink the storage in place (after forward, see above); else let it go."""
+        self.param.data = self._empty()
+        if resize:
+            self.full.untyped_storage().resize_(0)
+        else:
+            self.full = None
+        self.gathered = False
+
+    def release(self, resize=False):
+        """Free the whole parameter unless something still holds it."""
+        if self.gathered and not self.persistent and self.refs <= 0 and not self.backward_hold:
+            self.free(resize)
+
+    @torch.no_grad()
+    def set_from_full(self, full_values):
+        """This rank's slice of new whole values (GatheredParameters' modifier rank broadcast them)."""
+        lo, hi = self.shard_range()
+        flat = full_values.reshape(-1)
+        a, b = min(lo, self.numel), min(hi, self.numel)
+        self.shard.zero_()
+        if a < b:
+            self.shard[:b - a].copy_(flat[a:b])
+
+
+def record_of(param):
+    return getattr(param, "_dsfast_z3", None)
+
+
+@torch.no_grad()
+def gather(records, refresh=False):
+    """All-gather every record that is not whole yet (all at once, then wait). refresh=True re-gathers those
+    already whole too (their shards changed: after an optimizer step). A collective: every rank calls it with the
+    same records in the same order."""
+    todo = [r for r in records if refresh or not r.gathered]
+    handles = [r._launch() for r in todo]
+    for h in handles:
+        if h is not None:
+            h.wait()
+    for r in todo:
+        r._publish()

@@ -1,0 +1,251 @@
+"""ZeRO stage 3's state owner: parameters, gradients and optimizer states all partitioned; no rank holds the model.
+
+Every parameter is partitioned on its own (partitioned_param.py: a one-parameter bucket, padded to world x 16),
+so zero.Init can partition a module as it is built in exactly the layout training uses. The module hooks
+(param_hooks.py) gather parameters around each module's forward and backward; this owner
+  - reduce-scatters each parameter's gradient as soon as autograd has accumulated it (a post-accumulate-grad
+    hook), into this rank's gradient shard (accumulated across micro-steps, as stage 2 does), then releases the
+    whole parameter;
+  - steps the shards with stage 1/2's step (shard_step.step_shards over Stage3Store, which has FlatShards' shape):
+    the updated shard stays partitioned, only persistent (small) parameters are gathered again.
+Placement: offload_optimizer puts masters and optimizer states on the host; offload_param puts the model-dtype
+shards on the host (copied to the device for each gather). fp32 with both on one device keeps one copy only.
+"""
+import torch
+
+from ..comm.flat_collectives import reduce_scatter_flat
+from ..engine.state_owner import DtypePolicy
+from .param_hooks import ParamCoordinator
+from .partition import owned_pieces
+from .partitioned_param import PartitionedParam, gather, record_of
+from .sharded import MAX_IN_FLIGHT, _ShardedBase
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class Stage3Store:
+    """The trained parameters' shards, in the shape stage 1/2's step and records read (one plan per param)."""
+
+    def __init__(self, params, group_of, records, all_records, model_dtype, device, offload, pin, masters_fp32):
+        self.params = list(params)
+        self.records = list(records)
+        self.all_records = list(all_records)
+        self.model_dtype = model_dtype
+        self.mixed = model_dtype != torch.float32
+        self.device = torch.device(device)
+        self.world = records[0].world if records else 1
+        self.rank = records[0].rank if records else 0
+        self.offload = offload
+        self.master_device = torch.device("cpu") if offload else self.device
+        shard_devices = {r.shard_device for r in self.records}
+        self.masters_are_params = not self.mixed and shard_devices <= {self.master_device}
+        self.plans = [r.plan(i, g, i) for i, (r, g) in enumerate(zip(self.records, group_of))]
+        pin_masters = bool(pin and offload and torch.cuda.is_available())
+        self.masters, self.shards, self.host16, self.grads = [], [], [], []
+        for r, m32 in zip(self.records, masters_fp32):
+            master = r.shard if self.masters_are_params else \
+                m32.to(self.master_device, dtype=torch.float32, copy=True)
+            if pin_masters and not master.is_pinned():
+                master = master.pin_memory()
+            self.masters.append(master)
+            shard = torch.nn.Parameter(master, requires_grad=True)
+            shard._dsfast_bucket = len(self.shards)
+            self.shards.append(shard)
+            self.host16.append(torch.empty(r.shard_numel, dtype=model_dtype, pin_memory=True)
+                               if self.mixed and offload and r.shard.device.type == "cuda" else None)
+            self.grads.append(torch.zeros(r.shard_numel, dtype=model_dtype, device=self.device))
+        self.bucket_of = {id(p): (plan, plan.entries[0]) for p, plan in zip(self.params, self.plans)}
+
+    @property
+    def flats(self):
+        """The model-dtype storage this rank keeps: its shard of every parameter (trained or not)."""
+        return [r.shard for r in self.all_records]
+
+    def shard_groups(self, groups):
+        out = [dict(g, params=[]) for g in groups]
+        for plan, shard in zip(self.plans, self.shards):
+            out[plan.group]["params"].append(shard)
+        return out
+
+    def pieces(self, plan):
+        return owned_pieces(plan, self.rank)
+
+    def slice16(self, i):
+        return self.records[i].shard
+
+    @torch.no_grad()
+    def write_back(self):
+        if self.masters_are_params:
+            return
+        for r, m in zip(self.records, self.masters):
+            r.shard.copy_(m, non_blocking=True)
+
+    def all_gather(self, group=None):
+        """After a step: parameters whole right now (persistent ones, open GatheredParameters) get new values."""
+        gather([r for r in self.all_records if r.gathered], refresh=True)
+
+
+class Stage3(_ShardedBase):
+    stage = 3
+    reduces_every_micro_step = True   # the engine refuses no_sync()
+
+    def __init__(self, store, precision, coordinator, group=None):
+        super().__init__(store, precision, group)
+        self.coordinator = coordinator
+        self.collectives_launched = 0
+        self._in_flight = []   # (gradient shard, handle, output, staging)
+        self._in_backward = False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in store.params]
+        self._index = {id(p): i for i, p in enumerate(store.params)}
+
+    def _shape_of(self, param):
+        return record_of(param).shape   # the parameter itself is empty while released
+
+    def begin_backward(self, reduce):
+        self._in_backward = True
+
+    @torch.no_grad()
+    def _on_grad(self, param):
+        grad = param.grad
+        if grad is None or not self._in_backward:
+            return
+        i = self._index[id(param)]
+        rec = self.store.records[i]
+        flat = grad.reshape(-1)
+        if self.world == 1:
+            self.store.grads[i][:rec.numel].add_(flat)
+        else:
+            if rec.padded == rec.numel:
+                staging = flat.contiguous()
+            else:
+                staging = torch.zeros(rec.padded, dtype=grad.dtype, device=grad.device)
+                staging[:rec.numel].copy_(flat)
+            out = torch.empty(rec.shard_numel, dtype=grad.dtype, device=grad.device)
+            handle = reduce_scatter_flat(out, staging, group=self.group, async_op=True)
+            self._in_flight.append((self.store.grads[i], handle, out, staging))
+            self.collectives_launched += 1
+            while len(self._in_flight) > MAX_IN_FLIGHT:
+                self._finish_oldest()
+        param.grad = None
+        rec.backward_hold = False
+        rec.release()
+
+    def _finish_oldest(self):
+        shard, handle, out, _ = self._in_flight.pop(0)
+        handle.wait()
+        shard.add_(out)
+
+    @torch.no_grad()
+    def end_backward(self):
+        self._in_backward = False
+        while self._in_flight:
+            self._finish_oldest()
+        for r in self.store.all_records:   # frozen parameters, ones whose gradient never came
+            r.backward_hold = False
+            r.release()
+
+    @torch.no_grad()
+    def shard_changed(self, param):
+        """GatheredParameters(modifier_rank=...) wrote new values into the shard: the master follows."""
+        i = self._index.get(id(param))
+        if i is not None and not self.store.masters_are_params:
+            self.store.masters[i].copy_(self.store.records[i].shard)
+
+    def prepare_step(self, names):
+        stray = [p for p in self.store.params if p.grad is not None]
+        if stray:
+            picked = [names.get(id(p), "?") for p in stray][:3]
+            raise RuntimeError(
+                f"engine.step(): {len(stray)} parameter(s) ({', '.join(picked)}) got gradients from a backward "
+                "that was not this engine's backward (a plain loss.backward()); under ZeRO stage 3 they were "
+                "never reduce-scattered into the partitions. Call engine.backward(loss) instead of loss.backward()")
+
+    def grad_shards(self):
+        return self.store.grads
+
+    def zero_grads(self):
+        for g in self.store.grads:
+            g.zero_()
+
+    @torch.no_grad()
+    def detach(self):
+        """Hooks off and every parameter whole again (a collective), so the module is an ordinary one."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self.coordinator.detach()
+        recs = self.store.all_records
+        gather(recs)
+        for r in recs:
+            r.param.data = r.full[:r.numel].clone().view(r.shape)
+            del r.param._dsfast_z3, r.param.ds_shape, r.param.ds_numel
+        self.store.all_records = []
+
+    def memory_tensors(self):
+        cats = super().memory_tensors()
+        cats["grads"] = list(self.store.grads)
+        cats["gathered"] = [r.full for r in self.store.all_records if r.full is not None]
+        cats["comm_buffers"] += [t for _, _, out, staging in self._in_flight for t in (out, staging)]
+        return cats
+
+
+def _unique_params(model):
+    seen, out = set(), []
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+@torch.no_grad()
+def build_stage3_owner(model, params, group_of, precision_name, world, rank, device, zero_cfg, group=None):
+    """Partition every parameter of `model` not partitioned yet (zero.Init partitions them as they are built)
+    and return the stage 3 owner. params: trainable parameters in model order; group_of: their group indices."""
+    dtype = _DTYPES[precision_name]
+    policy = DtypePolicy(precision_name, None if dtype == torch.float32 else dtype)
+    offload_opt = zero_cfg.offload_optimizer_device == "cpu"
+    offload_param = zero_cfg.offload_param_device == "cpu"
+    pin_param = bool(offload_param and zero_cfg.offload_param.pin_memory)
+    pin_opt = bool(offload_opt and zero_cfg.offload_optimizer.pin_memory)
+    shard_device = torch.device("cpu") if offload_param else torch.device(device)
+    records = []
+    for p in _unique_params(model):
+        rec = record_of(p)
+        if rec is None:
+            rec = PartitionedParam(p, world, rank, group, device, shard_device, pin=pin_param)
+        else:
+            _adopt(rec, p, world, rank, group, device, shard_device, pin_param)
+        records.append(rec)
+    trained = [record_of(p) for p in params]
+    masters_fp32 = [r.shard.float() for r in trained]   # before the 16-bit cast rounds them
+    if dtype != torch.float32:
+        model.to(dtype)   # buffers; the (released) parameters are recast by their records
+        for r in records:
+            r.cast(dtype)
+    threshold = int(zero_cfg.param_persistence_threshold)
+    persistent = [r for r in records if r.numel <= threshold]
+    for r in persistent:
+        r.persistent = True
+    gather(persistent)
+    store = Stage3Store(params, group_of, trained, records, dtype, device, offload_opt, pin_opt, masters_fp32)
+    return Stage3(store, policy, ParamCoordinator(model), group)
+
+
+def _adopt(rec, p, world, rank, group, device, shard_device, pin):
+    """A parameter zero.Init partitioned: check it matches this run, move its shard where this config wants it."""
+    if (rec.world, rec.rank) != (world, rank):
+        raise RuntimeError(f"a parameter of shape {rec.shape} was partitioned by dsfast.zero.Init for rank "
+                           f"{rec.rank} of {rec.world}, but initialize() runs as rank {rank} of {world}")
+    rec.group = group
+    rec.device = torch.device(device)
+    if rec.shard.device != shard_device:
+        rec.shard = rec.shard.to(shard_device)
+        rec.shard_device = shard_device
+        rec.pin = bool(pin and shard_device.type == "cpu" and torch.cuda.is_available())
+        if rec.pin:
+            rec.shard = rec.shard.pin_memory()
+    if rec.gathered:
+        rec.free()
+    rec.full = None
+    p.data = rec._empty()

@@ -1,0 +1,48 @@
+"""One rank of ZeRO stage 3 runs (see zero3_common.py for the run format); rank 0 saves every rank's records."""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dsfast  # noqa: E402
+from zero3_common import parse, train  # noqa: E402
+from zero_common import full_params  # noqa: E402
+
+
+def run(text):
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    spec = parse(text)
+    memory = []
+    losses, engine = train(dsfast.initialize, spec, rank, world,
+                           on_step=lambda e: memory.append(e.memory_breakdown()))
+    try:
+        engine.module.state_dict()
+        sd_error = None
+    except RuntimeError as err:
+        sd_error = str(err)
+    with dsfast.zero.GatheredParameters(list(engine.module.parameters())):
+        module_sd = {k: v.float().clone() for k, v in engine.module.state_dict().items()}
+        params = full_params(engine)   # frozen parameters (no fp32 master) are read whole inside the block
+    record = {"losses": losses, "params": params, "skipped": engine.skipped_steps,
+              "memory": memory, "norm": engine.get_global_grad_norm(), "sd_error": sd_error,
+              "numel": sum(p.ds_numel if hasattr(p, "ds_numel") else p._dsfast_z3.numel
+                           for p in engine.module.parameters() if p.requires_grad),
+              "module_sd": module_sd, "lrs": engine.get_lr(),
+              "shapes": {n: tuple(p.shape) for n, p in engine.module.named_parameters()}}
+    gathered = [None] * world
+    torch.distributed.all_gather_object(gathered, record)
+    return gathered
+
+
+def main():
+    dsfast.init_distributed()
+    results = {text: run(text) for text in sys.argv[2:]}
+    if torch.distributed.get_rank() == 0:
+        torch.save(results, sys.argv[1])
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()   # an orderly gloo teardown before the interpreter exits
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Runs shared by the ZeRO stage 3 workers (2 and 4 gloo ranks) and their one-process stage-0 references.
+
+A run is "name:precision:offload_optimizer:offload_param:gas:clip:steps:model:optimizer:inject_rank:threshold"
+(threshold: param_persistence_threshold; 0 partitions every parameter). Models: "plain" and "fancy" from
+zero_common (frozen layer, tied weight, two param groups), and "awkward": a module called twice in one forward,
+a parameter read outside its module's forward (the root reads the embedding's weight as its head), reentrant and
+non-reentrant activation checkpointing, and an eval forward under torch.no_grad() after every step; "inplace"
+(BuiltInPlace: a parent changing its children's parameters in __init__). Runs named init* build the model under
+dsfast.zero.Init.
+"""
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from dp_common import D_HID, D_IN, D_OUT, MICRO, build_model, global_batch
+from zero_common import Fancy
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(D_HID, D_HID)
+        self.norm = torch.nn.LayerNorm(D_HID)
+
+    def forward(self, h):
+        return h + torch.tanh(self.fc(self.norm(h)))
+
+
+class Awkward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Linear(D_IN, D_HID, bias=False)
+        self.shared = torch.nn.Linear(D_HID, D_HID)       # called twice per forward
+        self.ckpt_reentrant = Block()
+        self.ckpt_plain = Block()
+        self.out = torch.nn.Linear(D_IN, D_OUT)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.embed(x))
+        h = torch.tanh(self.shared(h))
+        h = checkpoint(self.ckpt_reentrant, h, use_reentrant=True)
+        h = checkpoint(self.ckpt_plain, h, use_reentrant=False)
+        h = torch.tanh(self.shared(h))
+        back = h @ self.embed.weight          # the embedding's weight, outside the embedding's forward
+        return self.out(back)
+
+
+class BuiltInPlace(torch.nn.Module):
+    """A model whose __init__ changes its children's parameters after building them (as GPT code does): an
+    apply() re-initialisation, a loop over named_parameters() scaling some, and a weight tied in __init__."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = torch.nn.Linear(D_IN, D_HID)
+        self.blocks = torch.nn.ModuleList([Block() for _ in range(2)])
+        self.a = torch.nn.Linear(D_HID, D_HID)
+        self.b = torch.nn.Linear(D_HID, D_HID)
+        self.b.weight = self.a.weight
+        self.head = torch.nn.Linear(D_IN, D_OUT)
+        self.scale = torch.nn.Parameter(torch.ones(D_HID))
+        self.apply(self._init)
+        for name, p in self.named_parameters():
+            if name.endswith("fc.weight"):
+                p.data.mul_(0.5)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.normal_(m.weight, std=0.2)
+            if m.bias is not None:
+                torch.nn.init.uniform_(m.bias, -0.1, 0.1)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        for blk in self.blocks:
+            h = blk(h)
+        h = torch.tanh(self.b(torch.tanh(self.a(h)))) * self.scale
+        return self.head(h @ self.inp.weight)
+
+
+def parse(run):
+    f = run.split(":")
+    return dict(name=f[0], precision=f[1], offload=f[2] == "1", offload_param=f[3] == "1", gas=int(f[4]),
+                clip=float(f[5]), steps=int(f[6]), model=f[7], optimizer=f[8], inject_rank=int(f[9]),
+                threshold=int(f[10]), stage=3)
+
+
+def build(spec):
+    model = {"plain": build_model, "fancy": Fancy, "awkward": Awkward, "inplace": BuiltInPlace}[spec["model"]]()
+    if spec["model"] == "fancy":
+        decay = [p for p in model.parameters() if p.requires_grad and p.dim() > 1]
+        rest = [p for p in model.parameters() if p.requires_grad and p.dim() <= 1]
+        return model, [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0, "lr": 2e-2}]
+    return model, list(model.parameters())
+
+
+def config(spec, world):
+    zero = {"stage": spec["stage"]}
+    if spec["stage"] == 3:
+        zero["param_persistence_threshold"] = spec["threshold"]
+        if spec["offload_param"]:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if spec["offload"]:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": spec["gas"],
+           "train_batch_size": MICRO * spec["gas"] * world, "gradient_clipping": spec["clip"],
+           "steps_per_print": 1000, "zero_optimization": zero}
+    if spec["optimizer"] == "config":
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}
+    elif spec["optimizer"] == "sgd":
+        cfg["optimizer"] = {"type": "SGD", "params": {"lr": 5e-2, "momentum": 0.9, "weight_decay": 0.01}}
+    if spec["precision"] == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    if spec["precision"] == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8, "hysteresis": 1}
+    return cfg
+
+
+def train(initialize, spec, rank, world, on_step=None, **init_kw):
+    """Train on this rank's share of each global batch (world 1 with GAS x world: the reference)."""
+    if spec["name"].startswith("init") and spec["stage"] == 3:   # built under dsfast.zero.Init
+        import dsfast
+        with dsfast.zero.Init(config_dict_or_path=config(spec, world)):
+            model, params = build(spec)
+        assert all(p.numel() == 0 for p in model.parameters())
+    else:
+        model, params = build(spec)
+    client = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1) if spec["optimizer"] == "client" else None
+    engine = initialize(model=model, model_parameters=params, optimizer=client, config=config(spec, world),
+                        **init_kw)[0]
+    gas = engine.gradient_accumulation_steps()
+    losses = []
+    for step in range(spec["steps"]):
+        x, y = global_batch(step, MICRO * gas * world)
+        total = 0.0
+        for i in range(gas):
+            lo = (i * world + rank) * MICRO
+            loss = torch.nn.functional.mse_loss(engine(x[lo:lo + MICRO]).float(), y[lo:lo + MICRO])
+            if step == 1 and rank == spec["inject_rank"]:
+                loss = loss * float("inf")
+            engine.backward(loss)
+            engine.step()
+            total += float(loss.detach())
+        losses.append(total / gas)
+        if spec["model"] == "awkward":
+            engine.eval()
+            with torch.no_grad():
+                engine(x[:MICRO])
+            engine.train()
+        if on_step is not None:
+            on_step(engine)
+    return losses, engine
