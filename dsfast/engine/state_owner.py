@@ -50,7 +50,10 @@ def memory_breakdown(categories):
         for t in tensors:
             if t is None or not torch.is_tensor(t):
                 continue
-            nbytes = t.numel() * t.element_size()
+            # its own elements, but no more than its storage still holds (a released stage-3 parameter keeps its
+            # shape over a storage resized to nothing)
+            held = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
+            nbytes = max(0, min(t.numel() * t.element_size(), held))
             key = (t.data_ptr(), nbytes, t.device)
             if key in seen or nbytes == 0:
                 continue
