@@ -7,7 +7,7 @@ import torch
 
 import dsfast
 from dsfast.utils import safe_get_full_fp32_param
-from dsfast.zero.save16 import load_safetensors
+from dsfast.checkpoint.safetensors_io import read_file as load_safetensors
 from test_zero3_engine import _cfg3
 from test_zero_engine import _model, _train
 

@@ -85,10 +85,12 @@ def _load(engine, reader, strict, load_optimizer_states, load_lr_scheduler_state
     if not module_only:
         for name in _files_needed(layout, reader.manifest["params"]):
             reader.file(name)
-    _load_module(engine.module, module_sd, strict, reader.dir)
+    stage3 = getattr(engine._owner, "stage", 0) == 3
+    _load_module(engine.module, module_sd, strict, reader.dir, stage3)
     client = jsonable.decode(state.get("client_state") or {}, tensors)
     if module_only:
-        masters_from_module(engine, layout)
+        if not stage3:   # at stage 3 the partitions' masters followed the loaded slices already
+            masters_from_module(engine, layout)
         engine_after_load(engine)
         return client
     shards.apply(layout, engine.optimizer, reader.manifest["params"], reader.file, load_optimizer_states)
@@ -113,8 +115,12 @@ def _files_needed(layout, params):
     return sorted(names)
 
 
-def _load_module(module, sd, strict, where):
-    result = module.load_state_dict(sd, strict=strict)
+def _load_module(module, sd, strict, where, stage3=False):
+    if stage3:
+        from dsfast.zero.save16 import load_partitioned_state_dict
+        result = load_partitioned_state_dict(module, sd, strict=strict)
+    else:
+        result = module.load_state_dict(sd, strict=strict)
     if not strict and (result.missing_keys or result.unexpected_keys):
         warnings.warn(f"{where}: module weights loaded with load_module_strict=False; missing "
                       f"{result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")

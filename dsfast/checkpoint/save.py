@@ -54,11 +54,13 @@ def prepare(engine, save_dir, tag, client_state, save_latest, exclude_frozen, ra
     job = SaveJob(os.fspath(save_dir), text, rank, bool(save_latest),
                   {"world_size": layout.world_size, "stage": layout.stage, "replicated": layout.replicated},
                   getattr(engine._precision, "name", "fp32"), tensors, slices)
+    gathered = state_files.stage3_module_tensors(engine, exclude_frozen)   # a collective at stage 3, else None
     if rank == 0:
         job.engine_json, job.engine_tensors = state_files.engine_state(engine, client_state)
         if snapshot:
             job.engine_tensors = {k: v.clone() for k, v in job.engine_tensors.items()}
-        job.module = state_files.module_tensors(engine, exclude_frozen, snapshot)
+        job.module = gathered if gathered is not None else \
+            state_files.module_tensors(engine, exclude_frozen, snapshot)
         job.module_info = state_files.module_info(engine.module)
     return job
 

@@ -1,22 +1,16 @@
 """engine.save_16bit_model: the whole model's weights in the model dtype, gathered from the partitions.
 
 Parameters are gathered one at a time (a collective: every rank calls it) and copied to host memory on rank 0,
-which writes the file: `*.safetensors` in the safetensors format (written here: an 8-byte little-endian header
-length, a JSON header of name -> dtype / shape / byte offsets, then the raw little-endian bytes), anything else
-with torch.save, as DeepSpeed does.
+which writes the file: `*.safetensors` in the safetensors format (dsfast.checkpoint's writer), anything else with
+torch.save, as DeepSpeed does.
 """
-import json
 import os
-import struct
 
 import torch
 import torch.distributed as dist
 
+from ..checkpoint.safetensors_io import write_file
 from .partitioned_param import gather, record_of
-
-_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
-              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-              torch.bool: "BOOL"}
 
 
 @torch.no_grad()
@@ -51,43 +45,6 @@ def gathered_state_dict(module, on_rank0_only=True, exclude_frozen=False):
     return out
 
 
-def save_safetensors(tensors, path):
-    header, offset, blobs = {}, 0, []
-    for name, t in tensors.items():
-        if t.dtype not in _ST_DTYPES:
-            raise TypeError(f"save_16bit_model: {name} has dtype {t.dtype}, which safetensors cannot hold")
-        data = t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(head)))
-        f.write(head)
-        for b in blobs:
-            f.write(b)
-
-
-def load_safetensors(path):
-    """The inverse of save_safetensors ({name: tensor}), for checking a saved file without the safetensors
-    package."""
-    names = {v: k for k, v in _ST_DTYPES.items()}
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = meta["data_offsets"]
-        raw = torch.frombuffer(bytearray(data[a:b]), dtype=torch.uint8) if b > a else torch.empty(0, dtype=torch.uint8)
-        out[name] = raw.view(names[meta["dtype"]]).reshape(meta["shape"])
-    return out
-
-
 def save_16bit_model(module, save_dir, save_filename, exclude_frozen=False):
     sd = gathered_state_dict(module, exclude_frozen=exclude_frozen)
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -95,9 +52,42 @@ def save_16bit_model(module, save_dir, save_filename, exclude_frozen=False):
         os.makedirs(save_dir, exist_ok=True)
         path = os.path.join(save_dir, save_filename)
         if save_filename.endswith(".safetensors"):
-            save_safetensors(sd, path)
+            write_file(path, sd)
         else:
             torch.save(sd, path)
     if dist.is_initialized():
         dist.barrier()
     return True
+
+
+@torch.no_grad()
+def load_partitioned_state_dict(module, sd, strict=True):
+    """module.load_state_dict for a stage-3 module without gathering: each rank copies its own slice of every
+    parameter from the whole tensors in `sd` (every rank holds the same `sd`); buffers are copied as they are.
+    Returns torch's (missing_keys, unexpected_keys) result."""
+    from torch.nn.modules.module import _IncompatibleKeys
+    expected = set()
+    for name, p in module.named_parameters(remove_duplicate=False):
+        expected.add(name)
+        if name not in sd:
+            continue
+        rec = record_of(p)
+        if rec is None:
+            p.copy_(sd[name])
+            continue
+        rec.set_from_full(sd[name].to(rec.shard.device, rec.shard.dtype))
+        owner = getattr(p, "_dsfast_owner", None)
+        if owner is not None and hasattr(owner, "shard_changed"):
+            owner.shard_changed(p)
+    for mod_name, m in module.named_modules(remove_duplicate=False):
+        for b_name, b in m._buffers.items():
+            full = f"{mod_name}.{b_name}" if mod_name else b_name
+            if b is not None and b_name not in m._non_persistent_buffers_set:
+                expected.add(full)
+                if full in sd:
+                    b.copy_(sd[full])
+    result = _IncompatibleKeys(sorted(expected - set(sd)), sorted(set(sd) - expected))
+    if strict and (result.missing_keys or result.unexpected_keys):
+        raise RuntimeError(f"load_state_dict (ZeRO stage 3): missing keys {result.missing_keys[:5]}, unexpected "
+                           f"keys {result.unexpected_keys[:5]}")
+    return result

@@ -30,7 +30,8 @@ def _resume(tmp_path, run_text, world, ckpt):
     return torch.load(out)
 
 
-@pytest.mark.parametrize("stage,precision,offload", [(1, "fp32", True), (2, "fp32", False), (2, "bf16", False)])
+@pytest.mark.parametrize("stage,precision,offload", [(1, "fp32", True), (2, "fp32", False), (2, "bf16", False),
+                                                    (3, "fp32", False), (3, "bf16", True)])
 def test_exact_resume_at_the_same_stage_and_world_size(tmp_path, stage, precision, offload):
     ckpt, straight = _save(tmp_path, run(stage, precision, offload), 2)
     resumed = _resume(tmp_path, run(stage, precision, offload), 2, ckpt)
@@ -45,7 +46,7 @@ def saved_stage2(tmp_path_factory):
     return tmp, *_save(tmp, run(2, gas=2), 2)
 
 
-@pytest.mark.parametrize("stage,world,gas", [(0, 1, 4), (1, 4, 1), (0, 2, 2)])
+@pytest.mark.parametrize("stage,world,gas", [(0, 1, 4), (1, 4, 1), (0, 2, 2), (3, 2, 2), (3, 4, 1)])
 def test_a_stage2_checkpoint_from_2_ranks_resumes_at_another_stage_and_world_size(saved_stage2, stage, world, gas):
     tmp, ckpt, straight = saved_stage2
     resumed = _resume(tmp, run(stage, gas=gas), world, ckpt)
@@ -57,5 +58,12 @@ def test_a_stage2_checkpoint_from_2_ranks_resumes_at_another_stage_and_world_siz
 def test_a_four_rank_stage1_checkpoint_resumes_on_two_ranks_at_stage2(tmp_path):
     ckpt, straight = _save(tmp_path, run(1), 4)
     resumed = _resume(tmp_path, run(2, gas=2), 2, ckpt)
+    for name, value in straight["params"].items():
+        torch.testing.assert_close(resumed["params"][name], value, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_a_stage3_checkpoint_resumes_at_stage0_on_one_rank(tmp_path):
+    ckpt, straight = _save(tmp_path, run(3, gas=2), 2)
+    resumed = _resume(tmp_path, run(0, gas=4), 1, ckpt)
     for name, value in straight["params"].items():
         torch.testing.assert_close(resumed["params"][name], value, atol=1e-5, rtol=1e-5, msg=name)
