@@ -140,3 +140,21 @@ def test_rank_local_optimizer_state_dict_round_trip_continues_identically():
         _train_more(e)
     for p, q in zip(fresh.module.parameters(), b.module.parameters()):
         assert torch.equal(p, q)
+
+
+def test_zero_knobs_dsfast_does_not_act_on_are_reported():
+    from dsfast.config import load_config
+    cfg = load_config(config={"train_batch_size": 2, "zero_optimization": {
+        "stage": 3, "prefetch_bucket_size": 5, "max_live_parameters": 7, "allgather_bucket_size": 100}},
+        world_size=1)
+    notes = "\n".join(cfg.ignored_settings())
+    for key in ("prefetch_bucket_size", "max_live_parameters", "allgather_bucket_size"):
+        assert f"zero_optimization.{key} is ignored" in notes
+
+
+def test_memory_breakdown_config_prints_the_model_states_at_each_progress_line(capsys):
+    cfg = _cfg(2)
+    cfg.update(memory_breakdown=True, steps_per_print=2)
+    _train(cfg, steps=4)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "model states" in ln]
+    assert len(lines) == 2 and "host" in lines[0] and "MiB" in lines[0]

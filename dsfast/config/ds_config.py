@@ -24,6 +24,14 @@ from .zero import SUPPORTED_ZERO_STAGES, ZeroConfig
 NOT_YET_HONOURED = {
     "prescale_gradients": "dsfast averages gradients in one step; only rounding could differ",
     "gradient_predivide_factor": "dsfast averages gradients in one step; only rounding could differ",
+    "zero_optimization.prefetch_bucket_size": "stage 3 gathers each module's parameters when it runs (no prefetch)",
+    "zero_optimization.max_live_parameters": "stage 3 keeps only the running module's parameters whole",
+    "zero_optimization.max_reuse_distance": "stage 3 releases a module's parameters after its forward",
+    "zero_optimization.model_persistence_threshold": "only param_persistence_threshold keeps parameters whole",
+    "zero_optimization.allgather_bucket_size": "parameters are all-gathered per reduction bucket "
+                                               "(reduce_bucket_size, at most 1M elements)",
+    "checkpoint.load_universal": "dsfast checkpoints load at any world size and stage without conversion",
+    "checkpoint.use_node_local_storage": "every rank writes its shards into the one save_dir",
 }
 
 
@@ -241,7 +249,7 @@ class DsConfig(StrictModel):
             notes.append("communication_data_type is ignored; gradients are all-reduced in their own dtype")
         if self.seq_parallel_communication_data_type is not None:
             notes.append("seq_parallel_communication_data_type is ignored; dsfast has no sequence parallelism")
-        for flag, why in (("memory_breakdown", "no memory report"), ("dump_state", "no state dump"),
+        for flag, why in (("dump_state", "no state dump"),
                           ("disable_allgather", "no ZeRO all-gather at stage 0"),
                           ("disable_python_gc", "dsfast leaves Python's garbage collector alone"),
                           ("use_data_before_expert_parallelism", "dsfast has no expert parallelism"),

@@ -193,6 +193,11 @@ class Engine(torch.nn.Module):
             self._progress.stop("step")
             self._progress.on_step(self.global_steps, self.global_samples, self.get_lr(), self.loss_scale,
                                    self.skipped_steps)
+            if self.config.memory_breakdown and self._progress.enabled and \
+                    self.global_steps % self._progress.every == 0:
+                total = self.memory_breakdown()["total"]
+                print(f"[dsfast] step {self.global_steps} | model states (rank 0) "
+                      + ", ".join(f"{d} {b / 2**20:.1f} MiB" for d, b in total.items()), flush=True)
         self.micro_steps += 1
 
     def _take_model_step(self, lr_kwargs):
