@@ -15,6 +15,9 @@ Model: GPT of 4 blocks, d_model 256, seq 128, vocab 8192 (tied), 5.3M parameters
   zero1-torch  DDP + torch.distributed.optim.ZeroRedundancyOptimizer(AdamW fused) (torch's ZeRO stage 1)
   deepspeed  deepspeed.initialize (stage 0, AdamW; DeepSpeed's fused Adam is CUDA-only, so torch_adam fused=True)
   deepspeed-z1, deepspeed-z2, deepspeed-z2-offload   DeepSpeed at the same stages (offload: DeepSpeedCPUAdam)
+  fsdp2      torch FSDP2 (fully_shard on every block and the root, gloo), AdamW fused, clip_grad_norm_
+  dsfast-z3, dsfast-z3-offload, deepspeed-z3, deepspeed-z3-offload   ZeRO stage 3 (offload: offload_param and
+             offload_optimizer to the CPU)
   floor      forward + backward of the same model alone, no gradient sync, no optimizer (the compute ceiling)
 Correctness first: after the warm-up the dsfast and DDP replicas, started from the same weights and fed the same
 batches, must agree. Then the implementations are interleaved (round-robin blocks of steps), each block's time
@@ -39,7 +42,8 @@ def parse():
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per implementation")
     p.add_argument("--nprocs", type=int, default=2)
     p.add_argument("--impls", default="ddp,dsfast,dsfast-gloo,deepspeed,zero1-torch,dsfast-z1,deepspeed-z1,"
-                                      "dsfast-z2,deepspeed-z2,dsfast-z2-offload,deepspeed-z2-offload,floor")
+                                      "dsfast-z2,deepspeed-z2,dsfast-z2-offload,deepspeed-z2-offload,"
+                                      "fsdp2,dsfast-z3,deepspeed-z3,dsfast-z3-offload,deepspeed-z3-offload,floor")
     p.add_argument("--bucket_elems", default="",
                    help="comma list: extra dsfast variants with zero_optimization.reduce_bucket_size set (tuning)")
     p.add_argument("--verbose", action="store_true", help="print every block's time")
@@ -122,13 +126,16 @@ def worker(args):
             config["zero_optimization"]["reduce_bucket_size"] = int(bucket)
         if offload:
             config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+            if stage == 3:
+                config["zero_optimization"]["offload_param"] = {"device": "cpu"}
         engine, *_ = dsfast.initialize(model=m, model_parameters=m.parameters(), config=config)
 
         def ds_step(i):
             loss = engine(*batch(i))
             engine.backward(loss)
             engine.step()
-        return (ds_step, lambda: list(engine.module.parameters())), engine
+        from dsfast.utils import safe_get_full_fp32_param   # whole parameters at every stage (a collective)
+        return (ds_step, lambda: [safe_get_full_fp32_param(p) for p in engine.module.parameters()]), engine
 
     engines = {}
     if "dsfast" in wanted:
@@ -141,7 +148,27 @@ def worker(args):
         impls["dsfast-gloo"], _ = dsfast_impl(shm=False)
     for bucket in filter(None, args.bucket_elems.split(",")):
         impls[f"dsfast@{bucket}"], _ = dsfast_impl(bucket)
-    for name, stage, offload in (("dsfast-z1", 1, False), ("dsfast-z2", 2, False), ("dsfast-z2-offload", 2, True)):
+    if "fsdp2" in wanted:
+        try:
+            from torch.distributed.fsdp import fully_shard
+            f_model = fresh()
+            for block in f_model.blocks:
+                fully_shard(block)
+            fully_shard(f_model)
+            f_opt = torch.optim.AdamW(f_model.parameters(), lr=lr, weight_decay=wd)
+
+            def fsdp2_step(i):
+                loss = f_model(*batch(i))
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(f_model.parameters(), clip)
+                f_opt.step()
+                f_opt.zero_grad(set_to_none=True)
+            impls["fsdp2"] = (fsdp2_step, lambda: [])
+        except Exception as err:   # FSDP2 on CPU/gloo is not supported by every torch build: say so, go on
+            if rank == 0:
+                print(f"fsdp2: cannot run here ({type(err).__name__}: {str(err)[:200]})")
+    for name, stage, offload in (("dsfast-z1", 1, False), ("dsfast-z2", 2, False), ("dsfast-z2-offload", 2, True),
+                                 ("dsfast-z3", 3, False), ("dsfast-z3-offload", 3, True)):
         if name in wanted:
             impls[name], engines[name] = dsfast_impl(stage=stage, offload=offload)
     deepspeed = None
@@ -152,7 +179,8 @@ def worker(args):
             if rank == 0:
                 print("deepspeed: not importable here (run under /work/venv-ds with DS_ACCELERATOR=cpu)")
     for name, stage, offload in (("deepspeed", 0, False), ("deepspeed-z1", 1, False), ("deepspeed-z2", 2, False),
-                                 ("deepspeed-z2-offload", 2, True)):
+                                 ("deepspeed-z2-offload", 2, True), ("deepspeed-z3", 3, False),
+                                 ("deepspeed-z3-offload", 3, True)):
         if deepspeed is None or name not in wanted:
             continue
         import logging
@@ -162,6 +190,8 @@ def worker(args):
         opt_params = {"lr": lr, "weight_decay": wd, "torch_adam": True, "fused": True}
         if offload:   # DeepSpeed requires its CPU Adam with offload
             zero["offload_optimizer"] = {"device": "cpu"}
+            if stage == 3:
+                zero["offload_param"] = {"device": "cpu"}
             opt_params = {"lr": lr, "weight_decay": wd}
         ds_engine, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config={
             "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
