@@ -143,6 +143,7 @@ void adam_step(Tensors params, Tensors grads, Tensors exp_avgs, Tensors exp_avg_
     work[i] = {fp32_ptr(params[i]), grads[i].const_data_ptr(), fp32_ptr(exp_avgs[i]), fp32_ptr(exp_avg_sqs[i]), out,
                params[i].numel(), gd, od, c};
   }
+  release_lists(params, grads, exp_avgs, exp_avg_sqs, outs, steps);   // raw pointers from here on
   dsfast::cpu::adam_step(work.data(), int64_t(n), int(num_threads), isa_v);
   for (float* s : counters) *s += 1.0f;
 }
@@ -171,6 +172,7 @@ void sgd_step(Tensors params, Tensors grads, Tensors momentum_buffers, Tensors o
     c.grad_scale = float(grad_scale);
     work[i] = {fp32_ptr(params[i]), grads[i].const_data_ptr(), buf, out, params[i].numel(), gd, od, c};
   }
+  release_lists(params, grads, momentum_buffers, outs);
   dsfast::cpu::sgd_step(work.data(), int64_t(n), int(num_threads), isa_v);
 }
 
