@@ -68,16 +68,6 @@ def write_file(path, tensors, metadata=None, fault=None):
     return {"size": 8 + len(raw) + offset, "sha256": digest.hexdigest()}
 
 
-def file_sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(_CHUNK)
-            if not block:
-                return digest.hexdigest()
-            digest.update(block)
-
-
 class SafeTensorsFile:
     """One file read whole into memory, checked, with tensors handed out as views of that buffer."""
 
