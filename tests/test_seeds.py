@@ -32,21 +32,32 @@ def _results(runs):
     return sorted(out, key=lambda r: r["rank"])
 
 
-def test_seed1_exact_config_gives_the_zero_stage_answer(tmp_path):
-    """`"zero_optimization": true` means stage 1 (DeepSpeed); until ZeRO lands that is a clear error, not stage 0.
-    A plain `python script.py` (no launcher variables) is a world of one process."""
-    from dsfast.config import SUPPORTED_ZERO_STAGES
+def test_seed1_exact_config_runs_as_a_world_of_one(tmp_path):
+    """`"zero_optimization": true` means stage 1 (DeepSpeed). A plain `python script.py` (no launcher
+    variables) is a world of one process."""
     cfg = _write(tmp_path, "ds_config.json", SEED1_CONFIG)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["PYTHONPATH"] = REPO
     run = subprocess.run([sys.executable, os.path.join(SEEDS, "seed1_getting_started.py"), "--epochs", "1",
                           "--deepspeed", "--deepspeed_config", cfg], capture_output=True, text=True, timeout=90,
                          env=env, cwd=REPO)
-    if 1 in SUPPORTED_ZERO_STAGES:
-        assert run.returncode == 0, run.stdout + run.stderr
-    else:
-        assert run.returncode != 0
-        assert "ZeRO stage 1 is not supported by dsfast yet" in run.stderr
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert _results([(0, run.stdout)])[0]["zero_stage"] == 1
+
+
+def test_seed1_checkpoint_loop_with_the_exact_config_saves_and_resumes_on_two_ranks(tmp_path):
+    """The seed's loop with its ds_config verbatim (fp16, ZeRO stage 1): float tags, client_sd=, and a resumed
+    run that starts after client_sd['step']."""
+    cfg = _write(tmp_path, "ds_config.json", SEED1_CONFIG)
+    ckpt = tmp_path / "ckpt"
+    args = ["--epochs", "1", "--deepspeed", "--deepspeed_config", cfg, "--save_dir", ckpt, "--save_interval", "10"]
+    first = _results(launch(os.path.join(SEEDS, "seed1_getting_started.py"), args, nprocs=2, timeout=150))
+    assert first[0]["saved"] == first[1]["saved"] and len(first[0]["saved"]) == 4   # steps 0, 10, 20, 30
+    assert (ckpt / "latest").read_text().strip() == str(first[0]["saved"][-1])
+    again = _results(launch(os.path.join(SEEDS, "seed1_getting_started.py"),
+                            args + ["--load_dir", ckpt], nprocs=2, timeout=150))
+    for r in again:
+        assert r["start"] == 31 and r["steps"] == 32 and r["zero_stage"] == 1
 
 
 def test_seed1_program_trains_fp16_on_two_ranks(tmp_path):
