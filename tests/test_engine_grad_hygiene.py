@@ -18,9 +18,12 @@ from gan_common import engine_gan, torch_gan  # noqa: E402
 PRECISIONS = ["fp32", "bf16", "fp16"]
 
 
-def _cfg(precision, opt="SGD", lr=1.0, gas=1):
+STAGES = [0, 1, 2, 3]
+
+
+def _cfg(precision, opt="SGD", lr=1.0, gas=1, stage=0):
     cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": gas, "steps_per_print": 1000,
-           "optimizer": {"type": opt, "params": {"lr": lr}}}
+           "optimizer": {"type": opt, "params": {"lr": lr}}, "zero_optimization": {"stage": stage}}
     if precision == "bf16":
         cfg["bf16"] = {"enabled": True}
     if precision == "fp16":  # a power-of-two static scale keeps every gradient below exact
@@ -38,7 +41,8 @@ def _one_weight(precision, **kw):
 
 
 def _weight(engine):
-    return float(engine._precision.master_of(engine.module.weight).detach().reshape(()))
+    from dsfast.utils import safe_get_full_fp32_param
+    return float(safe_get_full_fp32_param(engine.module.weight).reshape(()))
 
 
 def _loss(engine, slope):
@@ -54,10 +58,11 @@ CLEARS = {
 }
 
 
+@pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("clear", list(CLEARS))
-def test_gradients_cleared_by_the_user_do_not_leak_into_the_next_step(precision, clear):
-    model, engine, opt = _one_weight(precision)
+def test_gradients_cleared_by_the_user_do_not_leak_into_the_next_step(precision, clear, stage):
+    model, engine, opt = _one_weight(precision, stage=stage)
     # another backward through the model (a GAN generator's loss through the discriminator) leaves gradient 64
     _loss(engine, 64.0).backward()
     CLEARS[clear](model, opt)
@@ -76,9 +81,10 @@ def test_gradients_cleared_between_backward_and_step_are_not_applied(precision):
     assert _weight(engine) == -2.0
 
 
+@pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_plain_loss_backward_then_step_is_refused_with_the_fix(precision):
-    model, engine, _ = _one_weight(precision)
+def test_plain_loss_backward_then_step_is_refused_with_the_fix(precision, stage):
+    model, engine, _ = _one_weight(precision, stage=stage)
     _loss(engine, 1.0).backward()
     with pytest.raises(RuntimeError, match=r"\(weight\).*engine.backward\(loss\) instead of loss.backward\(\)"):
         engine.step()
@@ -89,10 +95,11 @@ def test_plain_loss_backward_then_step_is_refused_with_the_fix(precision):
     assert _weight(engine) == -1.0
 
 
+@pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("gas", [1, 2])
-def test_two_backwards_before_one_step_add_up(precision, gas):
-    _, engine, _ = _one_weight(precision, gas=gas)
+def test_two_backwards_before_one_step_add_up(precision, gas, stage):
+    _, engine, _ = _one_weight(precision, gas=gas, stage=stage)
     for _micro in range(gas):
         engine.backward(_loss(engine, 1.0))
         engine.backward(_loss(engine, 3.0))

@@ -111,7 +111,24 @@ class _ShardedBase:
     _optimizer = None
 
     def bind_optimizer(self, optimizer):
+        """The optimizer steps flat shards, so its own zero_grad() would clear nothing the user means: make it
+        clear this owner's gradients too (what DeepSpeed's ZeRO optimizer's zero_grad() does)."""
         self._optimizer = optimizer
+        if optimizer is None or getattr(optimizer, "_dsfast_clears", None) is self:
+            return
+        own = optimizer.zero_grad
+
+        def zero_grad(set_to_none=True):
+            own(set_to_none=set_to_none)
+            self.clear_grads()
+        optimizer.zero_grad = zero_grad
+        optimizer._dsfast_clears = self
+
+    def clear_grads(self):
+        """Every gradient this rank holds for the model, gone (accumulated partitions and any param.grad)."""
+        self.zero_grads()
+        for p in self.store.params:
+            p.grad = None
 
     def full_fp32_param(self, param):
         return self._full(param, lambda i: self.store.masters[i].float())
@@ -235,6 +252,9 @@ class ShardedOptimizerState(_ShardedBase):
     def zero_grads(self):
         self.buffers.zero()
         self.sync.reset()
+
+    def clear_grads(self):
+        self.zero_grads()   # param.grad are views of the zeroed buckets again
 
     def detach(self):
         self.sync.detach()

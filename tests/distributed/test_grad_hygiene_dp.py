@@ -41,11 +41,12 @@ def test_gan_on_two_ranks_matches_torch_on_the_global_batch(ranks):
             torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("gas", [1, 2])
-def test_two_backwards_per_step_equal_one_backward_of_the_sum_fp32(ranks, gas):
-    want = _double_reference(gas)
+@pytest.mark.parametrize("key,gas", [("double_fp32_gas1", 1), ("double_fp32_gas2", 2), ("double_fp32_gas2_s1", 2),
+                                     ("double_fp32_gas2_s2", 2), ("double_fp32_gas2_s3", 2)])
+def test_two_backwards_per_step_equal_one_backward_of_the_sum_fp32(ranks, key, gas):
+    want = _double_reference(gas)   # at ZeRO stages 1, 2 and 3 too (key suffix _s<stage>)
     for r in ranks:
-        for a, b in zip(r[f"double_fp32_gas{gas}"], want):
+        for a, b in zip(r[key], want):
             torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
 
 

@@ -14,12 +14,13 @@ from dp_common import MICRO, build_model, ds_config, global_batch  # noqa: E402
 from gan_common import GLOBAL, engine_gan  # noqa: E402
 
 
-def double_backward(precision, gas, steps=3):
+def double_backward(precision, gas, steps=3, stage=0):
     """Two losses per micro-step, each with its own backward, then step: must equal one backward of the sum."""
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     model = build_model()
-    engine = dsfast.initialize(model=model, model_parameters=model.parameters(),
-                               config=ds_config(precision, gas, world, clip=0.0))[0]
+    cfg = ds_config(precision, gas, world, clip=0.0)
+    cfg["zero_optimization"] = {"stage": stage}
+    engine = dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0]
     for step in range(steps):
         x, y = global_batch(step, MICRO * gas * world)
         for i in range(gas):
@@ -30,7 +31,8 @@ def double_backward(precision, gas, steps=3):
             engine.backward(first, retain_graph=True)
             engine.backward(second)
             engine.step()
-    return [engine._precision.master_of(p).detach().float().clone() for p in model.parameters()]
+    from dsfast.utils import safe_get_full_fp32_param
+    return [safe_get_full_fp32_param(p).clone() for p in model.parameters()]
 
 
 def plain_backward_refused():
@@ -55,7 +57,8 @@ def main():
     share = GLOBAL // world
     record = {"gan": engine_gan(dsfast.initialize, 6, part=slice(rank * share, (rank + 1) * share), micro=share),
               "double_fp32_gas1": double_backward("fp32", 1), "double_fp32_gas2": double_backward("fp32", 2),
-              "double_bf16_gas2": double_backward("bf16", 2), "plain": plain_backward_refused()}
+              "double_bf16_gas2": double_backward("bf16", 2), "plain": plain_backward_refused(),
+              **{f"double_fp32_gas2_s{z}": double_backward("fp32", 2, stage=z) for z in (1, 2, 3)}}
     gathered = [None] * world
     torch.distributed.all_gather_object(gathered, record)
     if rank == 0:
