@@ -2,12 +2,14 @@
 tensor-list cache, and their base class (state normalisation on load, the step() preamble)."""
 import operator
 import re
-from itertools import repeat
+from itertools import chain, repeat
 
 import torch
 
 _INDEX = re.compile(r"__P\[(\d+)\]")
 _GRAD = operator.attrgetter("grad")
+_DATA_PTR = torch.Tensor.data_ptr
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def op():
@@ -43,6 +45,18 @@ def call(fn, group_index, indices, *args, **kwargs):
         else:
             msg = _INDEX.sub(lambda m: f"param_groups[{group_index}]['params'][{indices[int(m.group(1))]}]", str(e))
         raise type(e)(msg) from None
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(map(operator.is_, a, b))
+
+
+def tables_usable():
+    """Whether a step may pass a work table instead of tensor lists: the native op (not the
+    reference), eager mode, and no dispatch mode (FakeTensorMode, a schema check...) that must see
+    every tensor. torch.compile traces the list ops (their schemas and fake implementations)."""
+    return hasattr(op(), "adam_table") and not torch.compiler.is_compiling() \
+        and torch._C._len_torch_dispatch_stack() == 0
 
 
 def half_outputs(half_param_groups, group_index, group):
@@ -89,6 +103,24 @@ class GroupCache:
             if not all(map(operator.is_, map(dict.get, e["states"], repeat(key)), e["tensors"][key])):
                 return None
         return e["params"], grads, e["tensors"]
+
+    def table(self, group_index, kind, grads, states, outs, build):
+        """The work table of the cached entry's step with these grads and 16-bit outs, or None (use
+        the list op). build() -> (table, filled outs) runs the list op's checks, raising the same
+        errors; it runs again whenever a grad or out is another tensor or any tensor's data_ptr moved
+        (a param's .data re-pointed, as ZeRO does): the table holds raw addresses."""
+        e = self._entries[group_index]
+        t = e.get("table")
+        if t is not None and t["kind"] == kind and _same(grads, t["grads"]) and _same(outs, t["outs"]):
+            if t["table"] is None or list(map(_DATA_PTR, chain(e["params"], grads, *states, t["keep"]))) == t["ptrs"]:
+                return t["table"]
+        table, keep = None, ()
+        if all(map(_PLAIN.__contains__, map(type, chain(e["params"], grads, *states, [o for o in outs if o is not None])))):
+            table, keep = build()      # (a tensor subclass may not own plain memory: list op)
+        e["table"] = dict(kind=kind, grads=grads, outs=list(outs), keep=keep, table=table,
+                          ptrs=list(map(_DATA_PTR, chain(e["params"], grads, *states, keep))) if table is not None
+                          else None)
+        return table
 
     def store(self, optimizer, group_index, group, params, keys):
         plist = group["params"]
