@@ -156,6 +156,19 @@ def test_repointed_tensors_are_picked_up(native, table_calls, monkeypatch, cls, 
     assert table_calls["adam" if cls is O.CPUAdam else "sgd"] == 2
 
 
+@pytest.mark.parametrize("cls,kw", [(O.CPUAdam, {}), (O.CPUSGD, dict(momentum=0.9))])
+def test_param_narrowed_in_place_of_its_storage_is_refused(native, cls, kw):
+    """p.data = p.data[:k] keeps the data_ptr; the numel check still rebuilds (and the grad no longer fits)."""
+    ps, opt = _cached_opt(cls, **kw)
+    full = ps[3].data
+    ps[3].data = full[:100]
+    tail = full[100:].clone()
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[3\]\.grad has shape \[300\] but the "
+                                         r"parameter has shape \[100\]"):
+        opt.step()
+    assert torch.equal(full[100:], tail)
+
+
 def _cached_opt(cls, **kw):
     ps = make_params()
     opt = cls(ps, lr=0.01, **kw)
