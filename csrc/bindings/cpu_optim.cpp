@@ -294,9 +294,9 @@ void sgd_table_step(const OwnedTensor& table, double lr, double momentum, double
     if (momentum != 0.0 && buf == nullptr)
       value_error(std::string(op) + ": row " + std::to_string(i) +
                   " has no momentum buffer (the table was filled for momentum 0)");
-    work[i] = {ptr<float>(d[kSP]), ptr<const void>(d[kSG]), buf, out, d[kSNumel],
-               dtype_code(d[kSGd], false, ptr<void>(d[kSG]), op, int64_t(i)), dtype_code(d[kSOd], true, out, op, int64_t(i)),
-               c};
+    const DType gd = dtype_code(d[kSGd], false, ptr<void>(d[kSG]), op, int64_t(i));
+    work[i] = {ptr<float>(d[kSP]), ptr<const void>(d[kSG]), buf, out, d[kSNumel], gd,
+               dtype_code(d[kSOd], true, out, op, int64_t(i)), c};
   }
   dsfast::cpu::sgd_step(work.data(), int64_t(work.size()), int(num_threads), isa_v);
 }

@@ -1,5 +1,6 @@
 """What CPUAdam and CPUSGD share: the op handle, ISA checks, error relabelling, the per-group
-tensor-list cache, and their base class (state normalisation on load, the step() preamble)."""
+tensor-list cache (with the work table of the eager fast path), and their base class (state
+normalisation on load, the step() preamble)."""
 import operator
 import re
 from itertools import chain, repeat
@@ -90,6 +91,10 @@ class GroupCache:
     list is the same object with the same length, the optimizer's state mapping is the same
     object (load_state_dict replaces it), every param has a gradient, and every cached state
     tensor is still the one stored in the param's state. Otherwise the slow path rebuilds it.
+
+    A hit in eager mode then passes one work table (table()) instead of the lists: the dispatcher
+    converts and frees every list entry, and after the kernel's pass over memory each free is a
+    cache miss (~4 ms for the 12000 tensors of a 2000-param Adam step).
     """
 
     def __init__(self):
