@@ -112,19 +112,19 @@ dsfast::cpu::Isa isa_arg(Text isa) {
   }
 }
 
-// One call = one parallel region over every tensor. Each step tensor is incremented
-// here (torch increments before computing the bias corrections).
-void adam_step(Tensors params, Tensors grads, Tensors exp_avgs, Tensors exp_avg_sqs, Tensors outs, Tensors steps,
-               double lr, double beta1, double beta2, double eps, double weight_decay, bool adamw,
-               bool bias_correction, double grad_scale, int64_t num_threads, Text isa, Text label) {
+// A param's tensors, checked, as raw pointers: what the kernels need, from either the lists or a
+// work table row.
+struct AdamRow {
+  dsfast::cpu::AdamTensor t;
+  float* step;
+};
+
+std::vector<AdamRow> adam_rows(Tensors params, Tensors grads, Tensors exp_avgs, Tensors exp_avg_sqs, Tensors outs,
+                               Tensors steps, Text label) {
   const size_t n = params.size();
   check_lengths(n, {{"grads", grads.size()}, {"exp_avgs", exp_avgs.size()}, {"exp_avg_sqs", exp_avg_sqs.size()},
                     {"steps", steps.size()}}, outs.size());
-  const auto isa_v = isa_arg(isa);
-  std::vector<dsfast::cpu::AdamTensor> work(n);
-  std::vector<float*> counters(n);
-  int64_t last_step = -1;
-  dsfast::AdamCoeffs c{};
+  std::vector<AdamRow> rows(n);
   for (size_t i = 0; i < n; ++i) {
     const Where w{label, i};
     check_param(params[i], w);
@@ -133,30 +133,49 @@ void adam_step(Tensors params, Tensors grads, Tensors exp_avgs, Tensors exp_avg_
     check_fp32(exp_avg_sqs[i], params[i], w, "state['exp_avg_sq']");
     void* out = nullptr;
     DType od = check_out(outs, i, params[i], w, &out);
-    counters[i] = step_counter(steps[i], w);
-    const int64_t step = int64_t(*counters[i]) + 1;
+    rows[i] = {{fp32_ptr(params[i]), grads[i].const_data_ptr(), fp32_ptr(exp_avgs[i]), fp32_ptr(exp_avg_sqs[i]), out,
+                params[i].numel(), gd, od, {}},
+               step_counter(steps[i], w)};
+  }
+  return rows;
+}
+
+// One call = one parallel region over every tensor. Each step tensor is incremented
+// here (torch increments before computing the bias corrections).
+void run_adam(std::vector<AdamRow>& rows, double lr, double beta1, double beta2, double eps, double weight_decay,
+              bool adamw, bool bias_correction, double grad_scale, int64_t num_threads, dsfast::cpu::Isa isa) {
+  std::vector<dsfast::cpu::AdamTensor> work(rows.size());
+  int64_t last_step = -1;
+  dsfast::AdamCoeffs c{};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t step = int64_t(*rows[i].step) + 1;
     if (step != last_step) {  // bias corrections: once per distinct step count, not per tensor
       last_step = step;
       c = dsfast::make_adam_coeffs(lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, step);
       c.grad_scale = float(grad_scale);
     }
-    work[i] = {fp32_ptr(params[i]), grads[i].const_data_ptr(), fp32_ptr(exp_avgs[i]), fp32_ptr(exp_avg_sqs[i]), out,
-               params[i].numel(), gd, od, c};
+    work[i] = rows[i].t;
+    work[i].coeffs = c;
   }
-  release_lists(params, grads, exp_avgs, exp_avg_sqs, outs, steps);   // raw pointers from here on
-  dsfast::cpu::adam_step(work.data(), int64_t(n), int(num_threads), isa_v);
-  for (float* s : counters) *s += 1.0f;
+  dsfast::cpu::adam_step(work.data(), int64_t(work.size()), int(num_threads), isa);
+  for (auto& r : rows) *r.step += 1.0f;
 }
 
-void sgd_step(Tensors params, Tensors grads, Tensors momentum_buffers, Tensors outs, Flags first_steps, double lr,
-              double momentum, double dampening, double weight_decay, bool nesterov, double grad_scale,
-              int64_t num_threads, Text isa, Text label) {
-  const size_t n = params.size();
-  const bool mom = momentum != 0.0;
-  check_lengths(n, {{"grads", grads.size()}}, outs.size());
-  if (mom) check_lengths(n, {{"momentum_buffers", momentum_buffers.size()}, {"first_steps", first_steps.size()}}, 0);
+void adam_step(Tensors params, Tensors grads, Tensors exp_avgs, Tensors exp_avg_sqs, Tensors outs, Tensors steps,
+               double lr, double beta1, double beta2, double eps, double weight_decay, bool adamw,
+               bool bias_correction, double grad_scale, int64_t num_threads, Text isa, Text label) {
   const auto isa_v = isa_arg(isa);
-  std::vector<dsfast::cpu::SGDTensor> work(n);
+  auto rows = adam_rows(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label);
+  release_lists(params, grads, exp_avgs, exp_avg_sqs, outs, steps);   // raw pointers from here on
+  run_adam(rows, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale, num_threads, isa_v);
+}
+
+std::vector<dsfast::cpu::SGDTensor> sgd_rows(Tensors params, Tensors grads, Tensors momentum_buffers, Tensors outs,
+                                             bool mom, Text label) {
+  const size_t n = params.size();
+  check_lengths(n, {{"grads", grads.size()}}, outs.size());
+  if (mom) check_lengths(n, {{"momentum_buffers", momentum_buffers.size()}}, 0);
+  std::vector<dsfast::cpu::SGDTensor> rows(n);
   for (size_t i = 0; i < n; ++i) {
     const Where w{label, i};
     check_param(params[i], w);
@@ -168,12 +187,118 @@ void sgd_step(Tensors params, Tensors grads, Tensors momentum_buffers, Tensors o
     }
     void* out = nullptr;
     DType od = check_out(outs, i, params[i], w, &out);
-    auto c = dsfast::make_sgd_coeffs(lr, momentum, dampening, weight_decay, nesterov, mom && first_steps[i]);
-    c.grad_scale = float(grad_scale);
-    work[i] = {fp32_ptr(params[i]), grads[i].const_data_ptr(), buf, out, params[i].numel(), gd, od, c};
+    rows[i] = {fp32_ptr(params[i]), grads[i].const_data_ptr(), buf, out, params[i].numel(), gd, od, {}};
+  }
+  return rows;
+}
+
+void sgd_step(Tensors params, Tensors grads, Tensors momentum_buffers, Tensors outs, Flags first_steps, double lr,
+              double momentum, double dampening, double weight_decay, bool nesterov, double grad_scale,
+              int64_t num_threads, Text isa, Text label) {
+  const bool mom = momentum != 0.0;
+  const auto isa_v = isa_arg(isa);
+  auto work = sgd_rows(params, grads, momentum_buffers, outs, mom, label);
+  if (mom) check_lengths(params.size(), {{"first_steps", first_steps.size()}}, 0);
+  for (size_t i = 0; i < work.size(); ++i) {
+    work[i].coeffs = dsfast::make_sgd_coeffs(lr, momentum, dampening, weight_decay, nesterov, mom && first_steps[i]);
+    work[i].coeffs.grad_scale = float(grad_scale);
   }
   release_lists(params, grads, momentum_buffers, outs);
-  dsfast::cpu::sgd_step(work.data(), int64_t(n), int(num_threads), isa_v);
+  dsfast::cpu::sgd_step(work.data(), int64_t(work.size()), int(num_threads), isa_v);
+}
+
+// ---- Work tables: the eager fast path of CPUAdam / CPUSGD (dsfast/optim/_cpu_op.py).
+// A table is an int64 cpu tensor with one row per param: its tensors' addresses, numel and dtype
+// codes, written by the *_table_fill_ ops after the same checks as the list ops. A step then passes
+// one tensor instead of thousands: converting and freeing 12000 list entries costs ~4 ms when the
+// frees come after the kernel's pass over 1 GB (every TensorImpl a cache miss). The rows are raw
+// pointers: valid only while those tensors are alive and not re-pointed, which the caller checks.
+enum AdamCol : int64_t { kAP, kAG, kAM, kAV, kAOut, kAStep, kANumel, kAGd, kAOd, kAdamCols };
+enum SgdCol : int64_t { kSP, kSG, kSBuf, kSOut, kSNumel, kSGd, kSOd, kSgdCols };
+
+int64_t* table_data(const OwnedTensor& t, int64_t rows, int64_t cols, const char* op) {
+  auto fail = [&] {
+    value_error(std::string(op) + ": the work table must be a contiguous int64 cpu tensor of shape [" +
+                (rows < 0 ? std::string("n") : std::to_string(rows)) + ", " + std::to_string(cols) + "]");
+  };
+  if (!t.is_cpu() || t.scalar_type() != ScalarType::Long || t.dim() != 2 || t.size(1) != cols ||
+      !t.is_contiguous() || (rows >= 0 && t.size(0) != rows))
+    fail();
+  return static_cast<int64_t*>(t.mutable_data_ptr());
+}
+
+template <typename P>
+int64_t addr(P* p) { return int64_t(reinterpret_cast<intptr_t>(p)); }
+template <typename P>
+P* ptr(int64_t a) { return reinterpret_cast<P*>(intptr_t(a)); }
+
+DType dtype_code(int64_t code, bool out, void* p, const char* op, int64_t row) {
+  const bool ok = out ? (p == nullptr ? code == int64_t(DType::None)
+                                       : code == int64_t(DType::BF16) || code == int64_t(DType::F16))
+                      : (p != nullptr && code >= int64_t(DType::F32) && code <= int64_t(DType::F16));
+  if (!ok) value_error(std::string(op) + ": row " + std::to_string(row) + " of the work table is corrupt");
+  return DType(code);
+}
+
+void adam_table_fill(const OwnedTensor& table, Tensors params, Tensors grads, Tensors exp_avgs, Tensors exp_avg_sqs,
+                     Tensors outs, Tensors steps, Text label) {
+  int64_t* d = table_data(table, int64_t(params.size()), kAdamCols, "cpu_adam_table_fill_");
+  for (const AdamRow& r : adam_rows(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label)) {
+    d[kAP] = addr(r.t.param), d[kAG] = addr(r.t.grad), d[kAM] = addr(r.t.exp_avg), d[kAV] = addr(r.t.exp_avg_sq);
+    d[kAOut] = addr(r.t.out16), d[kAStep] = addr(r.step), d[kANumel] = r.t.numel;
+    d[kAGd] = int64_t(r.t.grad_dtype), d[kAOd] = int64_t(r.t.out_dtype);
+    d += kAdamCols;
+  }
+}
+
+void adam_table_step(const OwnedTensor& table, double lr, double beta1, double beta2, double eps,
+                     double weight_decay, bool adamw, bool bias_correction, double grad_scale, int64_t num_threads,
+                     Text isa) {
+  const char* op = "cpu_adam_table_";
+  const int64_t* d = table_data(table, -1, kAdamCols, op);
+  const auto isa_v = isa_arg(isa);
+  std::vector<AdamRow> rows(size_t(table.size(0)));
+  for (size_t i = 0; i < rows.size(); ++i, d += kAdamCols) {
+    void* out = ptr<void>(d[kAOut]);
+    rows[i] = {{ptr<float>(d[kAP]), ptr<const void>(d[kAG]), ptr<float>(d[kAM]), ptr<float>(d[kAV]), out,
+                d[kANumel], dtype_code(d[kAGd], false, ptr<void>(d[kAG]), op, int64_t(i)),
+                dtype_code(d[kAOd], true, out, op, int64_t(i)), {}},
+               ptr<float>(d[kAStep])};
+  }
+  run_adam(rows, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale, num_threads, isa_v);
+}
+
+void sgd_table_fill(const OwnedTensor& table, Tensors params, Tensors grads, Tensors momentum_buffers, Tensors outs,
+                    Text label) {
+  int64_t* d = table_data(table, int64_t(params.size()), kSgdCols, "cpu_sgd_table_fill_");
+  for (const auto& r : sgd_rows(params, grads, momentum_buffers, outs, momentum_buffers.size() != 0, label)) {
+    d[kSP] = addr(r.param), d[kSG] = addr(r.grad), d[kSBuf] = addr(r.momentum_buf), d[kSOut] = addr(r.out16);
+    d[kSNumel] = r.numel, d[kSGd] = int64_t(r.grad_dtype), d[kSOd] = int64_t(r.out_dtype);
+    d += kSgdCols;
+  }
+}
+
+// Every momentum buffer already holds a step's average (a first step, which seeds them, takes the
+// list op).
+void sgd_table_step(const OwnedTensor& table, double lr, double momentum, double dampening, double weight_decay,
+                    bool nesterov, double grad_scale, int64_t num_threads, Text isa) {
+  const char* op = "cpu_sgd_table_";
+  const int64_t* d = table_data(table, -1, kSgdCols, op);
+  const auto isa_v = isa_arg(isa);
+  auto c = dsfast::make_sgd_coeffs(lr, momentum, dampening, weight_decay, nesterov, false);
+  c.grad_scale = float(grad_scale);
+  std::vector<dsfast::cpu::SGDTensor> work(size_t(table.size(0)));
+  for (size_t i = 0; i < work.size(); ++i, d += kSgdCols) {
+    void* out = ptr<void>(d[kSOut]);
+    float* buf = ptr<float>(d[kSBuf]);
+    if (momentum != 0.0 && buf == nullptr)
+      value_error(std::string(op) + ": row " + std::to_string(i) +
+                  " has no momentum buffer (the table was filled for momentum 0)");
+    const DType gd = dtype_code(d[kSGd], false, ptr<void>(d[kSG]), op, int64_t(i));
+    work[i] = {ptr<float>(d[kSP]), ptr<const void>(d[kSG]), buf, out, d[kSNumel], gd,
+               dtype_code(d[kSOd], true, out, op, int64_t(i)), c};
+  }
+  dsfast::cpu::sgd_step(work.data(), int64_t(work.size()), int(num_threads), isa_v);
 }
 
 // Instruction sets this CPU can run, best first, comma-separated (a str keeps the schema
@@ -199,6 +324,16 @@ DSFAST_LIBRARY(m) {
   m.def("cpu_sgd_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] outs, "
         "bool[] first_steps, float lr, float momentum, float dampening, float weight_decay, bool nesterov, "
         "float grad_scale=1.0, int num_threads=0, str isa=\"auto\", str label=\"params\") -> ()");
+  // Work tables (see adam_table_fill). The step ops write through the table's addresses; the
+  // table is marked mutated so that no graph treats a step as free of side effects.
+  m.def("cpu_adam_table_fill_(Tensor(a!) table, Tensor[] params, Tensor[] grads, Tensor[] exp_avgs, "
+        "Tensor[] exp_avg_sqs, Tensor[] outs, Tensor[] steps, str label=\"params\") -> ()");
+  m.def("cpu_adam_table_(Tensor(a!) table, float lr, float beta1, float beta2, float eps, float weight_decay, "
+        "bool adamw, bool bias_correction, float grad_scale=1.0, int num_threads=0, str isa=\"auto\") -> ()");
+  m.def("cpu_sgd_table_fill_(Tensor(a!) table, Tensor[] params, Tensor[] grads, Tensor[] momentum_buffers, "
+        "Tensor[] outs, str label=\"params\") -> ()");
+  m.def("cpu_sgd_table_(Tensor(a!) table, float lr, float momentum, float dampening, float weight_decay, "
+        "bool nesterov, float grad_scale=1.0, int num_threads=0, str isa=\"auto\") -> ()");
   m.def("cpu_available_isas() -> str");
   m.def("cpu_openmp_enabled() -> bool");
   m.def("cpu_optim_abi() -> str");
@@ -207,6 +342,10 @@ DSFAST_LIBRARY(m) {
 DSFAST_LIBRARY_IMPL(CPU, m) {
   m.impl("cpu_adam_step", DSFAST_KERNEL(adam_step));
   m.impl("cpu_sgd_step", DSFAST_KERNEL(sgd_step));
+  m.impl("cpu_adam_table_fill_", DSFAST_KERNEL(adam_table_fill));
+  m.impl("cpu_adam_table_", DSFAST_KERNEL(adam_table_step));
+  m.impl("cpu_sgd_table_fill_", DSFAST_KERNEL(sgd_table_fill));
+  m.impl("cpu_sgd_table_", DSFAST_KERNEL(sgd_table_step));
 }
 
 // No tensor arguments: nothing to dispatch on, so one kernel for every backend.

@@ -96,9 +96,18 @@ class CPUAdam(_cpu_op.CPUOptimizer):
                 continue
             adamw = bool(group["adamw_mode"])
             group["decoupled_weight_decay"] = adamw
+            grad_scale = -1.0 if group.get("maximize") else 1.0
+            if cached is not None and _cpu_op.tables_usable():
+                native = _cpu_op.op()
+                table = self._cache.table(gi, "adam", grads, (ms, vs, steps), outs, lambda: _cpu_op.call(
+                    native.adam_table, gi, indices, params, grads, ms, vs, outs, steps))
+                if table is not None:
+                    native.adam_table_step(table, lr, beta1, beta2, eps, wd, adamw, bool(group["bias_correction"]),
+                                           grad_scale, _cpu_op.num_threads(), self.isa)
+                    continue
             functional.adam_(params, grads, ms, vs, steps, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd,
                              adamw=adamw, bias_correction=bool(group["bias_correction"]),
-                             grad_scale=-1.0 if group.get("maximize") else 1.0, out16=outs, isa=self.isa,
+                             grad_scale=grad_scale, out16=outs, isa=self.isa,
                              group_index=gi, indices=indices)
         return loss
 

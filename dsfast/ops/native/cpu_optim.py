@@ -12,6 +12,12 @@ from ._errors import retyped
 
 _adam = torch.ops.dsfast.cpu_adam_step.default
 _sgd = torch.ops.dsfast.cpu_sgd_step.default
+_adam_fill = torch.ops.dsfast.cpu_adam_table_fill_.default
+_adam_table = torch.ops.dsfast.cpu_adam_table_.default
+_sgd_fill = torch.ops.dsfast.cpu_sgd_table_fill_.default
+_sgd_table = torch.ops.dsfast.cpu_sgd_table_.default
+ADAM_TABLE_COLUMNS = 9   # param, grad, exp_avg, exp_avg_sq, out16, step addresses; numel; grad, out dtype codes
+SGD_TABLE_COLUMNS = 7    # param, grad, momentum_buffer, out16 addresses; numel; grad, out dtype codes
 
 
 def abi():
@@ -66,6 +72,60 @@ def sgd_step(params, grads, momentum_buffers, outs, first_steps, lr, momentum, d
                                                   momentum_buffers=momentum_buffers, outs=outs)) from None
 
 
+# Work tables (csrc/bindings/cpu_optim.cpp): one int64 row per param holding its tensors' addresses,
+# filled after the list op's checks, so that a step passes one tensor instead of thousands. A table
+# is valid only while its tensors are alive and not re-pointed (p.data = ...): the caller keeps
+# them and checks (dsfast.optim._cpu_op.GroupCache.table).
+def adam_table(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label="params"):
+    """(table, outs): the work table of these lists, checked as adam_step checks them, and the 16-bit
+    outputs it points at (None entries replaced by scratch tensors, which the caller must keep)."""
+    outs = _fill_missing_outs(params, outs)
+    table = torch.empty((len(params), ADAM_TABLE_COLUMNS), dtype=torch.int64)
+    try:
+        _adam_fill(table, params, grads, exp_avgs, exp_avg_sqs, outs, steps, label)
+    except RuntimeError as e:
+        raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads, exp_avgs=exp_avgs,
+                                                  exp_avg_sqs=exp_avg_sqs, outs=outs, steps=steps)) from None
+    return table, outs
+
+
+def adam_table_step(table, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale=1.0,
+                    num_threads=0, isa="auto"):
+    """adam_step over the tensors of a work table (adam_table); increments each step."""
+    try:
+        _adam_table(table, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale, num_threads, isa)
+    except RuntimeError as e:
+        raise retyped(e) from None
+
+
+def sgd_table(params, grads, momentum_buffers, outs, label="params"):
+    """(table, outs) as adam_table, for sgd_table_step; momentum_buffers [] for momentum 0."""
+    outs = _fill_missing_outs(params, outs)
+    table = torch.empty((len(params), SGD_TABLE_COLUMNS), dtype=torch.int64)
+    try:
+        _sgd_fill(table, params, grads, momentum_buffers, outs, label)
+    except RuntimeError as e:
+        raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads,
+                                                  momentum_buffers=momentum_buffers, outs=outs)) from None
+    return table, outs
+
+
+def sgd_table_step(table, lr, momentum, dampening, weight_decay, nesterov, grad_scale=1.0, num_threads=0,
+                   isa="auto"):
+    """sgd_step over a work table (sgd_table) whose momentum buffers are already seeded."""
+    try:
+        _sgd_table(table, lr, momentum, dampening, weight_decay, nesterov, grad_scale, num_threads, isa)
+    except RuntimeError as e:
+        raise retyped(e) from None
+
+
+def _check_table(table, columns, op, rows=None):
+    if table.device.type != "cpu" or table.dtype != torch.int64 or table.dim() != 2 or table.shape[1] != columns \
+            or not table.is_contiguous() or (rows is not None and table.shape[0] != rows):
+        raise ValueError(f"{op}: the work table must be a contiguous int64 cpu tensor of shape "
+                         f"[{'n' if rows is None else rows}, {columns}]")
+
+
 # Fake (meta) implementations: the ops only mutate their inputs and return nothing, so a fake
 # run only checks what the kernel would refuse (metadata alone: devices, dtypes, sizes). That
 # also refuses real meta-device tensors, which dispatch here, with the kernel's message.
@@ -79,3 +139,28 @@ def _adam_fake(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, bet
 def _sgd_fake(params, grads, momentum_buffers, outs, first_steps, lr, momentum, dampening, weight_decay, nesterov,
               grad_scale=1.0, num_threads=0, isa="auto", label="params"):
     _ref.check_sgd_args(params, grads, momentum_buffers, outs, first_steps, momentum, label)
+
+
+@torch.library.register_fake("dsfast::cpu_adam_table_fill_")
+def _adam_fill_fake(table, params, grads, exp_avgs, exp_avg_sqs, outs, steps, label="params"):
+    _check_table(table, ADAM_TABLE_COLUMNS, "cpu_adam_table_fill_", len(params))
+    _ref.check_adam_args(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label)
+
+
+@torch.library.register_fake("dsfast::cpu_adam_table_")
+def _adam_table_fake(table, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale=1.0,
+                     num_threads=0, isa="auto"):
+    _check_table(table, ADAM_TABLE_COLUMNS, "cpu_adam_table_")
+
+
+@torch.library.register_fake("dsfast::cpu_sgd_table_fill_")
+def _sgd_fill_fake(table, params, grads, momentum_buffers, outs, label="params"):
+    _check_table(table, SGD_TABLE_COLUMNS, "cpu_sgd_table_fill_", len(params))
+    _ref.check_sgd_args(params, grads, momentum_buffers, outs, [False] * len(momentum_buffers),
+                        1.0 if momentum_buffers else 0.0, label)
+
+
+@torch.library.register_fake("dsfast::cpu_sgd_table_")
+def _sgd_table_fake(table, lr, momentum, dampening, weight_decay, nesterov, grad_scale=1.0, num_threads=0,
+                    isa="auto"):
+    _check_table(table, SGD_TABLE_COLUMNS, "cpu_sgd_table_")
