@@ -10,11 +10,12 @@ every rank, whatever the arrival order: the same buckets meet in every collectiv
 
 Two reductions:
   GlooBuckets  an async reduce-scatter per bucket (at most MAX_IN_FLIGHT running)
-  ShmBuckets   same-host CPU ranks: the staging buffers are slots of a /dev/shm table [world, slots x world x
-               max shard_numel] (row q = what rank q wrote). Reducing a bucket is a barrier, then rank r sums chunk
-               r over every row into its shards. A slot is reused two buckets later: by then every rank passed the
-               next bucket's barrier, so no one still reads it; a gradient that arrives before its slot is free
-               waits in a private buffer. end_backward ends with a barrier (the next backward writes slots again).
+  ShmBuckets   same-host CPU ranks: the staging buffers are slots of a /dev/shm table [world, the slots'
+               sizes] (row q = what rank q wrote; a slot fits the largest bucket that uses it). Reducing a bucket
+               is a barrier, then rank r sums chunk r over every row into its shards. A slot is reused two
+               buckets later: by then every rank passed the next bucket's barrier, so no one still reads it; a
+               gradient that arrives before its slot is free waits in a private buffer. end_backward ends with a
+               barrier (the next backward writes slots again).
 """
 import torch
 import torch.distributed as dist
@@ -191,13 +192,16 @@ class ShmBuckets(_Buckets):
         """allocate: a shm_reduce.SharedTable; `ok` is False when the table could not be made (use GlooBuckets)."""
         super().__init__(buckets, world, rank, group)
         self.slots = min(self.SLOTS, len(buckets))
-        self.slot_elems = world * max(b.shard_numel for b in buckets)
-        row = allocate(self.slots * self.slot_elems, torch.float32, torch.device("cpu"))
+        sizes = [0] * self.slots   # each slot as large as the largest bucket that uses it
+        for b in buckets:
+            sizes[b.index % self.slots] = max(sizes[b.index % self.slots], world * b.shard_numel)
+        self.slot_offsets = [sum(sizes[:j]) for j in range(self.slots)]
+        row = allocate(sum(sizes), torch.float32, torch.device("cpu"))
         self.table = allocate.table
         self.ok = self.table is not None and row.data_ptr() == self.table[rank].data_ptr()
 
     def _slot(self, b, q):
-        lo = (b.index % self.slots) * self.slot_elems
+        lo = self.slot_offsets[b.index % self.slots]
         return self.table[q, lo:lo + self.world * b.shard_numel]
 
     def _slot_free(self, b):
