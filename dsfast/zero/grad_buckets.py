@@ -14,13 +14,13 @@ Two reductions:
                sizes] (row q = what rank q wrote; a slot fits the largest bucket that uses it). Reducing a bucket
                is a barrier, then rank r sums chunk r over every row into its shards. A slot is reused two
                buckets later: by then every rank passed the next bucket's barrier, so no one still reads it; a
-               gradient that arrives before its slot is free waits in a private buffer. end_backward ends with a
-               barrier (the next backward writes slots again).
+               gradient that arrives before its slot is free waits in a private buffer. The next backward
+               writes slots again only after a rendezvous: the step's publish (shared_params.py) or its own.
 """
 import torch
-import torch.distributed as dist
 
 from ..comm.flat_collectives import reduce_scatter_flat
+from .shared_params import rendezvous
 
 MAX_IN_FLIGHT = 2
 
@@ -188,9 +188,12 @@ class GlooBuckets(_Buckets):
 class ShmBuckets(_Buckets):
     SLOTS = 2
 
-    def __init__(self, buckets, world, rank, group, allocate):
-        """allocate: a shm_reduce.SharedTable; `ok` is False when the table could not be made (use GlooBuckets)."""
+    def __init__(self, buckets, world, rank, group, allocate, shared=None):
+        """allocate: a shm_reduce.SharedTable; `ok` is False when the table could not be made (use GlooBuckets).
+        shared: the parameters' SharedParams, if any (its publishes are rendezvous between two backwards)."""
         super().__init__(buckets, world, rank, group)
+        self.shared = shared
+        self._epoch = None   # shared.epoch when the last backward ended with slots still being read
         self.slots = min(self.SLOTS, len(buckets))
         sizes = [0] * self.slots   # each slot as large as the largest bucket that uses it
         for b in buckets:
@@ -203,6 +206,12 @@ class ShmBuckets(_Buckets):
     def _slot(self, b, q):
         lo = self.slot_offsets[b.index % self.slots]
         return self.table[q, lo:lo + self.world * b.shard_numel]
+
+    def begin(self):
+        super().begin()
+        if self._epoch is not None and (self.shared is None or self.shared.epoch == self._epoch):
+            rendezvous(self.group)   # no publish (a step) since the last backward: its slot reads may go on
+        self._epoch = None
 
     def _slot_free(self, b):
         # slot reused by bucket index - slots: every rank read it before arriving at that bucket's next barrier
@@ -217,7 +226,7 @@ class ShmBuckets(_Buckets):
         early = self._staging.pop(b.index, None)
         if early is not None:   # arrived before its slot was free
             self._slot(b, self.rank).copy_(early)
-        dist.barrier(group=self.group)   # every rank wrote this bucket (and reduced the one before)
+        rendezvous(self.group)   # every rank wrote this bucket (and reduced the one before)
         lo, hi = self.rank * b.shard_numel, (self.rank + 1) * b.shard_numel
         for q in range(self.world):
             b.grad_flat.add_(self._slot(b, q)[lo:hi])
@@ -225,16 +234,18 @@ class ShmBuckets(_Buckets):
         self._next += 1
 
     def _drain(self):
-        dist.barrier(group=self.group)   # no rank still reads a slot when the next backward writes it
+        # no rank may write a slot again while another still reads it: the next backward's begin() waits for
+        # every rank unless a publish (the step's, a collective with two rendezvous) came in between
+        self._epoch = self.shared.epoch if self.shared is not None else -1
 
     def _reduce_late(self, b, buf):
-        self._slot(b, self.rank).copy_(buf)   # every rank is past the last barrier: no one reads the slots
-        dist.barrier(group=self.group)
+        rendezvous(self.group)   # no one still reads the slots
+        self._slot(b, self.rank).copy_(buf)
+        rendezvous(self.group)
         lo, hi = self.rank * b.shard_numel, (self.rank + 1) * b.shard_numel
         for q in range(self.world):
             b.grad_flat.add_(self._slot(b, q)[lo:hi])
         self.collectives_launched += 1
-        dist.barrier(group=self.group)
 
     def memory(self):
         return [self.table[self.rank]]

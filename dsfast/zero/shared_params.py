@@ -17,6 +17,17 @@ and DSFAST_SHM_ALLREDUCE is not "0" (shm_reduce.shm_allocator decides, for every
 import torch
 import torch.distributed as dist
 
+_TOKENS = {}
+
+
+def rendezvous(group=None):
+    """Every rank arrives before any leaves: a one-element all-reduce (gloo's barrier costs about twice that: it
+    first waits for all earlier work of the group). What a rank wrote to shared memory before is visible after."""
+    token = _TOKENS.get(group)
+    if token is None:
+        token = _TOKENS[group] = torch.zeros(1)
+    dist.all_reduce(token, group=group)
+
 
 def shareable(records, device):
     """Whether stage 3's parameters could live in shared tables (every rank must see the same answer: callers
@@ -37,6 +48,7 @@ class SharedParams:
         row = allocate(total // self.world, torch.float32, torch.device("cpu"))   # padded: a multiple of world
         table = allocate.table
         self.ok = table is not None and row.data_ptr() == table[self.rank].data_ptr()
+        self.epoch = 0   # publishes so far (the same count on every rank: a publish is a collective)
         if not self.ok:
             return
         self.flat = table.view(-1)
@@ -52,11 +64,12 @@ class SharedParams:
     @torch.no_grad()
     def publish(self, records=None):
         """A collective: every rank's current shards of `records` (all when None) into the table."""
-        dist.barrier(group=self.group)
+        rendezvous(self.group)
         for r in (self.records if records is None else records):
             lo = r.shared_offset + self.rank * r.shard_numel
             self.flat[lo:lo + r.shard_numel].copy_(r.shard)
-        dist.barrier(group=self.group)
+        rendezvous(self.group)
+        self.epoch += 1
 
     def memory(self):
         """The part of the table this rank wrote (the rest is the other ranks')."""
