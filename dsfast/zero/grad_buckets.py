@@ -12,8 +12,8 @@ Two reductions:
   GlooBuckets  an async reduce-scatter per bucket (at most MAX_IN_FLIGHT running)
   ShmBuckets   same-host CPU ranks: the staging buffers are slots of a /dev/shm table [world, the slots'
                sizes] (row q = what rank q wrote; a slot fits the largest bucket that uses it). Reducing a bucket
-               is a barrier, then rank r sums chunk r over every row into its shards. A slot is reused two
-               buckets later: by then every rank passed the next bucket's barrier, so no one still reads it; a
+               is a rendezvous, then rank r sums chunk r over every row into its shards. A slot is reused two
+               buckets later: by then every rank passed the next bucket's rendezvous, so no one still reads it; a
                gradient that arrives before its slot is free waits in a private buffer. The next backward
                writes slots again only after a rendezvous: the step's publish (shared_params.py) or its own.
 """
@@ -214,7 +214,7 @@ class ShmBuckets(_Buckets):
         self._epoch = None
 
     def _slot_free(self, b):
-        # slot reused by bucket index - slots: every rank read it before arriving at that bucket's next barrier
+        # slot reused by bucket index - slots: every rank read it before arriving at that bucket's next rendezvous
         return b.index < self.slots or self._next >= b.index - self.slots + 2
 
     def _buffer(self, b):

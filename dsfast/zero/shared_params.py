@@ -2,12 +2,12 @@
 
 The table holds every partitioned parameter whole and padded, back to back (rank r's shard of a parameter at
 offset r * shard_numel of that parameter's region), so gathering a parameter is one memcpy out of the table: no
-collective, no barrier. Ranks keep their own private shards (what the optimizer, checkpoints and
+collective, no rendezvous. Ranks keep their own private shards (what the optimizer, checkpoints and
 GatheredParameters write); the table is a snapshot taken at `publish`, a collective every rank calls at the same
 point (after each optimizer step, after a checkpoint load, after GatheredParameters(modifier_rank=...)):
-    barrier   every rank finished reading the old snapshot (its gathers come before its publish call)
-    copy      each rank writes its own slots only
-    barrier   every slot is written: gathers may read again
+    rendezvous  every rank finished reading the old snapshot (its gathers come before its publish call)
+    copy        each rank writes its own slots only
+    rendezvous  every slot is written: gathers may read again
 Between two publishes nothing writes the table, so gathers need no synchronisation at all and may differ from
 rank to rank (an extra eval forward on one rank cannot deadlock).
 

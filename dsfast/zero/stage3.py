@@ -244,7 +244,7 @@ def build_stage3_owner(model, params, group_of, precision_name, world, rank, dev
                 for i, rec in b.members:
                     store.grads[i] = b.grad_view(i, rec)
             if allocate is not None:
-                reducer = grad_buckets.ShmBuckets(buckets, world, rank, group, allocate)
+                reducer = grad_buckets.ShmBuckets(buckets, world, rank, group, allocate, shared=store.shared)
                 if not reducer.ok:
                     reducer = None
             if reducer is None:
