@@ -7,7 +7,9 @@ Files, one job each:
   sharded.py           the stage 1 and stage 2 state owners (reduce-scatter during backward)
   partitioned_param.py stage 3: one rank's slice of each parameter, gathered whole only while used
   param_hooks.py       stage 3: module hooks that gather around forward / backward, external parameters
-  stage3.py            the stage 3 state owner (per-parameter reduce-scatter, step on the shards)
+  stage3.py            the stage 3 state owner (gradients reduced in buckets, step on the shards)
+  grad_buckets.py      stage 3: gradient buckets, reduced by gloo reduce-scatters or through /dev/shm
+  shared_params.py     stage 3, same-host CPU ranks: the parameter shards published in one /dev/shm table
   gathered.py          GatheredParameters (whole parameters inside a `with` block)
   init.py              Init (partition each module as it is built)
   estimate.py          model-state memory per rank for every stage and offload choice (also a CLI)

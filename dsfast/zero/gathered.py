@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from .param_hooks import register_external_parameter
-from .partitioned_param import gather, record_of
+from .partitioned_param import gather, publish, record_of
 
 
 class GatheredParameters:
@@ -55,6 +55,7 @@ class GatheredParameters:
                 owner = getattr(r.param, "_dsfast_owner", None)
                 if owner is not None and hasattr(owner, "shard_changed"):
                     owner.shard_changed(r.param)
+            publish(self.records)   # same-host ranks: the shared snapshot takes the new slices
         for r in self.records:
             r.refs -= 1
             r.release()

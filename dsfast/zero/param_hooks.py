@@ -15,6 +15,7 @@ does the same with its ZeROOrderedDict). dsfast.zero.register_external_parameter
 import torch
 
 from .partitioned_param import gather, record_of
+from .prefetch import Prefetcher
 
 _ACTIVE = []         # modules whose forward is running, innermost last
 CONSTRUCTION = []    # zero.Init's window while a module's __init__ runs under it (init.py), else empty
@@ -91,8 +92,10 @@ def _tensors(obj):
 class ParamCoordinator:
     """Installs the hooks on every module of `model`; detach() removes them."""
 
-    def __init__(self, model):
+    def __init__(self, model, prefetch=False):
+        """prefetch: launch the next module's all-gather while a module runs (gloo path; prefetch.py)."""
         self.model = model
+        self.prefetcher = Prefetcher(_records, prefetch)
         self.handles = []
         for m in model.modules():
             if not isinstance(m._parameters, ZeroParamDict):
@@ -103,10 +106,14 @@ class ParamCoordinator:
                 self.handles.append(m.register_state_dict_pre_hook(_refuse_partitioned_state_dict))
 
     def _pre_forward(self, module, args):
+        if module is self.model and not _ACTIVE:
+            self.prefetcher.begin_forward()
         recs = _records(module)
         for r in recs:
             r.refs += 1
         gather(recs)
+        if recs:
+            self.prefetcher.visit(module)
         _ACTIVE.append(module)
 
     def _post_forward(self, module, args, output):
@@ -120,6 +127,8 @@ class ParamCoordinator:
         for r in recs:
             r.refs -= 1
             r.release(resize=True)
+        if module is self.model and not _ACTIVE:
+            self.prefetcher.end_forward()
 
     @staticmethod
     def _pre_backward(module):

@@ -13,6 +13,9 @@ release it:
                             GatheredParameters, autograd's last saved tensors) and freed when they drop it; the
                             next gather allocates a new one. Safe for any reference a user kept.
 
+Gathering: ranks on one host (fp32, CPU) copy the parameter out of a shared-memory snapshot of every rank's shard
+(shared_params.py, no collective); otherwise an all-gather, one for all the records one gather() call fills.
+
 While released, `param.data` is an empty tensor of the parameter's dtype, so nothing can read stale memory; while
 gathered it is a view of `full` with the parameter's shape.
 
@@ -51,6 +54,8 @@ class PartitionedParam:
             if a < b:
                 self.shard[:b - a].copy_(flat[a:b])
         self.full = None
+        self.shared, self.shared_offset = None, 0   # shared_params.SharedParams: same-host ranks' snapshot
+        self.flight, self.ready = None, False        # prefetch.py: a gather in progress / done, not yet published
         param.data = self._empty()
         param._dsfast_z3 = self
         param.ds_shape, param.ds_numel = torch.Size(self.shape), self.numel   # DeepSpeed's names for them
@@ -84,17 +89,25 @@ class PartitionedParam:
             gather([self])
 
     # ---- gather / free ---------------------------------------------------------------------------------------
-    def _launch(self):
-        """Start filling `full` from every rank's shard; returns a handle (None when done already)."""
+    def _alloc_full(self):
         if self.full is None:
             self.full = torch.empty(self.padded, dtype=self.dtype, device=self.device)
         elif self.full.untyped_storage().nbytes() == 0:
             self.full.untyped_storage().resize_(self.padded * self.full.element_size())
-        src = self.shard if self.shard.device == self.device else self.shard.to(self.device, non_blocking=True)
-        if self.world == 1:
-            self.full.copy_(src)
+
+    def _src(self):
+        return self.shard if self.shard.device == self.device else self.shard.to(self.device, non_blocking=True)
+
+    def _launch(self):
+        """Start filling `full` from every rank's shard; returns a handle (None when done already)."""
+        self._alloc_full()
+        if self.shared is not None:   # same-host ranks: a copy out of the last published snapshot
+            self.shared.fill(self, self.full)
             return None
-        return all_gather_flat(self.full, src, group=self.group, async_op=True)
+        if self.world == 1:
+            self.full.copy_(self._src())
+            return None
+        return all_gather_flat(self.full, self._src(), group=self.group, async_op=True)
 
     def _publish(self):
         self.param.data = self.full[:self.numel].view(self.shape)
@@ -133,11 +146,63 @@ def record_of(param):
 def gather(records, refresh=False):
     """All-gather every record that is not whole yet (all at once, then wait). refresh=True re-gathers those
     already whole too (their shards changed: after an optimizer step). A collective: every rank calls it with the
-    same records in the same order."""
+    same records in the same order. Records gathered by a collective go in one all-gather per (dtype, device,
+    group): their shards back to back."""
     todo = [r for r in records if refresh or not r.gathered]
-    handles = [r._launch() for r in todo]
-    for h in handles:
-        if h is not None:
-            h.wait()
+    pending, alone, flights = {}, [], []
     for r in todo:
+        if r.flight is not None:   # prefetched (prefetch.py)
+            if r.flight not in flights:
+                flights.append(r.flight)
+        elif r.ready:
+            pass
+        elif r.shared is not None or r.world == 1:
+            r._launch()
+        else:
+            pending.setdefault((r.dtype, r.device, id(r.group), r.world), []).append(r)
+    launched = []
+    for recs in pending.values():
+        if len(recs) == 1:
+            alone.append(recs[0]._launch())
+        else:
+            launched.append(_launch_coalesced(recs))
+    for h in alone:
+        h.wait()
+    for recs, handle, out, total in launched:
+        handle.wait()
+        _unpack(recs, out, total)
+    for f in flights:
+        f.finish()
+    for r in todo:
+        r.ready = False
         r._publish()
+
+
+def _launch_coalesced(recs):
+    total = sum(r.shard_numel for r in recs)
+    src = torch.cat([r._src() for r in recs])
+    out = torch.empty(recs[0].world * total, dtype=recs[0].dtype, device=recs[0].device)
+    for r in recs:
+        r._alloc_full()
+    return recs, all_gather_flat(out, src, group=recs[0].group, async_op=True), out, total
+
+
+def _unpack(recs, out, total):
+    """out is rank-major (chunk q: rank q's shards back to back): each record's slices into its `full`."""
+    off = 0
+    for r in recs:
+        s = r.shard_numel
+        for q in range(r.world):
+            r.full[q * s:(q + 1) * s].copy_(out[q * total + off:q * total + off + s])
+        off += s
+
+
+def publish(records):
+    """After shards changed outside a step (GatheredParameters' modifier): same-host ranks refresh the shared
+    snapshot. A collective for every rank with the same records; nothing to do when none is shared."""
+    tables = {}
+    for r in records:
+        if r.shared is not None:
+            tables.setdefault(id(r.shared), (r.shared, []))[1].append(r)
+    for table, recs in tables.values():
+        table.publish(recs)

@@ -3,9 +3,9 @@
 Every parameter is partitioned on its own (partitioned_param.py: a one-parameter bucket, padded to world x 16),
 so zero.Init can partition a module as it is built in exactly the layout training uses. The module hooks
 (param_hooks.py) gather parameters around each module's forward and backward; this owner
-  - reduce-scatters each parameter's gradient as soon as autograd has accumulated it (a post-accumulate-grad
-    hook), into this rank's gradient shard (accumulated across micro-steps, as stage 2 does), then releases the
-    whole parameter;
+  - takes each parameter's gradient as soon as autograd has accumulated it (a post-accumulate-grad hook) into its
+    gradient bucket (grad_buckets.py), releases the whole parameter, and reduce-scatters each complete bucket into
+    this rank's gradient shards (accumulated across micro-steps, as stage 2 does);
   - steps the shards with stage 1/2's step (shard_step.step_shards over Stage3Store, which has FlatShards' shape):
     the updated shard stays partitioned, only persistent (small) parameters are gathered again.
 Placement: offload_optimizer puts masters and optimizer states on the host; offload_param puts the model-dtype
@@ -13,14 +13,21 @@ shards on the host (copied to the device for each gather). fp32 with both on one
 """
 import torch
 
-from ..comm.flat_collectives import reduce_scatter_flat
+import torch.distributed as dist
+
+from ..engine.shm_reduce import shm_allocator
 from ..engine.state_owner import DtypePolicy
+from . import grad_buckets
 from .param_hooks import ParamCoordinator
 from .partition import owned_pieces
 from .partitioned_param import PartitionedParam, gather, record_of
-from .sharded import MAX_IN_FLIGHT, _ShardedBase
+from .shared_params import SharedParams, shareable
+from .sharded import _ShardedBase
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# gradient bucket cap (elements; a smaller zero_optimization.reduce_bucket_size wins): big enough that a small
+# model's backward is a handful of reductions, small enough to bound the staging buffers of a large one
+STAGE3_BUCKET_ELEMS = 1 << 22
 
 
 class Stage3Store:
@@ -55,6 +62,7 @@ class Stage3Store:
                                if self.mixed and offload and r.shard.device.type == "cuda" else None)
             self.grads.append(torch.zeros(r.shard_numel, dtype=model_dtype, device=self.device))
         self.bucket_of = {id(p): (plan, plan.entries[0]) for p, plan in zip(self.params, self.plans)}
+        self.shared = None   # shared_params.SharedParams when same-host ranks gather through /dev/shm
 
     @property
     def flats(self):
@@ -82,6 +90,8 @@ class Stage3Store:
 
     def all_gather(self, group=None):
         """After a step: parameters whole right now (persistent ones, open GatheredParameters) get new values."""
+        if self.shared is not None:
+            self.shared.publish()
         gather([r for r in self.all_records if r.gathered], refresh=True)
 
 
@@ -89,11 +99,11 @@ class Stage3(_ShardedBase):
     stage = 3
     reduces_every_micro_step = True   # the engine refuses no_sync()
 
-    def __init__(self, store, precision, coordinator, group=None):
+    def __init__(self, store, precision, coordinator, group=None, reducer=None):
+        """reducer: grad_buckets.GlooBuckets / ShmBuckets over store.records (None on one rank)."""
         super().__init__(store, precision, group)
         self.coordinator = coordinator
-        self.collectives_launched = 0
-        self._in_flight = []   # (gradient shard, handle, output, staging)
+        self.reducer = reducer
         self._in_backward = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in store.params]
         self._index = {id(p): i for i, p in enumerate(store.params)}
@@ -101,8 +111,14 @@ class Stage3(_ShardedBase):
     def _shape_of(self, param):
         return record_of(param).shape   # the parameter itself is empty while released
 
+    @property
+    def collectives_launched(self):
+        return self.reducer.collectives_launched if self.reducer is not None else 0
+
     def begin_backward(self, reduce):
         self._in_backward = True
+        if self.reducer is not None:
+            self.reducer.begin()
 
     @torch.no_grad()
     def _on_grad(self, param):
@@ -112,34 +128,19 @@ class Stage3(_ShardedBase):
         i = self._index[id(param)]
         rec = self.store.records[i]
         flat = grad.reshape(-1)
-        if self.world == 1:
+        if self.reducer is None:
             self.store.grads[i][:rec.numel].add_(flat)
         else:
-            if rec.padded == rec.numel:
-                staging = flat.contiguous()
-            else:
-                staging = torch.zeros(rec.padded, dtype=grad.dtype, device=grad.device)
-                staging[:rec.numel].copy_(flat)
-            out = torch.empty(rec.shard_numel, dtype=grad.dtype, device=grad.device)
-            handle = reduce_scatter_flat(out, staging, group=self.group, async_op=True)
-            self._in_flight.append((self.store.grads[i], handle, out, staging))
-            self.collectives_launched += 1
-            while len(self._in_flight) > MAX_IN_FLIGHT:
-                self._finish_oldest()
+            self.reducer.add(i, rec, flat)
         param.grad = None
         rec.backward_hold = False
         rec.release()
 
-    def _finish_oldest(self):
-        shard, handle, out, _ = self._in_flight.pop(0)
-        handle.wait()
-        shard.add_(out)
-
     @torch.no_grad()
     def end_backward(self):
         self._in_backward = False
-        while self._in_flight:
-            self._finish_oldest()
+        if self.reducer is not None:
+            self.reducer.end()
         for r in self.store.all_records:   # frozen parameters, ones whose gradient never came
             r.backward_hold = False
             r.release()
@@ -185,7 +186,11 @@ class Stage3(_ShardedBase):
         cats = super().memory_tensors()
         cats["grads"] = list(self.store.grads)
         cats["gathered"] = [r.full for r in self.store.all_records if r.full is not None]
-        cats["comm_buffers"] += [t for _, _, out, staging in self._in_flight for t in (out, staging)]
+        if self.reducer is not None:
+            cats["comm_buffers"] += self.reducer.in_flight_buffers()
+            cats["comm_buffers"] += getattr(self.reducer, "memory", list)()
+        if self.store.shared is not None:
+            cats["comm_buffers"] += self.store.shared.memory()
         return cats
 
 
@@ -225,11 +230,39 @@ def build_stage3_owner(model, params, group_of, precision_name, world, rank, dev
             r.cast(dtype)
     threshold = int(zero_cfg.param_persistence_threshold)
     persistent = [r for r in records if r.numel <= threshold]
+    store = Stage3Store(params, group_of, trained, records, dtype, device, offload_opt, pin_opt, masters_fp32)
+    reducer = None
+    if world > 1:
+        allocate = _shm_allocator(records, device, world, group)
+        if allocate is not None:
+            shared = SharedParams(records, allocate)
+            store.shared = shared if shared.ok else None
+        bucket = max(1, min(int(zero_cfg.reduce_bucket_size), STAGE3_BUCKET_ELEMS))
+        buckets = grad_buckets.plan(trained, bucket, world, dtype, torch.device(device))
+        if buckets:
+            for b in buckets:   # the gradient shards the step reads are views of the buckets' flat shards
+                for i, rec in b.members:
+                    store.grads[i] = b.grad_view(i, rec)
+            if allocate is not None:
+                reducer = grad_buckets.ShmBuckets(buckets, world, rank, group, allocate, shared=store.shared)
+                if not reducer.ok:
+                    reducer = None
+            if reducer is None:
+                reducer = grad_buckets.GlooBuckets(buckets, world, rank, group)
+    if store.shared is not None:
+        store.shared.publish()   # every rank's shards visible before the first gather
     for r in persistent:
         r.persistent = True
     gather(persistent)
-    store = Stage3Store(params, group_of, trained, records, dtype, device, offload_opt, pin_opt, masters_fp32)
-    return Stage3(store, policy, ParamCoordinator(model), group)
+    prefetch = world > 1 and store.shared is None   # gathers by collectives: hide them behind compute
+    return Stage3(store, policy, ParamCoordinator(model, prefetch=prefetch), group, reducer)
+
+
+def _shm_allocator(records, device, world, group):
+    """A shm_reduce.SharedTable when stage 3 can go through shared memory (every rank agrees), else None."""
+    ok = torch.tensor([1 if shareable(records, device) else 0])
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+    return shm_allocator(world, group) if ok.item() else None
 
 
 def _adopt(rec, p, world, rank, group, device, shard_device, pin):

@@ -29,6 +29,9 @@ def run(text):
               "numel": sum(p.ds_numel if hasattr(p, "ds_numel") else p._dsfast_z3.numel
                            for p in engine.module.parameters() if p.requires_grad),
               "module_sd": module_sd, "lrs": engine.get_lr(),
+              # which stage-3 path ran: the gradient reduction's class, whether gathers read /dev/shm
+              "path": (type(engine._owner.reducer).__name__, engine._owner.store.shared is not None),
+              "collectives": engine._owner.collectives_launched,
               "shapes": {n: tuple(p.shape) for n, p in engine.module.named_parameters()}}
     gathered = [None] * world
     torch.distributed.all_gather_object(gathered, record)

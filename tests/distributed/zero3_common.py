@@ -1,12 +1,13 @@
 """Runs shared by the ZeRO stage 3 workers (2 and 4 gloo ranks) and their one-process stage-0 references.
 
 A run is "name:precision:offload_optimizer:offload_param:gas:clip:steps:model:optimizer:inject_rank:threshold"
-(threshold: param_persistence_threshold; 0 partitions every parameter). Models: "plain" and "fancy" from
-zero_common (frozen layer, tied weight, two param groups), and "awkward": a module called twice in one forward,
-a parameter read outside its module's forward (the root reads the embedding's weight as its head), reentrant and
-non-reentrant activation checkpointing, and an eval forward under torch.no_grad() after every step; "inplace"
-(BuiltInPlace: a parent changing its children's parameters in __init__). Runs named init* build the model under
-dsfast.zero.Init.
+(threshold: param_persistence_threshold; 0 partitions every parameter), optionally ":bucket" (reduce_bucket_size).
+Models: "plain" and "fancy" from zero_common (frozen layer, tied weight, two param groups), and "awkward": a module
+called twice in one forward, a parameter read outside its module's forward (the root reads the embedding's weight
+as its head), reentrant and non-reentrant activation checkpointing, and an eval forward under torch.no_grad()
+after every step; "inplace" (BuiltInPlace: a parent changing its children's parameters in __init__); "reuse"
+(a layer inside a reentrant checkpoint and outside it). Runs named
+init* build the model under dsfast.zero.Init.
 """
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -43,6 +44,23 @@ class Awkward(torch.nn.Module):
         h = torch.tanh(self.shared(h))
         back = h @ self.embed.weight          # the embedding's weight, outside the embedding's forward
         return self.out(back)
+
+
+class Reuse(torch.nn.Module):
+    """A layer used inside a reentrant checkpoint and again outside it: its gradient is accumulated twice in one
+    backward (the checkpoint's nested backward and the outer one), so a stage-3 hook sees it twice."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Linear(D_IN, D_HID)
+        self.shared = torch.nn.Linear(D_HID, D_HID)
+        self.out = torch.nn.Linear(D_HID, D_OUT)
+
+    def forward(self, x):
+        h = torch.tanh(self.embed(x))
+        h = checkpoint(lambda t: torch.tanh(self.shared(t)), h, use_reentrant=True)
+        return self.out(torch.tanh(self.shared(h)))
 
 
 class BuiltInPlace(torch.nn.Module):
@@ -83,11 +101,12 @@ def parse(run):
     f = run.split(":")
     return dict(name=f[0], precision=f[1], offload=f[2] == "1", offload_param=f[3] == "1", gas=int(f[4]),
                 clip=float(f[5]), steps=int(f[6]), model=f[7], optimizer=f[8], inject_rank=int(f[9]),
-                threshold=int(f[10]), stage=3)
+                threshold=int(f[10]), stage=3, bucket=int(f[11]) if len(f) > 11 else 0)
 
 
 def build(spec):
-    model = {"plain": build_model, "fancy": Fancy, "awkward": Awkward, "inplace": BuiltInPlace}[spec["model"]]()
+    model = {"plain": build_model, "fancy": Fancy, "awkward": Awkward, "inplace": BuiltInPlace,
+             "reuse": Reuse}[spec["model"]]()
     if spec["model"] == "fancy":
         decay = [p for p in model.parameters() if p.requires_grad and p.dim() > 1]
         rest = [p for p in model.parameters() if p.requires_grad and p.dim() <= 1]
@@ -101,6 +120,8 @@ def config(spec, world):
         zero["param_persistence_threshold"] = spec["threshold"]
         if spec["offload_param"]:
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if spec.get("bucket"):
+        zero["reduce_bucket_size"] = spec["bucket"]
     if spec["offload"]:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": spec["gas"],
