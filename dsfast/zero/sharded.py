@@ -124,6 +124,18 @@ class _ShardedBase:
         optimizer.zero_grad = zero_grad
         optimizer._dsfast_clears = self
 
+    def refuse_stray_grads(self, names):
+        """Stages 2 and 3 take gradients only inside engine.backward; a param.grad left at the step came from a
+        plain loss.backward() (never reduce-scattered): refuse it, naming the parameters."""
+        stray = [p for p in self.store.params if p.grad is not None]
+        if stray:
+            picked = [names.get(id(p), "?") for p in stray][:3]
+            raise RuntimeError(
+                f"engine.step(): {len(stray)} parameter(s) ({', '.join(picked)}) got gradients from a "
+                "backward that was not this engine's backward (a plain loss.backward()) after its last "
+                f"engine.backward(); under ZeRO stage {self.stage} they were never reduce-scattered into the "
+                "partitions. Call engine.backward(loss) instead of loss.backward()")
+
     def clear_grads(self):
         """Every gradient this rank holds for the model, gone (accumulated partitions and any param.grad)."""
         self.zero_grads()
@@ -356,14 +368,7 @@ class ShardedGradients(_ShardedBase):
             self._finish_oldest()
 
     def prepare_step(self, names):
-        stray = [p for p in self.store.params if p.grad is not None]
-        if stray:
-            picked = [names.get(id(p), "?") for p in stray][:3]
-            raise RuntimeError(
-                f"engine.step(): {len(stray)} parameter(s) ({', '.join(picked)}) got gradients from a "
-                "backward that was not this engine's backward (a plain loss.backward()) after its last "
-                "engine.backward(); under ZeRO stage 2 they were never reduce-scattered into the partitions. Call "
-                "engine.backward(loss) instead of loss.backward()")
+        self.refuse_stray_grads(names)
 
     def grad_shards(self):
         return self.shard_grads

@@ -153,13 +153,7 @@ class Stage3(_ShardedBase):
             self.store.masters[i].copy_(self.store.records[i].shard)
 
     def prepare_step(self, names):
-        stray = [p for p in self.store.params if p.grad is not None]
-        if stray:
-            picked = [names.get(id(p), "?") for p in stray][:3]
-            raise RuntimeError(
-                f"engine.step(): {len(stray)} parameter(s) ({', '.join(picked)}) got gradients from a backward "
-                "that was not this engine's backward (a plain loss.backward()); under ZeRO stage 3 they were "
-                "never reduce-scattered into the partitions. Call engine.backward(loss) instead of loss.backward()")
+        self.refuse_stray_grads(names)
 
     def grad_shards(self):
         return self.store.grads

@@ -12,8 +12,8 @@ init* build the model under dsfast.zero.Init.
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from dp_common import D_HID, D_IN, D_OUT, MICRO, build_model, global_batch
-from zero_common import Fancy
+from dp_common import D_HID, D_IN, D_OUT, MICRO, build_model
+from zero_common import Fancy, run_steps
 
 
 class Block(torch.nn.Module):
@@ -150,25 +150,14 @@ def train(initialize, spec, rank, world, on_step=None, **init_kw):
     client = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1) if spec["optimizer"] == "client" else None
     engine = initialize(model=model, model_parameters=params, optimizer=client, config=config(spec, world),
                         **init_kw)[0]
-    gas = engine.gradient_accumulation_steps()
-    losses = []
-    for step in range(spec["steps"]):
-        x, y = global_batch(step, MICRO * gas * world)
-        total = 0.0
-        for i in range(gas):
-            lo = (i * world + rank) * MICRO
-            loss = torch.nn.functional.mse_loss(engine(x[lo:lo + MICRO]).float(), y[lo:lo + MICRO])
-            if step == 1 and rank == spec["inject_rank"]:
-                loss = loss * float("inf")
-            engine.backward(loss)
-            engine.step()
-            total += float(loss.detach())
-        losses.append(total / gas)
-        if spec["model"] == "awkward":
+
+    def after_step(engine, x):
+        if spec["model"] == "awkward":   # an eval forward under no_grad between steps: gathers, never reduces
             engine.eval()
             with torch.no_grad():
                 engine(x[:MICRO])
             engine.train()
         if on_step is not None:
             on_step(engine)
+    losses = run_steps(engine, spec, rank, world, after_step=after_step)
     return losses, engine

@@ -77,6 +77,12 @@ def train(initialize, spec, rank, world, engine=None, first=0, **init_kw):
     """Train `spec` on this rank's share of each global batch, steps [first, spec["steps"]); returns (losses,
     engine). With world == 1 and GAS = gas x world it is the one-process reference of the same global batch."""
     engine = engine or make_engine(initialize, spec, world, **init_kw)
+    return run_steps(engine, spec, rank, world, first), engine
+
+
+def run_steps(engine, spec, rank, world, first=0, after_step=None):
+    """The training loop the ZeRO workers share: the global batch of step s split over ranks and micro-steps, an
+    fp16 overflow injected on spec["inject_rank"] at step 1; after_step(engine, x) runs after every step."""
     gas = engine.gradient_accumulation_steps()
     losses = []
     for step in range(first, spec["steps"]):
@@ -91,7 +97,9 @@ def train(initialize, spec, rank, world, engine=None, first=0, **init_kw):
             engine.step()
             total += float(loss.detach())
         losses.append(total / gas)
-    return losses, engine
+        if after_step is not None:
+            after_step(engine, x)
+    return losses
 
 
 def full_params(engine):
