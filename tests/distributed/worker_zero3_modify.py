@@ -49,8 +49,7 @@ def main():
     torch.distributed.all_gather_object(gathered, record)
     if rank == 0:
         torch.save(gathered, sys.argv[1])
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    # no destroy_process_group() here: dsfast's exit hook meets every rank before it tears gloo down
 
 
 if __name__ == "__main__":
