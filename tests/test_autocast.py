@@ -5,7 +5,7 @@ import torch
 
 from dsfast.config import DsConfigError, load_config
 from dsfast.engine.autocast import (COMM_DTYPE_ATTR, DEFAULT_LOWER_PRECISION_SAFE_MODULES, autocast_plan,
-                                    forward_autocast, resolve_module_classes)
+                                    resolve_module_classes)
 
 
 def cfg(**section):
@@ -29,7 +29,7 @@ def run(model, x, ctx):
 def test_enabled_plan_is_torch_autocast_with_fp32_weights_and_grads(dtype, torch_dtype):
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
     ours_model, ref_model = net(), net()
-    factory = forward_autocast(cfg(enabled=True, dtype=dtype), "cpu")
+    factory = autocast_plan(cfg(enabled=True, dtype=dtype), "cpu").forward_context
     out, grads = run(ours_model, x, factory())
     ref_out, ref_grads = run(ref_model, x, torch.autocast("cpu", dtype=torch_dtype))
     assert out.dtype == torch_dtype and torch.equal(out, ref_out)
@@ -46,7 +46,7 @@ def test_dtype_unset_is_torchs_default_for_the_device():
 
 
 def test_config_dtype_wins_over_an_outer_autocast():
-    factory = forward_autocast(cfg(enabled=True, dtype="bf16"), "cpu")
+    factory = autocast_plan(cfg(enabled=True, dtype="bf16"), "cpu").forward_context
     with torch.autocast("cpu", dtype=torch.float16):
         with factory():
             assert net()(torch.ones(1, 8)).dtype == torch.bfloat16

@@ -16,7 +16,7 @@ import contextlib
 import importlib
 import logging
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Optional, Tuple
+from typing import ContextManager, Optional, Tuple
 
 import torch
 
@@ -110,8 +110,3 @@ def autocast_plan(config, device) -> AutocastPlan:
     names = section.lower_precision_safe_modules
     classes = resolve_module_classes(DEFAULT_LOWER_PRECISION_SAFE_MODULES if names is None else names)
     return AutocastPlan(True, device_type, dtype, classes)
-
-
-def forward_autocast(config, device) -> Callable[[], ContextManager]:
-    """A zero-argument factory of the context manager engine.forward runs module(...) in."""
-    return autocast_plan(config, device).forward_context

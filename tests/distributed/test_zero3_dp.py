@@ -15,7 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from dist_launch import launch  # noqa: E402
 from zero3_common import parse, train  # noqa: E402
-from zero_common import full_params  # noqa: E402
+from zero_common import compare_to_reference, full_params  # noqa: E402
 
 RUNS2 = {
     "s3": "s3:fp32:0:0:2:0.05:20:plain:config:-1:0",
@@ -74,15 +74,7 @@ def reference(text, world):
 
 def _check(ranks, text, world, atol, rtol):
     want_losses, want = reference(text, world)
-    for r in ranks:
-        assert set(r["params"]) == set(want)
-        for name in want:
-            torch.testing.assert_close(r["params"][name], want[name], atol=atol, rtol=rtol, msg=name)
-    for name in want:   # every rank assembles the same parameters from the partitions
-        for r in ranks[1:]:
-            assert torch.equal(r["params"][name], ranks[0]["params"][name]), name
-    mean_losses = [sum(r["losses"][s] for r in ranks) / len(ranks) for s in range(len(want_losses))]
-    return mean_losses, want_losses
+    return compare_to_reference(ranks, want, want_losses, atol, rtol)
 
 
 @pytest.mark.parametrize("key", ["s3", "s3_offopt", "s3_offparam", "s3_offboth", "s3_fancy", "s3_awkward",

@@ -12,7 +12,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from dist_launch import launch  # noqa: E402
-from zero_common import full_params, parse, train  # noqa: E402
+from zero_common import compare_to_reference, full_params, parse, train  # noqa: E402
 
 RUNS2 = {
     "s1": "s1:1:fp32:0:2:0.05:20:plain:config:-1",
@@ -67,15 +67,7 @@ def _check(ranks, text, world, atol, rtol):
         if ref.get_global_grad_norm() is not None:
             assert r["norm"] == pytest.approx(ref.get_global_grad_norm(), rel=1e-5)
         assert r["lrs"] == pytest.approx(ref.get_lr())
-    for r in ranks:
-        assert set(r["params"]) == set(want)
-        for name in want:
-            torch.testing.assert_close(r["params"][name], want[name], atol=atol, rtol=rtol, msg=name)
-    for name in want:   # every rank holds identical (all-gathered) parameters
-        for r in ranks[1:]:
-            assert torch.equal(r["params"][name], ranks[0]["params"][name]), name
-    mean_losses = [sum(r["losses"][s] for r in ranks) / len(ranks) for s in range(len(want_losses))]
-    return mean_losses, want_losses
+    return compare_to_reference(ranks, want, want_losses, atol, rtol)
 
 
 @pytest.mark.parametrize("key", ["s1", "s1_off", "s2", "s2_off", "s2_fancy", "s1_fancy_client", "s2_sgd_off"])

@@ -110,3 +110,17 @@ def full_params(engine):
         full = safe_get_full_fp32_param(p)
         out[name] = (full if full is not None else p.detach().float()).clone()
     return out
+
+
+def compare_to_reference(ranks, want, want_losses, atol, rtol):
+    """Every rank's final parameters equal the reference's (`want`: name -> tensor) within atol/rtol and are
+    identical across ranks; returns (mean loss over ranks per step, the reference's losses)."""
+    for r in ranks:
+        assert set(r["params"]) == set(want)
+        for name in want:
+            torch.testing.assert_close(r["params"][name], want[name], atol=atol, rtol=rtol, msg=name)
+    for name in want:   # every rank holds (or assembles) the same parameters
+        for r in ranks[1:]:
+            assert torch.equal(r["params"][name], ranks[0]["params"][name]), name
+    mean_losses = [sum(r["losses"][s] for r in ranks) / len(ranks) for s in range(len(want_losses))]
+    return mean_losses, want_losses
