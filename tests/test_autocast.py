@@ -53,7 +53,7 @@ def test_config_dtype_wins_over_an_outer_autocast():
 
 
 def test_disabled_plan_switches_an_outer_autocast_off_as_deepspeed():
-    factory = forward_autocast(cfg(), "cpu")
+    factory = autocast_plan(cfg(), "cpu").forward_context
     with factory():
         assert not torch.is_autocast_enabled("cpu")
     with torch.autocast("cpu", dtype=torch.bfloat16):
