@@ -21,14 +21,16 @@ def native():
 
 @pytest.fixture
 def table_calls(native, monkeypatch):
-    """Counts the table steps taken (so a test knows the fast path ran)."""
-    calls = {"adam": 0, "sgd": 0}
-    for kind in calls:
+    """Counts the table steps that ran (so a test knows the fast path ran), and under "<kind> stale"
+    those the op refused because a tensor had moved since the table was filled."""
+    calls = {"adam": 0, "sgd": 0, "adam stale": 0, "sgd stale": 0}
+    for kind in ("adam", "sgd"):
         real = getattr(native, f"{kind}_table_step")
 
         def counted(*a, _real=real, _kind=kind, **k):
-            calls[_kind] += 1
-            return _real(*a, **k)
+            ran = _real(*a, **k)
+            calls[_kind if ran else f"{_kind} stale"] += 1
+            return ran
         monkeypatch.setattr(native, f"{kind}_table_step", counted)
     return calls
 
@@ -153,7 +155,8 @@ def test_repointed_tensors_are_picked_up(native, table_calls, monkeypatch, cls, 
             results.append([p.detach().clone() for p in ps])
     for a, b in zip(*results):
         assert torch.equal(a, b)
-    assert table_calls["adam" if cls is O.CPUAdam else "sgd"] == 2
+    kind = "adam" if cls is O.CPUAdam else "sgd"
+    assert table_calls[kind] == 2 and table_calls[f"{kind} stale"] == 1   # the op saw the move itself
 
 
 @pytest.mark.parametrize("cls,kw", [(O.CPUAdam, {}), (O.CPUSGD, dict(momentum=0.9))])
@@ -204,7 +207,7 @@ def test_table_rebuild_errors_name_the_parameter(native, table_calls, cls, kw):
 def test_table_ops_refuse_bad_tables(native):
     hp = (1e-2, 0.9, 0.99, 1e-8, 0.0, True, True)
     with pytest.raises(ValueError, match=r"cpu_adam_table_: the work table must be a contiguous int64 cpu tensor "
-                                         r"of shape \[n, 9\]"):
+                                         r"of shape \[n, 15\]"):
         native.adam_table_step(torch.zeros(2, 7, dtype=torch.int64), *hp)
     with pytest.raises(ValueError, match="int64"):
         native.sgd_table_step(torch.zeros(2, 7, dtype=torch.int32), 0.1, 0.0, 0.0, 0.0, False)
@@ -213,8 +216,8 @@ def test_table_ops_refuse_bad_tables(native):
     table[0, 7] = 9                                            # a grad dtype code that does not exist
     with pytest.raises(ValueError, match="row 0 of the work table is corrupt"):
         native.adam_table_step(table, *hp)
-    with pytest.raises(ValueError, match=r"cpu_adam_table_fill_: .*shape \[2, 9\]"):
-        torch.ops.dsfast.cpu_adam_table_fill_(torch.zeros(1, 9, dtype=torch.int64), [p, p], [g, g], [p, p], [p, p],
+    with pytest.raises(ValueError, match=r"cpu_adam_table_fill_: .*shape \[2, 15\]"):
+        torch.ops.dsfast.cpu_adam_table_fill_(torch.zeros(1, 15, dtype=torch.int64), [p, p], [g, g], [p, p], [p, p],
                                               [], [torch.tensor(0.0)] * 2)
     with pytest.raises(ValueError, match=r"params\[0\]\.grad has shape \[3\]"):
         native.adam_table([p], [torch.randn(3)], [torch.zeros(4)], [torch.zeros(4)], [], [torch.tensor(0.0)])
@@ -243,12 +246,83 @@ def test_opcheck_table_ops(native):
     outs = [torch.zeros(5 + i, dtype=torch.float16) for i in range(n)]
     steps = [torch.tensor(float(i)) for i in range(n)]
     torch.library.opcheck(torch.ops.dsfast.cpu_adam_table_fill_.default,
-                          (torch.zeros(n, 9, dtype=torch.int64), ps, gs, ms, vs, outs, steps, "params"))
+                          (torch.zeros(n, 15, dtype=torch.int64), ps, gs, ms, vs, outs, steps, "params"))
     table, _ = native.adam_table(ps, gs, ms, vs, outs, steps)
     torch.library.opcheck(torch.ops.dsfast.cpu_adam_table_.default,
                           (table, 1e-2, 0.9, 0.999, 1e-8, 0.01, True, True, 0.5, 1, "auto"))
     torch.library.opcheck(torch.ops.dsfast.cpu_sgd_table_fill_.default,
-                          (torch.zeros(n, 7, dtype=torch.int64), ps, gs, ms, outs, "params"))
+                          (torch.zeros(n, 11, dtype=torch.int64), ps, gs, ms, outs, "params"))
     sgd_table, _ = native.sgd_table(ps, gs, ms, outs)
     torch.library.opcheck(torch.ops.dsfast.cpu_sgd_table_.default,
                           (sgd_table, 0.1, 0.9, 0.0, 0.01, False, 1.0, 1, "auto"))
+
+
+def _adam_lists(n=3):
+    ps = [torch.randn(5 + i) for i in range(n)]
+    gs = [torch.randn(5 + i) for i in range(n)]
+    return ps, gs, [torch.zeros(5 + i) for i in range(n)], [torch.zeros(5 + i) for i in range(n)], [], \
+        [torch.tensor(0.0) for _ in range(n)]
+
+
+HP = (1e-2, 0.9, 0.999, 1e-8, 0.0, True, True)
+
+
+@pytest.mark.parametrize("move", ["param .data", "state resize_", "step .data", "grad set_"])
+def test_a_stale_table_step_writes_nothing(native, move):
+    """The op itself checks every tensor of the table before writing: a moved one -> False, nothing
+    updated (params, moments and step counters as they were), the old memory untouched."""
+    ps, gs, ms, vs, outs, steps = _adam_lists()
+    table, _ = native.adam_table(ps, gs, ms, vs, outs, steps)
+    assert native.adam_table_step(table, *HP) is True
+    moved = {"param .data": ps[1], "state resize_": vs[2], "step .data": steps[0], "grad set_": gs[0]}[move]
+    old_mem, old_values = moved.data, moved.detach().clone()
+    if move == "param .data":
+        ps[1].data = ps[1].data.clone()
+    elif move == "state resize_":
+        vs[2].resize_(1 << 16)           # grows: new memory, the old one freed
+    elif move == "step .data":
+        steps[0].data = torch.tensor(1.0)
+    else:
+        gs[0].set_(torch.randn(5))
+    tracked = ps + ms + vs[:2] + steps
+    before = [t.clone() for t in tracked]
+    assert native.adam_table_step(table, *HP) is False
+    assert all(torch.equal(b, t) for b, t in zip(before, tracked)), "a stale table wrote"
+    if move != "state resize_":
+        assert torch.equal(old_mem, old_values), "the old memory was written"
+    rebuilt, _ = native.adam_table(ps, gs, ms, vs[:2] + [torch.zeros(7)], outs, steps)
+    assert native.adam_table_step(rebuilt, *HP) is True
+
+
+def test_a_table_keeps_its_tensors_alive_until_it_is_freed(native):
+    import gc
+    import weakref
+    ps, gs, ms, vs, outs, steps = _adam_lists()
+    table, _ = native.adam_table(ps, gs, ms, vs, outs, steps)
+    watched = weakref.ref(gs[1])
+    expect = ps[1].clone()
+    del gs
+    gc.collect()
+    assert watched() is not None, "the table must hold its gradients"
+    grad = watched()
+    ref = torch.optim.Adam([torch.nn.Parameter(expect)], lr=HP[0], betas=HP[1:3], eps=HP[3])
+    ref.param_groups[0]["params"][0].grad = grad.clone()
+    ref.step()
+    del grad
+    assert native.adam_table_step(table, *HP) is True
+    torch.testing.assert_close(ps[1], ref.param_groups[0]["params"][0].detach(), rtol=1e-6, atol=1e-7)
+    del table
+    gc.collect()
+    assert watched() is None, "a freed table must give its references back"
+
+
+def test_a_row_without_its_references_is_stale(native):
+    ps, gs, ms, vs, outs, steps = _adam_lists()
+    table, _ = native.adam_table(ps, gs, ms, vs, outs, steps)
+    forged = table.clone()
+    forged[:, 9:] = 0                     # addresses without references: never written through
+    before = [p.clone() for p in ps]
+    assert native.adam_table_step(forged, *HP) is False
+    assert all(torch.equal(a, b) for a, b in zip(before, ps))
+    with pytest.raises(ValueError, match="cpu_table_release_: expects a contiguous int64 cpu tensor"):
+        torch.ops.dsfast.cpu_table_release_(torch.zeros(2, 3, dtype=torch.int32))

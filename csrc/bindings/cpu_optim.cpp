@@ -10,6 +10,10 @@
 #include <string>
 #include <vector>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "../cpu/cpu_optim.h"
 #include "op_abi.h"
 
@@ -141,7 +145,9 @@ std::vector<AdamRow> adam_rows(Tensors params, Tensors grads, Tensors exp_avgs, 
 }
 
 // One call = one parallel region over every tensor. Each step tensor is incremented
-// here (torch increments before computing the bias corrections).
+// here (torch increments before computing the bias corrections), as it is read: after the
+// kernel's pass over memory each counter would be a cache miss again. A kernel that refuses
+// (an ISA this CPU lacks) puts them back.
 void run_adam(std::vector<AdamRow>& rows, double lr, double beta1, double beta2, double eps, double weight_decay,
               bool adamw, bool bias_correction, double grad_scale, int64_t num_threads, dsfast::cpu::Isa isa) {
   std::vector<dsfast::cpu::AdamTensor> work(rows.size());
@@ -156,9 +162,14 @@ void run_adam(std::vector<AdamRow>& rows, double lr, double beta1, double beta2,
     }
     work[i] = rows[i].t;
     work[i].coeffs = c;
+    *rows[i].step += 1.0f;
   }
-  dsfast::cpu::adam_step(work.data(), int64_t(work.size()), int(num_threads), isa);
-  for (auto& r : rows) *r.step += 1.0f;
+  try {
+    dsfast::cpu::adam_step(work.data(), int64_t(work.size()), int(num_threads), isa);
+  } catch (...) {
+    for (auto& r : rows) *r.step -= 1.0f;
+    throw;
+  }
 }
 
 void adam_step(Tensors params, Tensors grads, Tensors exp_avgs, Tensors exp_avg_sqs, Tensors outs, Tensors steps,
@@ -209,12 +220,23 @@ void sgd_step(Tensors params, Tensors grads, Tensors momentum_buffers, Tensors o
 
 // ---- Work tables: the eager fast path of CPUAdam / CPUSGD (dsfast/optim/_cpu_op.py).
 // A table is an int64 cpu tensor with one row per param: its tensors' addresses, numel and dtype
-// codes, written by the *_table_fill_ ops after the same checks as the list ops. A step then passes
-// one tensor instead of thousands: converting and freeing 12000 list entries costs ~4 ms when the
-// frees come after the kernel's pass over 1 GB (every TensorImpl a cache miss). The rows are raw
-// pointers: valid only while those tensors are alive and not re-pointed, which the caller checks.
-enum AdamCol : int64_t { kAP, kAG, kAM, kAV, kAOut, kAStep, kANumel, kAGd, kAOd, kAdamCols };
-enum SgdCol : int64_t { kSP, kSG, kSBuf, kSOut, kSNumel, kSGd, kSOd, kSgdCols };
+// codes, written by the *_table_fill_ ops after the same checks as the list ops, and a strong
+// reference to each of those tensors (op_abi.h hold()), given back by cpu_table_release_. A step then
+// passes one tensor instead of thousands: converting and freeing 12000 list entries costs ~4 ms when
+// the frees come after the kernel's pass over 1 GB (every TensorImpl a cache miss). Before writing
+// anything a step checks, through those references, that every tensor still has the address and size
+// it was filled with (p.data = ..., set_(), resize_() move them); if one moved it raises a ValueError
+// tagged kStale, which the Python wrapper turns into False, and the caller rebuilds the table (a
+// mutating op must return nothing for torch.compile to functionalise it). The check is one loop in
+// C++ over both threads: ~6x cheaper than Python's data_ptr() calls once the kernel's pass over a
+// gigabyte has evicted every TensorImpl.
+constexpr const char* kStale = "[dsfast:stale-table] ";
+[[noreturn]] void stale(const char* op) {
+  value_error(std::string(kStale) + op + ": a tensor of the work table moved since it was filled");
+}
+
+enum AdamCol : int64_t { kAP, kAG, kAM, kAV, kAOut, kAStep, kANumel, kAGd, kAOd, kAHeld, kAdamCols = kAHeld + 6 };
+enum SgdCol : int64_t { kSP, kSG, kSBuf, kSOut, kSNumel, kSGd, kSOd, kSHeld, kSgdCols = kSHeld + 4 };
 
 int64_t* table_data(const OwnedTensor& t, int64_t rows, int64_t cols, const char* op) {
   auto fail = [&] {
@@ -240,14 +262,65 @@ DType dtype_code(int64_t code, bool out, void* p, const char* op, int64_t row) {
   return DType(code);
 }
 
+// Whether the tensors of one row still have the addresses in columns addr_cols and `numel` elements
+// (the step counter: 1), read through their references in columns held_col... A row without a
+// reference for an address (released, or never filled) is stale, unless that tensor is absent (a
+// null address: no 16-bit output, no momentum buffer).
+bool row_current(const int64_t* d, const int64_t* addr_cols, int n, int64_t held_col, int64_t numel,
+                 int64_t step_col) {
+  for (int k = 0; k < n; ++k) {
+    const int64_t h = d[held_col + k], a = d[addr_cols[k]];
+    if (h == 0) {
+      if (a != 0) return false;
+      continue;
+    }
+    const auto& t = held(h);
+    if (addr(t.mutable_data_ptr()) != a || t.numel() != (addr_cols[k] == step_col ? 1 : numel)) return false;
+  }
+  return true;
+}
+
+// Whether rows [0, n) pass row_ok(i), the rows split over the threads: each check is a few cache
+// misses independent of the others, so two threads halve the wait. A check that throws (a tensor
+// whose data cannot be read) fails its row instead of leaving the parallel region.
+template <class RowOk>
+bool all_rows(int64_t n, int64_t num_threads, RowOk row_ok) {
+  auto ok = [&](int64_t i) {
+    try {
+      return row_ok(i);
+    } catch (...) {
+      return false;
+    }
+  };
+  bool all = true;
+#ifdef _OPENMP
+  const int threads = num_threads > 0 ? int(num_threads) : omp_get_max_threads();
+  if (threads > 1 && n >= 256) {
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(&& : all)
+    for (int64_t i = 0; i < n; ++i) all = all && ok(i);
+    return all;
+  }
+#endif
+  for (int64_t i = 0; i < n && all; ++i) all = ok(i);
+  return all;
+}
+
+void hold_row(int64_t* d, int64_t held_col, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) d[held_col++] = t ? hold(*t) : 0;
+}
+
 void adam_table_fill(const OwnedTensor& table, Tensors params, Tensors grads, Tensors exp_avgs, Tensors exp_avg_sqs,
                      Tensors outs, Tensors steps, Text label) {
   int64_t* d = table_data(table, int64_t(params.size()), kAdamCols, "cpu_adam_table_fill_");
-  for (const AdamRow& r : adam_rows(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label)) {
+  const auto rows = adam_rows(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label);  // checks all first
+  for (size_t i = 0; i < rows.size(); ++i, d += kAdamCols) {
+    const AdamRow& r = rows[i];
     d[kAP] = addr(r.t.param), d[kAG] = addr(r.t.grad), d[kAM] = addr(r.t.exp_avg), d[kAV] = addr(r.t.exp_avg_sq);
     d[kAOut] = addr(r.t.out16), d[kAStep] = addr(r.step), d[kANumel] = r.t.numel;
     d[kAGd] = int64_t(r.t.grad_dtype), d[kAOd] = int64_t(r.t.out_dtype);
-    d += kAdamCols;
+    const Tensor p = params[i], g = grads[i], m = exp_avgs[i], v = exp_avg_sqs[i], st = steps[i];
+    const Tensor o = outs.empty() ? p : outs[i];
+    hold_row(d, kAHeld, {&p, &g, &m, &v, outs.empty() ? nullptr : &o, &st});
   }
 }
 
@@ -257,7 +330,13 @@ void adam_table_step(const OwnedTensor& table, double lr, double beta1, double b
   const char* op = "cpu_adam_table_";
   const int64_t* d = table_data(table, -1, kAdamCols, op);
   const auto isa_v = isa_arg(isa);
+  static constexpr int64_t kCols[] = {kAP, kAG, kAM, kAV, kAOut, kAStep};
   std::vector<AdamRow> rows(size_t(table.size(0)));
+  if (!all_rows(int64_t(rows.size()), num_threads, [&](int64_t i) {
+        const int64_t* r = d + i * kAdamCols;
+        return row_current(r, kCols, 6, kAHeld, r[kANumel], kAStep);
+      }))
+    stale(op);
   for (size_t i = 0; i < rows.size(); ++i, d += kAdamCols) {
     void* out = ptr<void>(d[kAOut]);
     rows[i] = {{ptr<float>(d[kAP]), ptr<const void>(d[kAG]), ptr<float>(d[kAM]), ptr<float>(d[kAV]), out,
@@ -271,10 +350,15 @@ void adam_table_step(const OwnedTensor& table, double lr, double beta1, double b
 void sgd_table_fill(const OwnedTensor& table, Tensors params, Tensors grads, Tensors momentum_buffers, Tensors outs,
                     Text label) {
   int64_t* d = table_data(table, int64_t(params.size()), kSgdCols, "cpu_sgd_table_fill_");
-  for (const auto& r : sgd_rows(params, grads, momentum_buffers, outs, momentum_buffers.size() != 0, label)) {
+  const bool mom = momentum_buffers.size() != 0;
+  const auto rows = sgd_rows(params, grads, momentum_buffers, outs, mom, label);   // checks all first
+  for (size_t i = 0; i < rows.size(); ++i, d += kSgdCols) {
+    const auto& r = rows[i];
     d[kSP] = addr(r.param), d[kSG] = addr(r.grad), d[kSBuf] = addr(r.momentum_buf), d[kSOut] = addr(r.out16);
     d[kSNumel] = r.numel, d[kSGd] = int64_t(r.grad_dtype), d[kSOd] = int64_t(r.out_dtype);
-    d += kSgdCols;
+    const Tensor p = params[i], g = grads[i];
+    const Tensor b = mom ? momentum_buffers[i] : p, o = outs.empty() ? p : outs[i];
+    hold_row(d, kSHeld, {&p, &g, mom ? &b : nullptr, outs.empty() ? nullptr : &o});
   }
 }
 
@@ -287,7 +371,13 @@ void sgd_table_step(const OwnedTensor& table, double lr, double momentum, double
   const auto isa_v = isa_arg(isa);
   auto c = dsfast::make_sgd_coeffs(lr, momentum, dampening, weight_decay, nesterov, false);
   c.grad_scale = float(grad_scale);
+  static constexpr int64_t kCols[] = {kSP, kSG, kSBuf, kSOut};
   std::vector<dsfast::cpu::SGDTensor> work(size_t(table.size(0)));
+  if (!all_rows(int64_t(work.size()), num_threads, [&](int64_t i) {
+        const int64_t* r = d + i * kSgdCols;
+        return row_current(r, kCols, 4, kSHeld, r[kSNumel], -1);
+      }))
+    stale(op);
   for (size_t i = 0; i < work.size(); ++i, d += kSgdCols) {
     void* out = ptr<void>(d[kSOut]);
     float* buf = ptr<float>(d[kSBuf]);
@@ -299,6 +389,18 @@ void sgd_table_step(const OwnedTensor& table, double lr, double momentum, double
                dtype_code(d[kSOd], true, out, op, int64_t(i)), c};
   }
   dsfast::cpu::sgd_step(work.data(), int64_t(work.size()), int(num_threads), isa_v);
+}
+
+// Gives back the references of a table's held columns (a copy of them: the table itself may be
+// gone) and zeroes them, so a second release is a no-op.
+void table_release(const OwnedTensor& held_cols) {
+  if (!held_cols.is_cpu() || held_cols.scalar_type() != ScalarType::Long || !held_cols.is_contiguous())
+    value_error("cpu_table_release_: expects a contiguous int64 cpu tensor of held references");
+  auto* h = static_cast<int64_t*>(held_cols.mutable_data_ptr());
+  for (int64_t i = 0, n = held_cols.numel(); i < n; ++i) {
+    drop(h[i]);
+    h[i] = 0;
+  }
 }
 
 // Instruction sets this CPU can run, best first, comma-separated (a str keeps the schema
@@ -334,6 +436,7 @@ DSFAST_LIBRARY(m) {
         "Tensor[] outs, str label=\"params\") -> ()");
   m.def("cpu_sgd_table_(Tensor(a!) table, float lr, float momentum, float dampening, float weight_decay, "
         "bool nesterov, float grad_scale=1.0, int num_threads=0, str isa=\"auto\") -> ()");
+  m.def("cpu_table_release_(Tensor(a!) held) -> ()");
   m.def("cpu_available_isas() -> str");
   m.def("cpu_openmp_enabled() -> bool");
   m.def("cpu_optim_abi() -> str");
@@ -346,6 +449,7 @@ DSFAST_LIBRARY_IMPL(CPU, m) {
   m.impl("cpu_adam_table_", DSFAST_KERNEL(adam_table_step));
   m.impl("cpu_sgd_table_fill_", DSFAST_KERNEL(sgd_table_fill));
   m.impl("cpu_sgd_table_", DSFAST_KERNEL(sgd_table_step));
+  m.impl("cpu_table_release_", DSFAST_KERNEL(table_release));
 }
 
 // No tensor arguments: nothing to dispatch on, so one kernel for every backend.

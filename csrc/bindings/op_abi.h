@@ -84,6 +84,7 @@ class Tensor {
   bool is_contiguous() const { bool r; DSFAST_SHIM(aoti_torch_is_contiguous(h_, &r)); return r; }
   void* mutable_data_ptr() const { void* r; DSFAST_SHIM(aoti_torch_get_data_ptr(h_, &r)); return r; }
   const void* const_data_ptr() const { return mutable_data_ptr(); }
+  AtenTensorHandle handle() const { return h_; }
 
  private:
   int32_t device_type() const { int32_t r; DSFAST_SHIM(aoti_torch_get_device_type(h_, &r)); return r; }
@@ -168,6 +169,18 @@ struct Boxed<Fn> {
 [[noreturn]] inline void value_error(const std::string& msg) { throw std::invalid_argument(msg); }
 [[noreturn]] inline void type_error(const std::string& msg) { throw std::runtime_error(kTypeErrorTag + msg); }
 
+// A strong reference to a tensor kept across calls as an int64 (work tables store them): hold()
+// takes one, drop() gives it back, held() reads the tensor through it (its current address and size).
+inline int64_t hold(const Tensor& t) {
+  AtenTensorHandle h = nullptr;
+  DSFAST_SHIM(aoti_torch_new_tensor_handle(t.handle(), &h));
+  return int64_t(reinterpret_cast<intptr_t>(h));
+}
+inline void drop(int64_t h) {
+  if (h != 0) aoti_torch_delete_tensor_object(reinterpret_cast<AtenTensorHandle>(intptr_t(h)));
+}
+inline Tensor held(int64_t h) { return Tensor(reinterpret_cast<AtenTensorHandle>(intptr_t(h))); }
+
 // A new uninitialised tensor of `dtype` on CUDA device `index`.
 inline OwnedTensor new_cuda_tensor(int32_t index, std::vector<int64_t> sizes, ScalarType dtype) {
   return torch::stable::empty(torch::headeronly::IntHeaderOnlyArrayRef(sizes), dtype, std::nullopt,
@@ -191,6 +204,10 @@ constexpr const char* kAbi = "classic";
 
 [[noreturn]] inline void value_error(const std::string& msg) { TORCH_CHECK_VALUE(false, msg); }
 [[noreturn]] inline void type_error(const std::string& msg) { TORCH_CHECK_TYPE(false, msg); }
+
+inline int64_t hold(const Tensor& t) { return int64_t(reinterpret_cast<intptr_t>(new at::Tensor(t))); }
+inline void drop(int64_t h) { delete reinterpret_cast<at::Tensor*>(intptr_t(h)); }
+inline const at::Tensor& held(int64_t h) { return *reinterpret_cast<const at::Tensor*>(intptr_t(h)); }
 
 inline OwnedTensor new_cuda_tensor(int32_t index, std::vector<int64_t> sizes, ScalarType dtype) {
   return at::empty(sizes, at::TensorOptions().dtype(dtype).device(c10::Device(c10::DeviceType::CUDA,

@@ -99,11 +99,12 @@ class CPUAdam(_cpu_op.CPUOptimizer):
             grad_scale = -1.0 if group.get("maximize") else 1.0
             if cached is not None and _cpu_op.tables_usable():
                 native = _cpu_op.op()
-                table = self._cache.table(gi, "adam", grads, (ms, vs, steps), outs, lambda: _cpu_op.call(
-                    native.adam_table, gi, indices, params, grads, ms, vs, outs, steps))
-                if table is not None:
-                    native.adam_table_step(table, lr, beta1, beta2, eps, wd, adamw, bool(group["bias_correction"]),
-                                           grad_scale, _cpu_op.num_threads(), self.isa)
+                if self._cache.table_step(
+                        gi, "adam", grads, (ms, vs, steps), outs,
+                        lambda: _cpu_op.call(native.adam_table, gi, indices, params, grads, ms, vs, outs, steps),
+                        lambda table: native.adam_table_step(table, lr, beta1, beta2, eps, wd, adamw,
+                                                             bool(group["bias_correction"]), grad_scale,
+                                                             _cpu_op.num_threads(), self.isa)):
                     continue
             functional.adam_(params, grads, ms, vs, steps, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd,
                              adamw=adamw, bias_correction=bool(group["bias_correction"]),

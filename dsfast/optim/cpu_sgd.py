@@ -66,11 +66,11 @@ class CPUSGD(_cpu_op.CPUOptimizer):
             grad_scale = -1.0 if group.get("maximize") else 1.0
             if cached is not None and _cpu_op.tables_usable():   # buffers all seeded: the table path
                 native = _cpu_op.op()
-                table = self._cache.table(gi, ("sgd", momentum != 0), grads, (bufs,), outs, lambda: _cpu_op.call(
-                    native.sgd_table, gi, indices, params, grads, bufs, outs))
-                if table is not None:
-                    native.sgd_table_step(table, lr, momentum, dampening, wd, nesterov, grad_scale,
-                                          _cpu_op.num_threads(), self.isa)
+                if self._cache.table_step(
+                        gi, ("sgd", momentum != 0), grads, (bufs,), outs,
+                        lambda: _cpu_op.call(native.sgd_table, gi, indices, params, grads, bufs, outs),
+                        lambda table: native.sgd_table_step(table, lr, momentum, dampening, wd, nesterov,
+                                                            grad_scale, _cpu_op.num_threads(), self.isa)):
                     continue
             functional.sgd_(params, grads, bufs, firsts, lr=lr, momentum=momentum, dampening=dampening,
                             weight_decay=wd, nesterov=nesterov, grad_scale=grad_scale,

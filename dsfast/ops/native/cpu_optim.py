@@ -3,6 +3,7 @@ adam_step, sgd_step, available_isas, best_isa, openmp_enabled, same arguments
 (dsfast.ops.reference.cpu_optim), and the fake implementations that let FakeTensor,
 torch.compile and opcheck run through the mutating ops."""
 import operator
+import weakref
 from itertools import repeat
 
 import torch
@@ -16,8 +17,12 @@ _adam_fill = torch.ops.dsfast.cpu_adam_table_fill_.default
 _adam_table = torch.ops.dsfast.cpu_adam_table_.default
 _sgd_fill = torch.ops.dsfast.cpu_sgd_table_fill_.default
 _sgd_table = torch.ops.dsfast.cpu_sgd_table_.default
-ADAM_TABLE_COLUMNS = 9   # param, grad, exp_avg, exp_avg_sq, out16, step addresses; numel; grad, out dtype codes
-SGD_TABLE_COLUMNS = 7    # param, grad, momentum_buffer, out16 addresses; numel; grad, out dtype codes
+_release = torch.ops.dsfast.cpu_table_release_.default
+# Per row: param, grad, exp_avg, exp_avg_sq, out16, step addresses; numel; grad, out dtype codes; then a
+# reference to each of those six tensors (0 where there is none).
+ADAM_TABLE_COLUMNS, ADAM_HELD = 15, 9
+# param, grad, momentum_buffer, out16 addresses; numel; grad, out dtype codes; references to the four.
+SGD_TABLE_COLUMNS, SGD_HELD = 11, 7
 
 
 def abi():
@@ -72,13 +77,34 @@ def sgd_step(params, grads, momentum_buffers, outs, first_steps, lr, momentum, d
                                                   momentum_buffers=momentum_buffers, outs=outs)) from None
 
 
-# Work tables (csrc/bindings/cpu_optim.cpp): one int64 row per param holding its tensors' addresses,
-# filled after the list op's checks, so that a step passes one tensor instead of thousands. A table
-# is valid only while its tensors are alive and not re-pointed (p.data = ...): the caller keeps
-# them and checks (dsfast.optim._cpu_op.GroupCache.table).
+# Work tables (csrc/bindings/cpu_optim.cpp): one int64 row per param holding its tensors' addresses and
+# a reference to each of them, filled after the list op's checks, so that a step passes one tensor
+# instead of thousands. A table step first checks that every tensor still has its address and size
+# (p.data = ... moves it) and, if one moved, writes nothing and raises a ValueError tagged _STALE, which
+# the wrappers below turn into False: the caller then builds a new table (dsfast.optim._cpu_op.GroupCache).
+_STALE = "[dsfast:stale-table]"
+def _owning(table, held_from):
+    """The table's references are given back when it is freed (not at exit: the process is going)."""
+    weakref.finalize(table, _release, table[:, held_from:].clone()).atexit = False
+    return table
+
+
+def _table_ran(step_op, *args):
+    """True if the table step ran, False if it found a moved tensor (and wrote nothing)."""
+    try:
+        step_op(*args)
+    except ValueError as e:
+        if str(e).startswith(_STALE):
+            return False
+        raise
+    except RuntimeError as e:
+        raise retyped(e) from None
+    return True
+
+
 def adam_table(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label="params"):
     """(table, outs): the work table of these lists, checked as adam_step checks them, and the 16-bit
-    outputs it points at (None entries replaced by scratch tensors, which the caller must keep)."""
+    outputs it points at (None entries replaced by scratch tensors, which the table keeps alive)."""
     outs = _fill_missing_outs(params, outs)
     table = torch.empty((len(params), ADAM_TABLE_COLUMNS), dtype=torch.int64)
     try:
@@ -86,16 +112,15 @@ def adam_table(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label="params"
     except RuntimeError as e:
         raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads, exp_avgs=exp_avgs,
                                                   exp_avg_sqs=exp_avg_sqs, outs=outs, steps=steps)) from None
-    return table, outs
+    return _owning(table, ADAM_HELD), outs
 
 
 def adam_table_step(table, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale=1.0,
                     num_threads=0, isa="auto"):
-    """adam_step over the tensors of a work table (adam_table); increments each step."""
-    try:
-        _adam_table(table, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale, num_threads, isa)
-    except RuntimeError as e:
-        raise retyped(e) from None
+    """adam_step over the tensors of a work table (adam_table), incrementing each step; False (and
+    nothing written) if a tensor of the table has moved since it was filled."""
+    return _table_ran(_adam_table, table, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale,
+                      num_threads, isa)
 
 
 def sgd_table(params, grads, momentum_buffers, outs, label="params"):
@@ -107,16 +132,15 @@ def sgd_table(params, grads, momentum_buffers, outs, label="params"):
     except RuntimeError as e:
         raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads,
                                                   momentum_buffers=momentum_buffers, outs=outs)) from None
-    return table, outs
+    return _owning(table, SGD_HELD), outs
 
 
 def sgd_table_step(table, lr, momentum, dampening, weight_decay, nesterov, grad_scale=1.0, num_threads=0,
                    isa="auto"):
-    """sgd_step over a work table (sgd_table) whose momentum buffers are already seeded."""
-    try:
-        _sgd_table(table, lr, momentum, dampening, weight_decay, nesterov, grad_scale, num_threads, isa)
-    except RuntimeError as e:
-        raise retyped(e) from None
+    """sgd_step over a work table (sgd_table) whose momentum buffers are already seeded; False (and
+    nothing written) if a tensor of the table has moved."""
+    return _table_ran(_sgd_table, table, lr, momentum, dampening, weight_decay, nesterov, grad_scale, num_threads,
+                      isa)
 
 
 def _check_table(table, columns, op, rows=None):
@@ -164,3 +188,9 @@ def _sgd_fill_fake(table, params, grads, momentum_buffers, outs, label="params")
 def _sgd_table_fake(table, lr, momentum, dampening, weight_decay, nesterov, grad_scale=1.0, num_threads=0,
                     isa="auto"):
     _check_table(table, SGD_TABLE_COLUMNS, "cpu_sgd_table_")
+
+
+@torch.library.register_fake("dsfast::cpu_table_release_")
+def _release_fake(held):
+    if held.device.type != "cpu" or held.dtype != torch.int64:
+        raise ValueError("cpu_table_release_: expects a contiguous int64 cpu tensor of held references")
