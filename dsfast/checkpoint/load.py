@@ -34,9 +34,10 @@ class CheckpointReader:
             tensors = self.file(manifest.ENGINE_TENSORS).tensors()
         return state, tensors
 
-    def module_state(self):
+    def module_state(self, copy=True):
+        """The module weights; copy=False: views of the file's buffer (to copy into the module while it is open)."""
         f = self.file(self.manifest["module_file"])
-        return {k: v.clone() for k, v in f.tensors().items()}
+        return {k: v.clone() for k, v in f.tensors().items()} if copy else f.tensors()
 
     def close(self):
         self._open.clear()
@@ -80,7 +81,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
 def _load(engine, reader, strict, load_optimizer_states, load_lr_scheduler_states, module_only):
     # every file this rank needs is read and checked before anything is modified: never a partial load
     state, tensors = reader.engine_state()
-    module_sd = reader.module_state()
+    module_sd = reader.module_state(copy=False)      # load_state_dict copies it into the module
     layout = checkpoint_layout(engine)
     if not module_only:
         for name in _files_needed(layout, reader.manifest["params"]):
