@@ -24,8 +24,6 @@ from .zero import SUPPORTED_ZERO_STAGES, ZeroConfig
 NOT_YET_HONOURED = {
     "prescale_gradients": "dsfast averages gradients in one step; only rounding could differ",
     "gradient_predivide_factor": "dsfast averages gradients in one step; only rounding could differ",
-    "zero_optimization.prefetch_bucket_size": "stage 3 prefetches the next module's parameters, not a byte budget",
-    "zero_optimization.max_live_parameters": "stage 3 keeps only the running module's parameters whole",
     "zero_optimization.max_reuse_distance": "stage 3 releases a module's parameters after its forward",
     "zero_optimization.model_persistence_threshold": "only param_persistence_threshold keeps parameters whole",
     "zero_optimization.allgather_bucket_size": "parameters are all-gathered per reduction bucket "

@@ -15,7 +15,7 @@ does the same with its ZeROOrderedDict). dsfast.zero.register_external_parameter
 import torch
 
 from .partitioned_param import gather, record_of
-from .prefetch import Prefetcher
+from .prefetch import DEFAULT_BUCKET, DEFAULT_MAX_LIVE, Prefetcher
 
 _ACTIVE = []         # modules whose forward is running, innermost last
 CONSTRUCTION = []    # zero.Init's window while a module's __init__ runs under it (init.py), else empty
@@ -92,10 +92,11 @@ def _tensors(obj):
 class ParamCoordinator:
     """Installs the hooks on every module of `model`; detach() removes them."""
 
-    def __init__(self, model, prefetch=False):
-        """prefetch: launch the next module's all-gather while a module runs (gloo path; prefetch.py)."""
+    def __init__(self, model, prefetch=False, prefetch_bucket=DEFAULT_BUCKET, max_live=DEFAULT_MAX_LIVE):
+        """prefetch: launch the coming modules' all-gathers while a module runs (gloo path), within DeepSpeed's
+        stage3_prefetch_bucket_size and stage3_max_live_parameters (elements; prefetch.py)."""
         self.model = model
-        self.prefetcher = Prefetcher(_records, prefetch)
+        self.prefetcher = Prefetcher(_records, prefetch, prefetch_bucket, max_live)
         self.handles = []
         for m in model.modules():
             if not isinstance(m._parameters, ZeroParamDict):

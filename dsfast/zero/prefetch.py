@@ -2,11 +2,14 @@
 
 The coordinator (param_hooks.py) tells a Prefetcher which module gathers at each step of a forward. The order of
 the last forward is kept as a trace; during the next forward, when the module at position k of the trace starts,
-the all-gather of the module at k + 1 is launched (async, one collective for its parameters) and that module then
-only waits for it. A forward that leaves the trace (the first one, an eval forward down other branches) stops
-prefetching for the rest of that forward; every rank runs the same modules in the same order, so every rank
-launches the same collectives. Whatever was prefetched but not used is waited for and freed when the forward ends.
-Same-host ranks gathering out of shared memory (shared_params.py) have nothing to hide and do not prefetch.
+the all-gathers of the modules after it are launched (async, one collective a module) and those modules then only
+wait for theirs. How far ahead is DeepSpeed's budget: modules are launched in trace order while fewer than
+stage3_prefetch_bucket_size elements are in flight (so at least the next one; 0 turns prefetching off), and a launch
+that would take the elements in flight plus the running module's past stage3_max_live_parameters waits. A forward
+that leaves the trace (the first one, an eval forward down other branches) stops prefetching for the rest of that
+forward; every rank runs the same modules in the same order, so every rank launches the same collectives.
+Whatever was prefetched but not used is waited for and freed when the forward ends. Same-host ranks gathering out
+of shared memory (shared_params.py) have nothing to hide and do not prefetch.
 """
 from .partitioned_param import _launch_coalesced, _unpack
 
@@ -36,17 +39,24 @@ class Flight:
             r.ready = True
 
 
+# DeepSpeed's defaults for stage3_prefetch_bucket_size and stage3_max_live_parameters (elements)
+DEFAULT_BUCKET, DEFAULT_MAX_LIVE = 50_000_000, 1_000_000_000
+
+
 class Prefetcher:
-    def __init__(self, records_of, enabled):
+    def __init__(self, records_of, enabled, bucket=DEFAULT_BUCKET, max_live=DEFAULT_MAX_LIVE):
         self.records_of = records_of   # module -> its records (param_hooks._records)
-        self.enabled = enabled
+        self.enabled = enabled and bucket > 0
+        self.bucket, self.max_live = bucket, max_live
         self.trace, self.seen = [], []
         self.flights = []
+        self.ahead = 0                 # the next trace position not yet considered for a launch
         self.active = self.on = False
 
     def begin_forward(self):
         self.active = True
         self.seen = []
+        self.ahead = 0
         self.on = self.enabled and bool(self.trace)
 
     def visit(self, module):
@@ -60,11 +70,20 @@ class Prefetcher:
         if k >= len(self.trace) or self.trace[k] is not module:
             self.on = False
             return
-        if k + 1 < len(self.trace):
-            todo = [r for r in self.records_of(self.trace[k + 1])
+        running = sum(r.numel for r in self.records_of(module))
+        self.flights = [f for f in self.flights if f.handle is not None]   # the others were used (gather finished them)
+        in_flight = sum(r.numel for f in self.flights for r in f.recs)
+        self.ahead = max(self.ahead, k + 1)
+        while self.ahead < len(self.trace) and in_flight < self.bucket:
+            todo = [r for r in self.records_of(self.trace[self.ahead])
                     if not r.gathered and r.flight is None and not r.ready and r.shared is None and r.world > 1]
+            size = sum(r.numel for r in todo)
+            if todo and in_flight + size + running > self.max_live:
+                break          # considered again when the next module starts
             if todo:
                 self.flights.append(Flight(todo))
+                in_flight += size
+            self.ahead += 1
 
     def end_forward(self):
         if not self.active:

@@ -249,7 +249,9 @@ def build_stage3_owner(model, params, group_of, precision_name, world, rank, dev
         r.persistent = True
     gather(persistent)
     prefetch = world > 1 and store.shared is None   # gathers by collectives: hide them behind compute
-    return Stage3(store, policy, ParamCoordinator(model, prefetch=prefetch), group, reducer)
+    coordinator = ParamCoordinator(model, prefetch=prefetch, prefetch_bucket=int(zero_cfg.prefetch_bucket_size),
+                                   max_live=int(zero_cfg.max_live_parameters))
+    return Stage3(store, policy, coordinator, group, reducer)
 
 
 def _shm_allocator(records, device, world, group):

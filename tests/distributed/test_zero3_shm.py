@@ -24,6 +24,9 @@ RUNS = {
     "awkward": "awkward:fp32:0:0:2:0.05:6:awkward:config:-1:0",
     "reuse": "reuse:fp32:0:0:2:0:6:reuse:config:-1:0",              # a second gradient before the reduction
     "reuse_b100": "reuse_b100:fp32:0:0:1:0:6:reuse:config:-1:0:100",  # and after it
+    # stage3_prefetch_bucket_size: every coming module in flight at once / prefetching off (the gloo path prefetches)
+    "fancy_prefetch_all": "fancy_prefetch_all:fp32:0:0:2:0.05:6:fancy:config:-1:0:0:1000000000",
+    "awkward_no_prefetch": "awkward_no_prefetch:fp32:0:0:1:0:6:awkward:config:-1:0:0:0",
 }
 BF16 = {"bf16_b600": "bf16_b600:bf16:0:0:1:0:4:fancy:config:-1:0:600"}
 RUNS3 = {k: RUNS[k] for k in ("plain_b600", "awkward_b300")}

@@ -101,7 +101,8 @@ def parse(run):
     f = run.split(":")
     return dict(name=f[0], precision=f[1], offload=f[2] == "1", offload_param=f[3] == "1", gas=int(f[4]),
                 clip=float(f[5]), steps=int(f[6]), model=f[7], optimizer=f[8], inject_rank=int(f[9]),
-                threshold=int(f[10]), stage=3, bucket=int(f[11]) if len(f) > 11 else 0)
+                threshold=int(f[10]), stage=3, bucket=int(f[11]) if len(f) > 11 else 0,
+                prefetch=int(f[12]) if len(f) > 12 else None)
 
 
 def build(spec):
@@ -122,6 +123,8 @@ def config(spec, world):
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     if spec.get("bucket"):
         zero["reduce_bucket_size"] = spec["bucket"]
+    if spec.get("prefetch") is not None:
+        zero["stage3_prefetch_bucket_size"] = spec["prefetch"]
     if spec["offload"]:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": spec["gas"],

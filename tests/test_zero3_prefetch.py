@@ -1,0 +1,98 @@
+"""Stage 3's prefetcher (dsfast/zero/prefetch.py) without processes: how far ahead of the running module it launches
+all-gathers under DeepSpeed's stage3_prefetch_bucket_size and stage3_max_live_parameters, and what it frees."""
+import pytest
+import torch
+
+from dsfast.zero import prefetch
+
+
+class Rec:
+    def __init__(self, name, numel):
+        self.name, self.numel = name, numel
+        self.gathered = self.ready = False
+        self.flight = self.shared = None
+        self.world = 2
+        self.full = torch.zeros(numel)
+
+
+class FakeFlight:
+    """Launches nothing: notes what would be gathered, in order."""
+    launched = []
+
+    def __init__(self, recs):
+        self.recs, self.handle = recs, object()
+        FakeFlight.launched.append([r.name for r in recs])
+        for r in recs:
+            r.flight = self
+
+    def finish(self):
+        if self.handle is None:
+            return
+        self.handle = None
+        for r in self.recs:
+            r.flight, r.ready = None, True
+
+
+@pytest.fixture
+def modules(monkeypatch):
+    monkeypatch.setattr(prefetch, "Flight", FakeFlight)
+    FakeFlight.launched = []
+    return {m: [Rec(m, n)] for m, n in (("a", 10), ("b", 10), ("c", 10), ("d", 10))}
+
+
+def forward(pf, modules, order, launched_at):
+    """One forward: each module gathers (using its flight if there is one), tells the prefetcher, is released."""
+    pf.begin_forward()
+    for m in order:
+        before = len(FakeFlight.launched)
+        for r in modules[m]:
+            if r.flight is not None:
+                r.flight.finish()
+            r.ready, r.gathered = False, True
+        pf.visit(m)
+        launched_at[m] = FakeFlight.launched[before:]
+        for r in modules[m]:
+            r.gathered = False
+    pf.end_forward()
+
+
+def run(modules, **kw):
+    pf = prefetch.Prefetcher(lambda m: modules[m], True, **kw)
+    first, second = {}, {}
+    forward(pf, modules, "abcd", first)      # no trace yet: nothing prefetched
+    forward(pf, modules, "abcd", second)
+    assert all(v == [] for v in first.values())
+    return second
+
+
+def test_a_small_bucket_keeps_one_module_ahead(modules):
+    assert run(modules, bucket=1) == {"a": [["b"]], "b": [["c"]], "c": [["d"]], "d": []}
+
+
+def test_a_large_bucket_launches_every_coming_module_at_once(modules):
+    assert run(modules, bucket=10 ** 9) == {"a": [["b"], ["c"], ["d"]], "b": [], "c": [], "d": []}
+
+
+def test_the_bucket_counts_elements_in_flight(modules):
+    # 15 elements: b (10) is launched, then 10 < 15 so c too; 20 >= 15 stops; at b, c is still in flight (10)
+    assert run(modules, bucket=15) == {"a": [["b"], ["c"]], "b": [["d"]], "c": [], "d": []}
+
+
+def test_prefetch_bucket_zero_turns_prefetching_off(modules):
+    assert run(modules, bucket=0) == {"a": [], "b": [], "c": [], "d": []}
+
+
+def test_max_live_parameters_holds_launches_back(modules):
+    # running 10 + in flight: b (20 <= 25) yes, c (30 > 25) waits until b runs
+    assert run(modules, bucket=10 ** 9, max_live=25) == {"a": [["b"]], "b": [["c"]], "c": [["d"]], "d": []}
+
+
+def test_a_forward_that_leaves_the_trace_stops_and_frees_what_it_prefetched(modules):
+    pf = prefetch.Prefetcher(lambda m: modules[m], True, bucket=10 ** 9)
+    forward(pf, modules, "abcd", {})
+    seen = {}
+    forward(pf, modules, "ac", seen)                   # diverges at c: b, c, d were in flight
+    assert seen == {"a": [["b"], ["c"], ["d"]], "c": []}
+    for m in "bd":                                      # never used: waited for, not kept whole
+        r = modules[m][0]
+        assert r.flight is None and not r.ready and r.full.untyped_storage().nbytes() == 0
