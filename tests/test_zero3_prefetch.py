@@ -42,7 +42,7 @@ def modules(monkeypatch):
 
 def forward(pf, modules, order, launched_at):
     """One forward: each module gathers (using its flight if there is one), tells the prefetcher, is released."""
-    pf.begin_forward()
+    pf.begin_pass()
     for m in order:
         before = len(FakeFlight.launched)
         for r in modules[m]:
@@ -53,7 +53,7 @@ def forward(pf, modules, order, launched_at):
         launched_at[m] = FakeFlight.launched[before:]
         for r in modules[m]:
             r.gathered = False
-    pf.end_forward()
+    pf.end_pass()
 
 
 def run(modules, **kw):

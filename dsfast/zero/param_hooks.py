@@ -97,6 +97,7 @@ class ParamCoordinator:
         stage3_prefetch_bucket_size and stage3_max_live_parameters (elements; prefetch.py)."""
         self.model = model
         self.prefetcher = Prefetcher(_records, prefetch, prefetch_bucket, max_live)
+        self.backward_prefetcher = Prefetcher(_records, prefetch, prefetch_bucket, max_live)
         self.handles = []
         for m in model.modules():
             if not isinstance(m._parameters, ZeroParamDict):
@@ -108,7 +109,7 @@ class ParamCoordinator:
 
     def _pre_forward(self, module, args):
         if module is self.model and not _ACTIVE:
-            self.prefetcher.begin_forward()
+            self.prefetcher.begin_pass()
         recs = _records(module)
         for r in recs:
             r.refs += 1
@@ -129,14 +130,26 @@ class ParamCoordinator:
             r.refs -= 1
             r.release(resize=True)
         if module is self.model and not _ACTIVE:
-            self.prefetcher.end_forward()
+            self.prefetcher.end_pass()
 
-    @staticmethod
-    def _pre_backward(module):
+    def _pre_backward(self, module):
         recs = _records(module)
         for r in recs:
             r.backward_hold = True
         gather(recs)
+        if recs:
+            self.backward_prefetcher.visit(module)
+
+    def begin_backward(self):
+        self.backward_prefetcher.begin_pass()
+
+    def end_backward(self):
+        """Waits for what the backward prefetched and never used, and frees it."""
+        self.backward_prefetcher.end_pass()
+
+    def prefetch_launches(self):
+        """(forward, backward) all-gathers launched ahead of use so far."""
+        return self.prefetcher.launches, self.backward_prefetcher.launches
 
     def detach(self):
         for h in self.handles:

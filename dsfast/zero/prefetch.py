@@ -1,7 +1,8 @@
-"""ZeRO stage 3 over gloo collectives: gather the next module's parameters while the current module computes.
+"""ZeRO stage 3 over gloo collectives: gather the coming modules' parameters while the current module computes.
 
-The coordinator (param_hooks.py) tells a Prefetcher which module gathers at each step of a forward. The order of
-the last forward is kept as a trace; during the next forward, when the module at position k of the trace starts,
+The coordinator (param_hooks.py) has two Prefetchers, one for forwards and one for backwards, and tells each which
+module gathers at each step of its pass (a backward's order is its modules' pre-backward hooks, as they fire).
+The order of the last pass is kept as a trace; during the next pass, when the module at position k of the trace starts,
 the all-gathers of the modules after it are launched (async, one collective a module) and those modules then only
 wait for theirs. How far ahead is DeepSpeed's budget: modules are launched in trace order while fewer than
 stage3_prefetch_bucket_size elements are in flight (so at least the next one; 0 turns prefetching off), and a launch
@@ -51,9 +52,10 @@ class Prefetcher:
         self.trace, self.seen = [], []
         self.flights = []
         self.ahead = 0                 # the next trace position not yet considered for a launch
+        self.launches = 0              # all-gathers launched ahead of use, ever (for tests and reports)
         self.active = self.on = False
 
-    def begin_forward(self):
+    def begin_pass(self):
         self.active = True
         self.seen = []
         self.ahead = 0
@@ -82,10 +84,11 @@ class Prefetcher:
                 break          # considered again when the next module starts
             if todo:
                 self.flights.append(Flight(todo))
+                self.launches += 1
                 in_flight += size
             self.ahead += 1
 
-    def end_forward(self):
+    def end_pass(self):
         if not self.active:
             return
         self.active = self.on = False

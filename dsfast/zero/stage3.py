@@ -117,6 +117,7 @@ class Stage3(_ShardedBase):
 
     def begin_backward(self, reduce):
         self._in_backward = True
+        self.coordinator.begin_backward()
         if self.reducer is not None:
             self.reducer.begin()
 
@@ -139,6 +140,7 @@ class Stage3(_ShardedBase):
     @torch.no_grad()
     def end_backward(self):
         self._in_backward = False
+        self.coordinator.end_backward()
         if self.reducer is not None:
             self.reducer.end()
         for r in self.store.all_records:   # frozen parameters, ones whose gradient never came

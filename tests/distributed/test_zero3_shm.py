@@ -76,6 +76,16 @@ def test_three_ranks_uneven_padding_through_shared_memory(three, key):
     assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
 
 
+def test_the_gloo_path_prefetches_in_forward_and_backward_within_the_bucket(shm, gloo):
+    for key in RUNS:
+        assert all(r["prefetched"] == (0, 0) for r in shm[key]), key     # shared memory: nothing to hide
+    forward, backward = gloo["fancy_prefetch_all"][0]["prefetched"]
+    assert forward > 0 and backward > 0
+    assert gloo["awkward_no_prefetch"][0]["prefetched"] == (0, 0)       # stage3_prefetch_bucket_size 0
+    steps = int(RUNS["plain_b600"].split(":")[6]) * int(RUNS["plain_b600"].split(":")[4])
+    assert gloo["plain_b600"][0]["prefetched"][1] >= steps - 1         # every backward but the first
+
+
 def test_both_paths_reduce_the_same_buckets_fewer_than_parameters(shm, gloo):
     for key in RUNS:
         n_params = len(shm[key][0]["shapes"])

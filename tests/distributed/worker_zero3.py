@@ -32,6 +32,7 @@ def run(text):
               # which stage-3 path ran: the gradient reduction's class, whether gathers read /dev/shm
               "path": (type(engine._owner.reducer).__name__, engine._owner.store.shared is not None),
               "collectives": engine._owner.collectives_launched,
+              "prefetched": engine._owner.coordinator.prefetch_launches(),
               "shapes": {n: tuple(p.shape) for n, p in engine.module.named_parameters()}}
     gathered = [None] * world
     torch.distributed.all_gather_object(gathered, record)
