@@ -16,6 +16,7 @@ Model: GPT of 4 blocks, d_model 256, seq 128, vocab 8192 (tied), 5.3M parameters
   deepspeed  deepspeed.initialize (stage 0, AdamW; DeepSpeed's fused Adam is CUDA-only, so torch_adam fused=True)
   deepspeed-z1, deepspeed-z2, deepspeed-z2-offload   DeepSpeed at the same stages (offload: DeepSpeedCPUAdam)
   fsdp2      torch FSDP2 (fully_shard on every block and the root, gloo), AdamW fused, clip_grad_norm_
+  dsfast-z3-gloo  stage 3 through gloo collectives (as across hosts: all-gathers prefetched), not /dev/shm
   dsfast-z3, dsfast-z3-offload, deepspeed-z3, deepspeed-z3-offload   ZeRO stage 3 (offload: offload_param and
              offload_optimizer to the CPU)
   floor      forward + backward of the same model alone, no gradient sync, no optimizer (the compute ceiling)
@@ -168,9 +169,9 @@ def worker(args):
             if rank == 0:
                 print(f"fsdp2: cannot run here ({type(err).__name__}: {str(err)[:200]})")
     for name, stage, offload in (("dsfast-z1", 1, False), ("dsfast-z2", 2, False), ("dsfast-z2-offload", 2, True),
-                                 ("dsfast-z3", 3, False), ("dsfast-z3-offload", 3, True)):
+                                 ("dsfast-z3", 3, False), ("dsfast-z3-offload", 3, True), ("dsfast-z3-gloo", 3, False)):
         if name in wanted:
-            impls[name], engines[name] = dsfast_impl(stage=stage, offload=offload)
+            impls[name], engines[name] = dsfast_impl(stage=stage, offload=offload, shm=not name.endswith("-gloo"))
     deepspeed = None
     if any(w.startswith("deepspeed") for w in wanted):
         try:
