@@ -23,6 +23,8 @@ _LAZY = {
     "comm": "dsfast.comm",
     "moe": "dsfast.moe",
     "checkpoint": "dsfast.checkpoint",
+    "checkpointing": "dsfast.checkpointing",
+    "runtime": "dsfast.runtime",
 }
 
 

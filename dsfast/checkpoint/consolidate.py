@@ -14,8 +14,9 @@ from .errors import CheckpointError
 from .load import CheckpointReader, resolve
 
 
-def consolidate(ckpt_dir, tag=None):
-    """Full fp32 state_dict of the checkpoint under ckpt_dir (`latest` when tag is None) or of a tag folder."""
+def consolidate(ckpt_dir, tag=None, exclude_frozen=False):
+    """Full fp32 state_dict of the checkpoint under ckpt_dir (`latest` when tag is None) or of a tag folder;
+    exclude_frozen: without the parameters the engine did not train (buffers stay)."""
     ckpt_dir = os.fspath(ckpt_dir)
     if os.path.isfile(os.path.join(ckpt_dir, "manifest.json")) and tag is None:
         path = ckpt_dir
@@ -26,6 +27,9 @@ def consolidate(ckpt_dir, tag=None):
     if not os.path.isfile(os.path.join(path, "manifest.json")):
         from .deepspeed_import import consolidate_deepspeed, is_deepspeed_checkpoint
         if is_deepspeed_checkpoint(path):
+            if exclude_frozen:
+                raise CheckpointError(f"{path}: leaving frozen parameters out is supported for dsfast checkpoints; "
+                                      "convert this DeepSpeed one first (dsfast convert-deepspeed SRC DST)")
             return consolidate_deepspeed(path)
     reader = CheckpointReader(path)
     module = reader.module_state()
@@ -50,8 +54,9 @@ def consolidate(ckpt_dir, tag=None):
             out[key] = full[key]
         elif tied.get(key) in full:           # a second name of a tied weight shares the first one's master
             out[key] = full[tied[key]]
-        elif key in params and value.is_floating_point():
-            out[key] = value.float()          # a frozen parameter: its model-dtype weights, as fp32
+        elif key in params:
+            if not exclude_frozen:            # a frozen parameter: its model-dtype weights, as fp32
+                out[key] = value.float() if value.is_floating_point() else value
         else:
             out[key] = value                  # buffers as saved
     return out

@@ -40,5 +40,8 @@ def safe_get_local_optimizer_state(param, optim_state_key):
     return _ask(param, "local_optimizer_state", optim_state_key)
 
 
+from .log import log_dist, logger  # noqa: E402  (deepspeed.utils.logger / log_dist)
+
 __all__ = ["safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state",
-           "safe_get_local_fp32_param", "safe_get_local_grad", "safe_get_local_optimizer_state"]
+           "safe_get_local_fp32_param", "safe_get_local_grad", "safe_get_local_optimizer_state", "logger",
+           "log_dist"]

@@ -1,0 +1,1 @@
+"""deepspeed.runtime paths that programs import directly (lr_schedules, utils); the engine itself is dsfast.engine."""

@@ -1,0 +1,127 @@
+"""The deepspeed.* import paths programs use beside initialize(): deepspeed.ops.adam, deepspeed.utils.logger /
+log_dist, deepspeed.runtime.lr_schedules, deepspeed.runtime.utils.see_memory_usage, deepspeed.checkpointing and
+deepspeed.utils.zero_to_fp32, each checked for what it does, not only that it imports."""
+import os
+import socket
+
+import pytest
+import torch
+
+import dsfast
+
+
+def test_ops_adam_is_dsfast_s_optimizers():
+    from dsfast.ops.adam import DeepSpeedCPUAdam, FusedAdam
+    from dsfast.optim import CPUAdam
+    from dsfast.optim import FusedAdam as OurFused
+    assert DeepSpeedCPUAdam is CPUAdam and FusedAdam is OurFused
+    p = torch.nn.Parameter(torch.randn(33))
+    q = torch.nn.Parameter(p.detach().clone())
+    ours, ref = DeepSpeedCPUAdam([p], lr=1e-2, adamw_mode=True, weight_decay=0.1), \
+        torch.optim.AdamW([q], lr=1e-2, weight_decay=0.1)
+    for _ in range(3):
+        g = torch.randn(33)
+        p.grad, q.grad = g.clone(), g.clone()
+        ours.step()
+        ref.step()
+    torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_runtime_lr_schedules_are_dsfast_s(monkeypatch):
+    from dsfast.runtime.lr_schedules import LRRangeTest, OneCycle, WarmupCosineLR, WarmupDecayLR, WarmupLR
+    from dsfast import schedulers
+    assert (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest) == (
+        schedulers.WarmupLR, schedulers.WarmupDecayLR, schedulers.WarmupCosineLR, schedulers.OneCycle,
+        schedulers.LRRangeTest)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = WarmupLR(opt, warmup_min_lr=0.0, warmup_max_lr=0.1, warmup_num_steps=10, warmup_type="linear")
+    for _ in range(5):
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05, rel=0.2)
+
+
+def test_logger_and_log_dist_print_like_deepspeed(capsys):
+    from dsfast.utils import log_dist, logger
+    logger.info("hello from the program")
+    log_dist("on rank 0 only", ranks=[0])
+    log_dist("on rank 3 only", ranks=[3])
+    log_dist("on every rank", ranks=[-1])
+    out = capsys.readouterr().out
+    assert "[INFO]" in out and "hello from the program" in out and "test_deepspeed_paths.py" in out
+    assert "[Rank 0] on rank 0 only" in out and "on rank 3 only" not in out and "[Rank 0] on every rank" in out
+
+
+def test_see_memory_usage_prints_only_when_forced(capsys):
+    from dsfast.runtime.utils import see_memory_usage
+    assert see_memory_usage("after init") is None
+    line = see_memory_usage("after init", force=True)
+    assert line.startswith("after init") and "host RSS" in line and line in capsys.readouterr().out
+
+
+def test_checkpointing_recomputes_with_the_same_gradients():
+    from dsfast import checkpointing
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.3), torch.nn.GELU(), torch.nn.Linear(16, 8))
+    x = torch.randn(4, 8, requires_grad=True)
+    checkpointing.configure(None)
+    assert checkpointing.is_configured()
+    state = torch.get_rng_state()
+    checkpointing.checkpoint(block, x).square().sum().backward()
+    got = [p.grad.clone() for p in block.parameters()] + [x.grad.clone()]
+    block.zero_grad()
+    x.grad = None
+    torch.set_rng_state(state)
+    block(x).square().sum().backward()
+    want = [p.grad for p in block.parameters()] + [x.grad]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_checkpointing_memory_options_warn_naming_them():
+    from dsfast import checkpointing
+    with pytest.warns(UserWarning, match="partition_activations=True is not acted on"):
+        checkpointing.configure(None, partition_activations=True)
+    with pytest.warns(UserWarning, match="checkpoint_in_cpu=True is not acted on"):
+        checkpointing.configure(None, deepspeed_config={"activation_checkpointing": {"cpu_checkpointing": True}})
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_zero_to_fp32_reads_a_zero_checkpoint(tmp_path, monkeypatch):
+    from dsfast.utils.zero_to_fp32 import (convert_zero_checkpoint_to_fp32_state_dict,
+                                           get_fp32_state_dict_from_zero_checkpoint,
+                                           load_state_dict_from_zero_checkpoint)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    model[2].bias.requires_grad_(False)                                     # a frozen parameter
+    engine, *_ = dsfast.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+                                   config={"train_batch_size": 2, "zero_optimization": {"stage": 2},
+                                           "optimizer": {"type": "Adam", "params": {"lr": 1e-2}}},
+                                   dist_init_required=False)
+    for _ in range(2):
+        engine.backward(engine(torch.randn(2, 6)).square().sum())
+        engine.step()
+    engine.save_checkpoint(str(tmp_path), "t1")
+    sd = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path))
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(sd[name], p.detach().float())
+    assert "2.bias" not in get_fp32_state_dict_from_zero_checkpoint(str(tmp_path), exclude_frozen_parameters=True)
+    out = tmp_path / "pytorch_model.bin"
+    convert_zero_checkpoint_to_fp32_state_dict(str(tmp_path), str(out), tag="t1")
+    fresh = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    fresh.load_state_dict(torch.load(out))
+    again = load_state_dict_from_zero_checkpoint(torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(),
+                                                                     torch.nn.Linear(5, 3)), str(tmp_path))
+    for a, b, c in zip(model.parameters(), fresh.parameters(), again.parameters()):
+        assert torch.equal(a.detach(), b.detach()) and torch.equal(a.detach(), c.detach())
+
+
+def test_the_paths_resolve_as_deepspeed_attributes_too():
+    import importlib
+    assert dsfast.checkpointing.checkpoint is not None and dsfast.runtime is not None
+    for name in ("ops.adam", "runtime.lr_schedules", "runtime.utils", "utils.zero_to_fp32"):
+        assert os.path.isfile(importlib.import_module(f"dsfast.{name}").__file__)
