@@ -125,3 +125,44 @@ def test_the_paths_resolve_as_deepspeed_attributes_too():
     assert dsfast.checkpointing.checkpoint is not None and dsfast.runtime is not None
     for name in ("ops.adam", "runtime.lr_schedules", "runtime.utils", "utils.zero_to_fp32"):
         assert os.path.isfile(importlib.import_module(f"dsfast.{name}").__file__)
+
+
+def _engine(stage=0, **extra):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3, "steps_per_print": 7,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.8, 0.9]}},
+           "zero_optimization": {"stage": stage}, **extra}
+    engine, *_ = dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg,
+                                   dist_init_required=False)
+    return engine
+
+
+def test_the_engine_answers_deepspeed_s_secondary_queries(tmp_path):
+    e = _engine(2, zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}})
+    assert e.get_batch_info() == (6, 2, 3) and e.steps_per_print() == 7 and e.wall_clock_breakdown() is False
+    assert e.zero_optimization() and e.zero_offload_optimizer() and not e.zero_offload_param()
+    assert e.dynamic_loss_scale() is False and e.mp_world_size == 1
+    assert [tuple(b) for b in e.get_mom()] == [(0.8, 0.9)]
+    e.save_fp16_model(str(tmp_path), "weights.bin")
+    saved = torch.load(tmp_path / "weights.bin")
+    assert set(saved) == set(e.module.state_dict())
+    loader = e.deepspeed_io(torch.utils.data.TensorDataset(torch.randn(10, 6)))
+    assert loader.batch_size == 2 and len(loader) == 5
+    with pytest.raises(ValueError, match="data_sampler"):
+        e.deepspeed_io(torch.utils.data.TensorDataset(torch.randn(10, 6)), data_sampler=object())
+    e.empty_partition_cache()            # a no-op below stage 3
+
+
+def test_empty_partition_cache_gives_back_what_generation_left_gathered():
+    e = _engine(3, zero_optimization={"stage": 3, "param_persistence_threshold": 0})
+    records = e._owner.store.all_records
+    with dsfast.zero.GatheredParameters(list(e.module.parameters())):
+        pass
+    for r in records:                    # as a generate() loop can leave them: gathered outside any forward
+        r.gathered or r._launch() or r._publish()
+    assert all(r.gathered for r in records)
+    e.empty_partition_cache()
+    assert not any(r.gathered for r in records)
+    loss = e(torch.randn(2, 6)).square().sum()    # and training goes on
+    e.backward(loss)

@@ -13,6 +13,7 @@ import os
 import torch
 
 from .autocast import autocast_plan
+from .deepspeed_api import DeepSpeedQueries
 from .progress import Progress
 from .state_owner import memory_breakdown
 
@@ -21,7 +22,7 @@ class NoOptimizerError(RuntimeError):
     """backward()/step() on an engine built without anything to optimize."""
 
 
-class Engine(torch.nn.Module):
+class Engine(DeepSpeedQueries, torch.nn.Module):
     """What `dsfast.initialize` returns. DeepSpeed's names: engine(batch), backward, step, ..."""
 
     def __init__(self, module, config, device, owner, optimizer, lr_scheduler, loss_scaler,
