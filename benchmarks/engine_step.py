@@ -92,30 +92,27 @@ def worker(args):
 
     impls = {}
     wanted = args.impls.split(",")
+
+    def torch_step(model, opt):
+        """One step of a plain torch loop: forward, backward, clip, step, zero_grad."""
+        def step(i):
+            loss = model(*batch(i))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
     if "ddp" in wanted:
         ddp_model = torch.nn.parallel.DistributedDataParallel(fresh())
         ddp_opt = torch.optim.AdamW(ddp_model.parameters(), lr=lr, weight_decay=wd, fused=True)
-
-        def ddp_step(i):
-            loss = ddp_model(*batch(i))
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(ddp_model.parameters(), clip)
-            ddp_opt.step()
-            ddp_opt.zero_grad(set_to_none=True)
-        impls["ddp"] = (ddp_step, lambda: list(ddp_model.module.parameters()))
+        impls["ddp"] = (torch_step(ddp_model, ddp_opt), lambda: list(ddp_model.module.parameters()))
     if "zero1-torch" in wanted:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         z_model = torch.nn.parallel.DistributedDataParallel(fresh())
         z_opt = ZeroRedundancyOptimizer(z_model.parameters(), optimizer_class=torch.optim.AdamW, lr=lr,
                                         weight_decay=wd, fused=True)
-
-        def zero1_torch_step(i):
-            loss = z_model(*batch(i))
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(z_model.parameters(), clip)
-            z_opt.step()
-            z_opt.zero_grad(set_to_none=True)
-        impls["zero1-torch"] = (zero1_torch_step, lambda: list(z_model.module.parameters()))
+        impls["zero1-torch"] = (torch_step(z_model, z_opt), lambda: list(z_model.module.parameters()))
 
     def dsfast_impl(bucket=None, shm=True, stage=0, offload=False):
         os.environ["DSFAST_SHM_ALLREDUCE"] = "1" if shm else "0"
@@ -157,14 +154,7 @@ def worker(args):
                 fully_shard(block)
             fully_shard(f_model)
             f_opt = torch.optim.AdamW(f_model.parameters(), lr=lr, weight_decay=wd)
-
-            def fsdp2_step(i):
-                loss = f_model(*batch(i))
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(f_model.parameters(), clip)
-                f_opt.step()
-                f_opt.zero_grad(set_to_none=True)
-            impls["fsdp2"] = (fsdp2_step, lambda: [])
+            impls["fsdp2"] = (torch_step(f_model, f_opt), lambda: [])
         except Exception as err:   # FSDP2 on CPU/gloo is not supported by every torch build: say so, go on
             if rank == 0:
                 print(f"fsdp2: cannot run here ({type(err).__name__}: {str(err)[:200]})")

@@ -5,18 +5,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dsfast.optim as O
-from dsfast.ops import load, loaded_from
 from dsfast.optim import _cpu_op
+from _cpu_optim_helpers import adam_lists, native  # noqa: F401  (native: a fixture)
 
 SHAPES = [(37,), (5, 7), (1,), (300,)]
-
-
-@pytest.fixture(scope="module")
-def native():
-    op = load("cpu_optim")
-    if loaded_from("cpu_optim") == "reference":
-        pytest.skip("the native cpu_optim op is not built here (reference fallback)")
-    return op
 
 
 @pytest.fixture
@@ -128,6 +120,16 @@ def test_op_level_tables_match_lists_with_mixed_grad_dtypes(native, momentum):
             assert (x is None and y is None) or torch.equal(x, y)
 
 
+def _cached_opt(cls, **kw):
+    ps = make_params()
+    opt = cls(ps, lr=0.01, **kw)
+    for k in range(2):
+        for p, g in zip(ps, grads_for(k, True)):
+            p.grad = g
+        opt.step()
+    return ps, opt
+
+
 @pytest.mark.parametrize("cls,kw", [(O.CPUAdam, {}), (O.CPUSGD, dict(momentum=0.9))])
 def test_repointed_tensors_are_picked_up(native, table_calls, monkeypatch, cls, kw):
     """p.data = new (as ZeRO does) and a state tensor's .data re-pointed between steps: the table is
@@ -137,12 +139,7 @@ def test_repointed_tensors_are_picked_up(native, table_calls, monkeypatch, cls, 
         with monkeypatch.context() as m:
             if not tables:
                 m.setattr(_cpu_op, "tables_usable", lambda: False)
-            ps = make_params()
-            opt = cls(ps, lr=0.01, **kw)
-            for k in range(2):
-                for p, g in zip(ps, grads_for(k, True)):
-                    p.grad = g
-                opt.step()
+            ps, opt = _cached_opt(cls, **kw)
             old_p, old_state = ps[1].data, opt.state[ps[3]]["exp_avg" if cls is O.CPUAdam else "momentum_buffer"]
             before_p, before_state = old_p.clone(), old_state.data.clone()
             ps[1].data = old_p.clone()
@@ -170,16 +167,6 @@ def test_param_narrowed_in_place_of_its_storage_is_refused(native, cls, kw):
                                          r"parameter has shape \[100\]"):
         opt.step()
     assert torch.equal(full[100:], tail)
-
-
-def _cached_opt(cls, **kw):
-    ps = make_params()
-    opt = cls(ps, lr=0.01, **kw)
-    for k in range(2):
-        for p, g in zip(ps, grads_for(k, True)):
-            p.grad = g
-        opt.step()
-    return ps, opt
 
 
 @pytest.mark.parametrize("cls,kw", [(O.CPUAdam, {}), (O.CPUSGD, dict(momentum=0.9))])
@@ -239,12 +226,7 @@ def test_tables_not_used_under_a_dispatch_mode_or_compile(native):
 
 def test_opcheck_table_ops(native):
     n = 3
-    ps = [torch.randn(5 + i) for i in range(n)]
-    gs = [torch.randn(5 + i, dtype=torch.bfloat16 if i == 1 else torch.float32) for i in range(n)]
-    ms = [torch.zeros(5 + i) for i in range(n)]
-    vs = [torch.zeros(5 + i) for i in range(n)]
-    outs = [torch.zeros(5 + i, dtype=torch.float16) for i in range(n)]
-    steps = [torch.tensor(float(i)) for i in range(n)]
+    ps, gs, ms, vs, outs, steps = adam_lists(n, bf16_grad=True, out_dtype=torch.float16, distinct_steps=True)
     torch.library.opcheck(torch.ops.dsfast.cpu_adam_table_fill_.default,
                           (torch.zeros(n, 15, dtype=torch.int64), ps, gs, ms, vs, outs, steps, "params"))
     table, _ = native.adam_table(ps, gs, ms, vs, outs, steps)
@@ -259,13 +241,6 @@ def test_opcheck_table_ops(native):
     torch.library.opcheck(torch.ops.dsfast.cpu_table_release_.default, (torch.zeros(n, 6, dtype=torch.int64),))
 
 
-def _adam_lists(n=3):
-    ps = [torch.randn(5 + i) for i in range(n)]
-    gs = [torch.randn(5 + i) for i in range(n)]
-    return ps, gs, [torch.zeros(5 + i) for i in range(n)], [torch.zeros(5 + i) for i in range(n)], [], \
-        [torch.tensor(0.0) for _ in range(n)]
-
-
 HP = (1e-2, 0.9, 0.999, 1e-8, 0.0, True, True)
 
 
@@ -273,7 +248,7 @@ HP = (1e-2, 0.9, 0.999, 1e-8, 0.0, True, True)
 def test_a_stale_table_step_writes_nothing(native, move):
     """The op itself checks every tensor of the table before writing: a moved one -> False, nothing
     updated (params, moments and step counters as they were), the old memory untouched."""
-    ps, gs, ms, vs, outs, steps = _adam_lists()
+    ps, gs, ms, vs, outs, steps = adam_lists()
     table, _ = native.adam_table(ps, gs, ms, vs, outs, steps)
     assert native.adam_table_step(table, *HP) is True
     moved = {"param .data": ps[1], "state resize_": vs[2], "step .data": steps[0], "grad set_": gs[0]}[move]
@@ -299,7 +274,7 @@ def test_a_stale_table_step_writes_nothing(native, move):
 def test_a_table_keeps_its_tensors_alive_until_it_is_freed(native):
     import gc
     import weakref
-    ps, gs, ms, vs, outs, steps = _adam_lists()
+    ps, gs, ms, vs, outs, steps = adam_lists()
     table, _ = native.adam_table(ps, gs, ms, vs, outs, steps)
     watched = weakref.ref(gs[1])
     expect = ps[1].clone()
@@ -319,7 +294,7 @@ def test_a_table_keeps_its_tensors_alive_until_it_is_freed(native):
 
 
 def test_a_row_without_its_references_is_stale(native):
-    ps, gs, ms, vs, outs, steps = _adam_lists()
+    ps, gs, ms, vs, outs, steps = adam_lists()
     table, _ = native.adam_table(ps, gs, ms, vs, outs, steps)
     forged = table.clone()
     forged[:, 9:] = 0                     # addresses without references: never written through

@@ -4,26 +4,14 @@ step through torch.compile."""
 import pytest
 import torch
 
-from dsfast.ops import jit, load, loaded_from
+from dsfast.ops import jit
 from dsfast.ops.registry import OPS
-
-
-@pytest.fixture(scope="module")
-def native():
-    op = load("cpu_optim")
-    if loaded_from("cpu_optim") == "reference":
-        pytest.skip("the native cpu_optim op is not built here (reference fallback)")
-    return op
+from _cpu_optim_helpers import adam_lists, native  # noqa: F401  (native: a fixture)
 
 
 def _adam_args(n=3, outs=True):
-    ps = [torch.randn(5 + i) for i in range(n)]
-    gs = [torch.randn(5 + i, dtype=torch.bfloat16 if i == 1 else torch.float32) for i in range(n)]
-    ms = [torch.zeros(5 + i) for i in range(n)]
-    vs = [torch.zeros(5 + i) for i in range(n)]
-    os_ = [torch.zeros(5 + i, dtype=torch.bfloat16) for i in range(n)] if outs else []
-    st = [torch.tensor(float(i)) for i in range(n)]
-    return (ps, gs, ms, vs, os_, st, 1e-2, 0.9, 0.999, 1e-8, 0.01, True, True, 0.5, 1, "auto", "params")
+    lists = adam_lists(n, bf16_grad=True, out_dtype=torch.bfloat16 if outs else None, distinct_steps=True)
+    return (*lists, 1e-2, 0.9, 0.999, 1e-8, 0.01, True, True, 0.5, 1, "auto", "params")
 
 
 def test_opcheck_cpu_adam_step(native):

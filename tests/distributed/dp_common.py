@@ -57,3 +57,10 @@ def torch_reference(steps, global_size, clip, lr=1e-2):
         opt.step()
         params.append([p.detach().clone() for p in model.parameters()])
     return params, norms
+
+
+def gather_records(record):
+    """Every rank's `record` (any picklable object), in rank order, on every rank."""
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, record)
+    return gathered

@@ -12,7 +12,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dsfast as deepspeed  # noqa: E402
-from dp_common import MICRO, RankDependentSpare, build_model, global_batch, ds_config  # noqa: E402
+from dp_common import MICRO, RankDependentSpare, build_model, gather_records, global_batch, ds_config  # noqa: E402
 
 
 def main():
@@ -67,9 +67,7 @@ def train(precision, gas, clip, steps, inject_rank, spare=False):
     except RuntimeError as err:
         record["double_backward"] = str(err)
     record["buckets"] = len(engine._precision.buffers.buckets)
-    gathered = [None] * world
-    torch.distributed.all_gather_object(gathered, record)
-    return gathered
+    return gather_records(record)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dsfast  # noqa: E402
-from dp_common import MICRO, build_model, ds_config, global_batch  # noqa: E402
+from dp_common import MICRO, build_model, ds_config, gather_records, global_batch  # noqa: E402
 from gan_common import GLOBAL, engine_gan  # noqa: E402
 
 
@@ -59,8 +59,7 @@ def main():
               "double_fp32_gas1": double_backward("fp32", 1), "double_fp32_gas2": double_backward("fp32", 2),
               "double_bf16_gas2": double_backward("bf16", 2), "plain": plain_backward_refused(),
               **{f"double_fp32_gas2_s{z}": double_backward("fp32", 2, stage=z) for z in (1, 2, 3)}}
-    gathered = [None] * world
-    torch.distributed.all_gather_object(gathered, record)
+    gathered = gather_records(record)
     if rank == 0:
         torch.save(gathered, sys.argv[1])
 

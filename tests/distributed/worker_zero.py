@@ -6,6 +6,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dsfast  # noqa: E402
+from dp_common import gather_records  # noqa: E402
 from zero_common import full_params, parse, train  # noqa: E402
 
 
@@ -18,9 +19,7 @@ def run(text):
               "numel": sum(p.numel() for p in engine.module.parameters() if p.requires_grad),
               "module_sd": {k: v.float().clone() for k, v in engine.module.state_dict().items()},
               "lrs": engine.get_lr()}
-    gathered = [None] * world
-    torch.distributed.all_gather_object(gathered, record)
-    return gathered
+    return gather_records(record)
 
 
 def main():

@@ -6,6 +6,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dsfast  # noqa: E402
+from dp_common import gather_records  # noqa: E402
 from zero3_common import parse, train  # noqa: E402
 from zero_common import full_params  # noqa: E402
 
@@ -34,9 +35,7 @@ def run(text):
               "collectives": engine._owner.collectives_launched,
               "prefetched": engine._owner.coordinator.prefetch_launches(),
               "shapes": {n: tuple(p.shape) for n, p in engine.module.named_parameters()}}
-    gathered = [None] * world
-    torch.distributed.all_gather_object(gathered, record)
-    return gathered
+    return gather_records(record)
 
 
 def main():

@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dsfast  # noqa: E402
-from dp_common import D_IN, MICRO, build_model, global_batch  # noqa: E402
+from dp_common import D_IN, MICRO, build_model, gather_records, global_batch  # noqa: E402
 from zero_common import full_params  # noqa: E402
 
 
@@ -45,8 +45,7 @@ def main():
     record = {"kept": kept, "after_discard": after_discard, "master": master, "out": out,
               "final": full_params(engine), "path": (type(engine._owner.reducer).__name__,
                                                     engine._owner.store.shared is not None)}
-    gathered = [None] * world
-    torch.distributed.all_gather_object(gathered, record)
+    gathered = gather_records(record)
     if rank == 0:
         torch.save(gathered, sys.argv[1])
     # no destroy_process_group() here: dsfast's exit hook meets every rank before it tears gloo down
