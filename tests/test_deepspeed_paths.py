@@ -166,3 +166,39 @@ def test_empty_partition_cache_gives_back_what_generation_left_gathered():
     assert not any(r.gathered for r in records)
     loss = e(torch.randn(2, 6)).square().sum()    # and training goes on
     e.backward(loss)
+
+
+def test_runtime_zero_estimates_print_dsfast_s_model_state_formulas(capsys):
+    from dsfast.runtime.zero.stage3 import (estimate_zero3_model_states_mem_needs_all_cold,
+                                            estimate_zero3_model_states_mem_needs_all_live)
+    from dsfast.runtime.zero.stage_1_and_2 import (estimate_zero2_model_states_mem_needs_all_cold,
+                                                   estimate_zero2_model_states_mem_needs_all_live)
+    from dsfast.zero import model_state_bytes
+    rows = estimate_zero2_model_states_mem_needs_all_cold(7e9, num_gpus_per_node=8, num_nodes=2,
+                                                          additional_buffer_factor=1.5)
+    assert [r["offload_optimizer"] for r in rows] == [False, True]
+    want = model_state_bytes(7 * 10 ** 9, 16, 2, True, True)
+    assert rows[1]["device"] == want["device"] and rows[1]["host"] == want["host"] * 8 * 1.5
+    assert "offload_optimizer=cpu" in capsys.readouterr().out
+    shared = torch.nn.Linear(10, 10)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 30), torch.nn.Linear(30, 10), shared, shared)
+    live = estimate_zero3_model_states_mem_needs_all_live(model, num_gpus_per_node=4)
+    cold = estimate_zero3_model_states_mem_needs_all_cold(330 + 310 + 110, 330, num_gpus_per_node=4)
+    assert live == cold and len(live) == 8     # the shared layer counted once; 4 offload choices x zero_init
+    three = {(r["offload_optimizer"], r["offload_param"], r["zero_init"]): r for r in live}
+    want = model_state_bytes(750, 4, 3, True, True, True)
+    assert three[True, True, True]["device"] == want["device"] + 2 * 330    # + the largest layer whole, 16-bit
+    assert three[True, True, False]["host"] == 4 * 750 * 4 * 1.5           # every rank builds the fp32 model
+    assert estimate_zero2_model_states_mem_needs_all_live(model) == estimate_zero2_model_states_mem_needs_all_cold(750)
+    with pytest.raises(ValueError, match="num_gpus_per_node"):
+        estimate_zero2_model_states_mem_needs_all_cold(1000, num_gpus_per_node=0)
+
+
+def test_runtime_zero_paths_are_the_stage3_api():
+    from dsfast.runtime.zero import GatheredParameters, Init, ZeroParamStatus
+    from dsfast.runtime.zero import partition_parameters as pp
+    assert (GatheredParameters, Init, ZeroParamStatus) == (dsfast.zero.GatheredParameters, dsfast.zero.Init,
+                                                          dsfast.zero.ZeroParamStatus)
+    assert (pp.GatheredParameters, pp.Init, pp.ZeroParamStatus, pp.register_external_parameter) == (
+        GatheredParameters, Init, ZeroParamStatus, dsfast.zero.register_external_parameter)
+    assert [s.name for s in ZeroParamStatus] == ["AVAILABLE", "NOT_AVAILABLE", "INFLIGHT"]

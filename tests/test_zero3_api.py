@@ -110,3 +110,37 @@ def test_estimate_cli():
     bad = subprocess.run([sys.executable, "-m", "dsfast.zero.estimate", "--params", "0", "--world-size", "8"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "params and world_size must be >= 1" in bad.stderr
+
+
+def test_partitioned_parameters_carry_deepspeed_s_attributes_as_their_state_changes():
+    # programs written for DeepSpeed tell a partitioned parameter by hasattr(p, "ds_id") and gather it when
+    # p.ds_status is NOT_AVAILABLE (DeepSpeed-Chat's save and EMA helpers); without them they save empty tensors
+    from dsfast.runtime.zero.partition_parameters import ZeroParamStatus
+    assert ZeroParamStatus is dsfast.zero.ZeroParamStatus
+    engine = _train(_cfg3(), steps=2)
+    params = list(engine.module.parameters())
+    assert len({p.ds_id for p in params}) == len(params)
+    for p in params:
+        rec = p._dsfast_z3
+        assert p.ds_status is ZeroParamStatus.NOT_AVAILABLE and p.numel() == 0
+        assert p.ds_tensor is rec.shard and p.ds_tensor.numel() == rec.shard_numel and p.ds_persist is False
+        assert p.ds_numel == rec.numel and tuple(p.ds_shape) == rec.shape
+    seen = []
+    hook = engine.module[0].register_forward_hook(lambda m, i, o: seen.append(m.weight.ds_status))
+    engine(torch.randn(4, 16))
+    hook.remove()
+    assert seen == [ZeroParamStatus.AVAILABLE] and params[0].ds_status is ZeroParamStatus.NOT_AVAILABLE
+
+    def to_fetch(ps):   # DeepSpeed-Chat's _z3_params_to_fetch, verbatim in spirit
+        return [p for p in ps if hasattr(p, "ds_id") and p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
+    saved = {}
+    for name, p in engine.module.named_parameters():
+        with dsfast.zero.GatheredParameters(to_fetch([p]), enabled=True):
+            assert p.ds_status is ZeroParamStatus.AVAILABLE
+            saved[name] = p.data.clone()
+    for name, p in engine.module.named_parameters():
+        assert torch.equal(saved[name], safe_get_full_fp32_param(p).to(saved[name].dtype)), name
+    cfg = _cfg3()
+    cfg["zero_optimization"]["param_persistence_threshold"] = 10 ** 9        # every parameter persistent
+    small = _train(cfg, steps=1)
+    assert all(p.ds_persist and p.ds_status is ZeroParamStatus.AVAILABLE for p in small.module.parameters())

@@ -21,7 +21,7 @@ def __getattr__(name):
     # the stage 3 API loads on first use (DeepSpeed's names: deepspeed.zero.Init, GatheredParameters, ...)
     import importlib
     where = {"GatheredParameters": ".gathered", "Init": ".init", "register_external_parameter": ".param_hooks",
-             "estimate_model_states": ".estimate"}
+             "estimate_model_states": ".estimate", "ZeroParamStatus": ".partitioned_param"}
     if name not in where:
         raise AttributeError(f"module 'dsfast.zero' has no attribute {name!r}")
     value = getattr(importlib.import_module(where[name], __name__), name)
@@ -30,4 +30,4 @@ def __getattr__(name):
 
 
 __all__ = ["model_state_bytes", "GatheredParameters", "Init", "register_external_parameter",
-           "estimate_model_states"]
+           "estimate_model_states", "ZeroParamStatus"]

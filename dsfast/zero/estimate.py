@@ -33,6 +33,49 @@ def estimate_model_states(params, world_size, mixed=True, largest_layer=0, offlo
     return rows
 
 
+def model_sizes(model):
+    """(parameters, largest layer's parameters) of a module; a parameter shared by several modules counts once.
+    Stage 3 parameters count whole (ds_numel), whether gathered or not."""
+    def numel(p):
+        return getattr(p, "ds_numel", p.numel())
+    total = sum({id(p): numel(p) for p in model.parameters()}.values())
+    largest = max((sum(numel(p) for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    return total, largest
+
+
+def print_deepspeed_estimate(stage, total_params, largest_layer_params=0, num_gpus_per_node=1, num_nodes=1,
+                             additional_buffer_factor=1.5):
+    """DeepSpeed's estimate_zero{2,3}_model_states_mem_needs_* report over dsfast's formulas: per option, the
+    model states of one accelerator and of one node's host memory (times the buffer factor, as DeepSpeed's).
+    zero_init=0 (stage 3): every rank builds the whole fp32 model on the host before initialize() partitions it.
+    Returns the rows printed."""
+    gpn, nodes, factor = int(num_gpus_per_node), int(num_nodes), float(additional_buffer_factor)
+    if gpn < 1 or nodes < 1 or factor <= 0:
+        raise ValueError(f"num_gpus_per_node and num_nodes must be >= 1 and additional_buffer_factor > 0 "
+                         f"(got {num_gpus_per_node!r}, {num_nodes!r}, {additional_buffer_factor!r})")
+    total = int(float(total_params))
+    rows = []
+    for r in estimate_model_states(total, gpn * nodes, largest_layer=largest_layer_params if stage == 3 else 0):
+        if r["stage"] != stage:
+            continue
+        for zero_init in ((True, False) if stage == 3 else (True,)):
+            host = r["host"] * gpn if zero_init else max(r["host"] * gpn, 4 * total * gpn)
+            rows.append({**r, "zero_init": zero_init, "device": r["device"], "host": host * factor})
+    gib = 1024 ** 3
+    print(f"Estimated memory needed for params, optim states and gradients for a:\n"
+          f"HW: Setup with {nodes} node{'s' if nodes > 1 else ''}, {gpn} GPU{'s' if gpn > 1 else ''} per node.\n"
+          f"SW: Model with {total / 1e6:.0f}M total params"
+          + (f", {int(largest_layer_params) / 1e6:.0f}M largest layer params." if stage == 3 else "."))
+    print("  per CPU  |  per GPU |   Options")
+    for r in rows:
+        opts = [f"offload_param={'cpu ' if r['offload_param'] else 'none'}"] if stage == 3 else []
+        opts.append(f"offload_optimizer={'cpu ' if r['offload_optimizer'] else 'none'}")
+        if stage == 3:
+            opts.append(f"zero_init={int(r['zero_init'])}")
+        print(f"{r['host'] / gib:7.2f}GB | {r['device'] / gib:6.2f}GB | {', '.join(opts)}")
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m dsfast.zero.estimate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--params", required=True, help="number of model parameters (7e9 is fine)")

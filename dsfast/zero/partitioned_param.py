@@ -23,13 +23,58 @@ Who holds a parameter gathered: `refs` (forward passes and GatheredParameters bl
 (its module's backward has started and its gradient has not been reduced yet) and `persistent` (small parameters,
 param_persistence_threshold, are never released). `release()` frees it when none of them does.
 """
+import enum
+import itertools
+
 import torch
 
 from ..comm.flat_collectives import all_gather_flat
 from .partition import ALIGN, BucketPlan, Entry, round_up
 
 
+class ZeroParamStatus(enum.Enum):
+    """DeepSpeed's `param.ds_status` values (deepspeed.runtime.zero.partition_parameters.ZeroParamStatus)."""
+    AVAILABLE = 1        # whole on this rank
+    NOT_AVAILABLE = 2    # only this rank's slice is here
+    INFLIGHT = 3         # being gathered (prefetched)
+
+
+_ids = itertools.count()
+# what a partitioned parameter carries (stage3.detach() takes them off again)
+DS_PARAM_ATTRS = ("_dsfast_z3", "ds_id", "ds_shape", "ds_numel", "ds_status", "ds_tensor", "ds_persist")
+
+
+def _status(rec):
+    if rec._gathered:
+        return ZeroParamStatus.AVAILABLE
+    return ZeroParamStatus.INFLIGHT if rec._flight is not None else ZeroParamStatus.NOT_AVAILABLE
+
+
+class _Mirrored:
+    """A PartitionedParam field that also sets an attribute of the parameter: what programs written for
+    DeepSpeed read off a stage 3 parameter (`hasattr(p, "ds_id")` is how they tell a partitioned one, e.g. to
+    gather it before saving) follows the state as it changes."""
+
+    def __init__(self, ds_name, value_of=None):
+        self.ds_name, self.value_of = ds_name, value_of
+
+    def __set_name__(self, owner, name):
+        self.slot = "_" + name
+
+    def __get__(self, rec, owner=None):
+        return self if rec is None else getattr(rec, self.slot)
+
+    def __set__(self, rec, value):
+        setattr(rec, self.slot, value)
+        setattr(rec.param, self.ds_name, value if self.value_of is None else self.value_of(rec))
+
+
 class PartitionedParam:
+    gathered = _Mirrored("ds_status", _status)
+    flight = _Mirrored("ds_status", _status)        # prefetch.py: a gather in progress
+    shard = _Mirrored("ds_tensor")
+    persistent = _Mirrored("ds_persist")
+
     def __init__(self, param, world, rank, group=None, device=None, shard_device=None, dtype=None, pin=False):
         """Partition `param` (whole and equal on every rank) in place: keep this rank's slice, free the rest."""
         self.param = param
@@ -45,6 +90,7 @@ class PartitionedParam:
         self.refs = 0
         self.backward_hold = False
         self.persistent = False
+        self._flight = None
         self.gathered = False
         self.shard = torch.zeros(self.shard_numel, dtype=self.dtype, device=self.shard_device, pin_memory=self.pin)
         with torch.no_grad():
@@ -58,7 +104,7 @@ class PartitionedParam:
         self.flight, self.ready = None, False        # prefetch.py: a gather in progress / done, not yet published
         param.data = self._empty()
         param._dsfast_z3 = self
-        param.ds_shape, param.ds_numel = torch.Size(self.shape), self.numel   # DeepSpeed's names for them
+        param.ds_id, param.ds_shape, param.ds_numel = next(_ids), torch.Size(self.shape), self.numel
 
     # ---- layout ----------------------------------------------------------------------------------------------
     def shard_range(self):

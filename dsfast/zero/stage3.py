@@ -20,7 +20,7 @@ from ..engine.state_owner import DtypePolicy
 from . import grad_buckets
 from .param_hooks import ParamCoordinator
 from .partition import owned_pieces
-from .partitioned_param import PartitionedParam, gather, record_of
+from .partitioned_param import DS_PARAM_ATTRS, PartitionedParam, gather, record_of
 from .shared_params import SharedParams, shareable
 from .sharded import _ShardedBase
 
@@ -175,7 +175,8 @@ class Stage3(_ShardedBase):
         gather(recs)
         for r in recs:
             r.param.data = r.full[:r.numel].clone().view(r.shape)
-            del r.param._dsfast_z3, r.param.ds_shape, r.param.ds_numel
+            for name in DS_PARAM_ATTRS:
+                delattr(r.param, name)
         self.store.all_records = []
 
     def memory_tensors(self):
