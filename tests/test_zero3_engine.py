@@ -1,5 +1,7 @@
 """ZeRO stage 3 in one process: the same training as stage 0, parameters released between uses, the API
 DeepSpeed users reach for at stage 3 (GatheredParameters, state_dict, safe_get_*), errors."""
+import warnings
+
 import pytest
 import torch
 
@@ -49,8 +51,14 @@ def test_gathered_parameters_modifier_rank_keeps_the_change_in_shard_and_master(
     torch.testing.assert_close(safe_get_full_fp32_param(w), torch.full((8, 33), 0.5))
     with dsfast.zero.GatheredParameters([w]):
         assert torch.equal(w, torch.full((8, 33), 0.5, dtype=torch.bfloat16))
-    with dsfast.zero.GatheredParameters([w]):   # modifier_rank=None: changes are dropped
-        w.data.fill_(2.0)
+    with pytest.warns(UserWarning, match=r"1 parameter\(s\) of shape \[8, 33\] were changed inside the block; "
+                                         r"the change is discarded.*modifier_rank="):
+        with dsfast.zero.GatheredParameters([w]):   # modifier_rank=None: changes are dropped, with a warning
+            w.data.fill_(2.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with dsfast.zero.GatheredParameters([w]):   # reading only: no warning
+            assert w.sum().item() == 0.5 * 8 * 33
     torch.testing.assert_close(safe_get_full_fp32_param(w), torch.full((8, 33), 0.5))
     with pytest.raises(ValueError, match=r"modifier_rank must be None or a rank in \[0, 1\); got 3"):
         dsfast.zero.GatheredParameters([w], modifier_rank=3)

@@ -4,9 +4,12 @@
         if rank == 0:
             model.head.weight.zero_()
 On exit the modifier rank's values are broadcast and every rank keeps its slice of them (the fp32 masters of
-trained parameters take them too); with modifier_rank=None changes are discarded. A collective: every rank enters
-the block with the same parameters. Parameters that are not partitioned are passed through untouched.
+trained parameters take them too); with modifier_rank=None changes are discarded, as DeepSpeed does, and, unlike
+DeepSpeed, with a warning naming how many parameters lost a change. A collective: every rank enters the block with
+the same parameters. Parameters that are not partitioned are passed through untouched.
 """
+import warnings
+
 import torch
 import torch.distributed as dist
 
@@ -37,9 +40,11 @@ class GatheredParameters:
     def __enter__(self):
         if not self.enabled:
             return self
+        fresh = [r for r in self.records if not r.gathered]
         for r in self.records:
             r.refs += 1
         gather(self.records)
+        self._watch = (fresh, _fingerprints(fresh)) if self.modifier_rank is None and fresh else None
         return self
 
     @torch.no_grad()
@@ -56,7 +61,34 @@ class GatheredParameters:
                 if owner is not None and hasattr(owner, "shard_changed"):
                     owner.shard_changed(r.param)
             publish(self.records)   # same-host ranks: the shared snapshot takes the new slices
+        elif self._watch is not None:
+            lost = _changed(*self._watch)
+            if lost:
+                shapes = ", ".join(str(list(r.shape)) for r in lost[:3]) + (", ..." if len(lost) > 3 else "")
+                warnings.warn(f"GatheredParameters(modifier_rank=None): {len(lost)} parameter(s) of shape "
+                              f"{shapes} were changed inside the block; the change is discarded on exit (as in "
+                              f"DeepSpeed). Pass modifier_rank=<the rank whose values to keep> to keep it.",
+                              stacklevel=2)
         for r in self.records:
             r.refs -= 1
             r.release()
         return False
+
+
+# A change made through param.data bumps no version counter (.data is a new tensor each time), so what a block
+# without modifier_rank changed is found by content: a float64 sum per parameter and its data pointer, taken after
+# the gather and again on exit (one read of the gathered parameters, cheaper than the gather; one sync).
+def _fingerprints(records):
+    sums = torch.stack([r.param.data.detach().sum(dtype=torch.float64) for r in records])
+    return sums, [r.param.data.data_ptr() for r in records]
+
+
+def _changed(records, before):
+    keep = [i for i, r in enumerate(records) if r.gathered]
+    if not keep:
+        return []
+    records = [records[i] for i in keep]
+    was, was_ptrs = before[0][keep], [before[1][i] for i in keep]
+    sums, ptrs = _fingerprints(records)
+    same = ((sums == was) | (sums.isnan() & was.isnan())).tolist()
+    return [r for r, ok, p, q in zip(records, same, ptrs, was_ptrs) if not ok or p != q]
