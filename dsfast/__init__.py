@@ -4,8 +4,20 @@
 importing the package never builds or loads a native op.
 """
 import importlib
+import sys
 
+if __name__ != "dsfast":
+    # loaded under another name (a `deepspeed` symlink to this package): be the one dsfast. Done first, so that
+    # the relative imports below resolve through the alias finder to dsfast's modules, not to copies of them.
+    try:
+        sys.modules[__name__] = importlib.import_module("dsfast")
+    except ImportError:
+        pass
+
+from . import _alias
 from .version import __version__
+
+_alias.install()
 
 # public name -> module that defines it (imported on first attribute access)
 _LAZY = {
@@ -39,3 +51,4 @@ def __getattr__(name):
 
 
 __all__ = ["__version__", *_LAZY]
+
