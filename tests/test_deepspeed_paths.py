@@ -202,3 +202,79 @@ def test_runtime_zero_paths_are_the_stage3_api():
     assert (pp.GatheredParameters, pp.Init, pp.ZeroParamStatus, pp.register_external_parameter) == (
         GatheredParameters, Init, ZeroParamStatus, dsfast.zero.register_external_parameter)
     assert [s.name for s in ZeroParamStatus] == ["AVAILABLE", "NOT_AVAILABLE", "INFLIGHT"]
+
+
+def test_the_engine_reads_its_config_under_deepspeed_s_getter_names():
+    e = _engine(2, zero_optimization={"stage": 2, "reduce_bucket_size": 12345, "overlap_comm": True,
+                                      "offload_optimizer": {"device": "cpu"}},
+                scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 5}}, gradient_predivide_factor=2.0)
+    assert (e.zero_reduce_bucket_size(), e.zero_overlap_comm(), e.zero_cpu_offload()) == (12345, True, True)
+    assert e.zero_optimization_partition_gradients() and not e.zero_optimization_partition_weights()
+    assert e.zero_gather_16bit_weights_on_model_save() is False and e.zero_allgather_bucket_size() == 500_000_000
+    assert e.optimizer_name() == "adamw" and e.optimizer_params() == {"lr": 1e-2, "betas": [0.8, 0.9]}
+    assert e.scheduler_name() == "WarmupLR" and e.scheduler_params() == {"warmup_num_steps": 5}
+    assert e.gradient_predivide_factor() == 2.0 and e.postscale_gradients() is True
+    assert e.dynamic_loss_scale_args() is None and e.get_data_parallel_rank() == 0
+    assert e.get_model_parallel_rank() == 0 and e.get_sequence_parallel_group() is None
+    f = _engine(0, fp16={"enabled": True, "initial_scale_power": 8, "loss_scale_window": 50})
+    assert f.initial_dynamic_scale() == 256
+    assert f.dynamic_loss_scale_args() == {"init_scale": 256, "scale_window": 50, "delayed_shift": 2,
+                                           "consecutive_hysteresis": False, "min_scale": 1.0}
+
+
+def _step(e, n=1):
+    for _ in range(n):
+        loss = e(torch.randn(2, 6)).square().sum()
+        e.backward(loss)
+        e.step()
+
+
+def test_set_train_batch_size_changes_the_accumulation_at_a_boundary_only():
+    e = _engine(1)
+    _step(e, 3)                            # one whole cycle of 3
+    e.set_train_batch_size(4)
+    assert e.get_batch_info() == (4, 2, 2) and e.global_steps == 1
+    _step(e, 1)
+    assert e.global_steps == 1             # a cycle is now two micro-batches, counted from the change
+    _step(e, 1)
+    assert e.global_steps == 2
+    e.set_train_micro_batch_size(3)
+    assert e.get_batch_info() == (6, 3, 2)
+    _step(e, 1)
+    with pytest.raises(RuntimeError, match="after 1 of 2 micro-batches"):
+        e.set_train_batch_size(6)
+    with pytest.raises(ValueError, match=r"positive multiple of train_micro_batch_size_per_gpu \* data-parallel "
+                                         r"world size = 3 \* 1 = 3"):
+        e.set_train_batch_size(4)
+    with pytest.raises(ValueError, match="must be a positive int"):
+        e.set_train_micro_batch_size(0)
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_load_module_state_dict_reaches_the_masters(stage):
+    # the loaded weights must survive the next step: at ZeRO stages the optimizer steps its own fp32 masters
+    src = _engine(stage, zero_optimization={"stage": stage, "param_persistence_threshold": 0})
+    _step(src, 3)
+    with dsfast.zero.GatheredParameters(list(src.module.parameters())):
+        want = {k: v.detach().clone() for k, v in src.module.state_dict().items()}
+    e = _engine(stage, zero_optimization={"stage": stage, "param_persistence_threshold": 0},
+                optimizer={"type": "SGD", "params": {"lr": 0.0}})        # a step that moves nothing
+    e.load_module_state_dict({"module": want})
+    _step(e, 3)
+    with dsfast.zero.GatheredParameters(list(e.module.parameters())):
+        got = e.module.state_dict()
+        for k, v in want.items():
+            torch.testing.assert_close(got[k], v, rtol=0, atol=0)
+    sd = src.module_state_dict() if stage < 3 else None
+    if sd is not None:
+        assert set(sd) == set(want)
+
+
+def test_zero3_consolidated_16bit_state_dict_is_the_whole_weights():
+    e = _engine(3, zero_optimization={"stage": 3, "param_persistence_threshold": 0})
+    _step(e, 3)
+    sd = e._zero3_consolidated_16bit_state_dict()
+    with dsfast.zero.GatheredParameters(list(e.module.parameters())):
+        for k, v in e.module.state_dict().items():
+            assert torch.equal(sd[k], v), k
+    assert e.module[0].weight.numel() == 0           # released again

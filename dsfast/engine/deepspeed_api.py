@@ -1,9 +1,47 @@
 """The engine's secondary DeepSpeed API: small queries and old names that programs call around the training loop
 (logging, saving, generation, their own data loaders). Mixed into dsfast.engine.Engine."""
+import operator
+
 import torch
 import torch.distributed as dist
 
 from .data import build_dataloader
+
+# DeepSpeed's one-line getters of config values: engine method -> path in dsfast's DsConfig
+_CONFIG_GETTERS = {
+    "zero_reduce_bucket_size": "zero_optimization.reduce_bucket_size",
+    "zero_allgather_bucket_size": "zero_optimization.allgather_bucket_size",
+    "zero_allgather_partitions": "zero_optimization.allgather_partitions",
+    "zero_contiguous_gradients": "zero_optimization.contiguous_gradients",
+    "zero_reduce_scatter": "zero_optimization.reduce_scatter",
+    "zero_overlap_comm": "zero_optimization.overlap_comm_resolved",
+    "zero_sub_group_size": "zero_optimization.sub_group_size",
+    "zero_round_robin_gradients": "zero_optimization.round_robin_gradients",
+    "zero_elastic_checkpoint": "zero_optimization.elastic_checkpoint",
+    "zero_load_from_fp32_weights": "zero_optimization.load_from_fp32_weights",
+    "zero_ignore_unused_parameters": "zero_optimization.ignore_unused_parameters",
+    "zero_compute_grad_norm": "zero_optimization.compute_grad_norm",
+    "zero_param_persistence_threshold": "zero_optimization.param_persistence_threshold",
+    "zero_model_persistence_threshold": "zero_optimization.model_persistence_threshold",
+    "zero_max_live_parameters": "zero_optimization.max_live_parameters",
+    "zero_max_reuse_distance": "zero_optimization.max_reuse_distance",
+    "zero_prefetch_bucket_size": "zero_optimization.prefetch_bucket_size",
+    "zero_module_granularity_threshold": "zero_optimization.module_granularity_threshold",
+    "zero_allgather_sequential": "zero_optimization.allgather_sequential",
+    "zero_hpz_partition_size": "zero_optimization.zero_hpz_partition_size",
+    "zero_quantized_weights": "zero_optimization.zero_quantized_weights",
+    "zero_quantized_nontrainable_weights": "zero_optimization.zero_quantized_nontrainable_weights",
+    "zero_quantized_gradients": "zero_optimization.zero_quantized_gradients",
+    "zero_gather_16bit_weights_on_model_save": "zero_optimization.gather_16bit_weights_on_model_save",
+    "zero_allow_untested_optimizer": "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer": "zero_force_ds_cpu_optimizer",
+    "gradient_predivide_factor": "gradient_predivide_factor",
+    "dataloader_drop_last": "dataloader_drop_last",
+    "communication_data_type": "communication_data_type",
+    "managed_gradient_accumulation": "managed_gradient_accumulation",
+    "dump_state": "dump_state",
+    "fp16_auto_cast": "fp16.auto_cast",
+}
 
 
 class DeepSpeedQueries:
@@ -63,3 +101,138 @@ class DeepSpeedQueries:
         return build_dataloader(dataset, batch_size or self.train_micro_batch_size_per_gpu(), self.dp_world_size,
                                 self.global_rank, collate_fn=collate_fn, num_workers=num_local_io_workers or 0,
                                 pin_memory=bool(pin_memory) and torch.cuda.is_available())
+
+    # ---- what the config says, under DeepSpeed's method names (plus _CONFIG_GETTERS below) ---------------------
+    def zero_cpu_offload(self):
+        return self.zero_offload_optimizer()
+
+    def zero_use_cpu_optimizer(self):
+        return self.zero_offload_optimizer()
+
+    def zero_optimization_partition_gradients(self):
+        return self.config.zero_stage >= 2
+
+    def zero_optimization_partition_weights(self):
+        return self.config.zero_stage == 3
+
+    def postscale_gradients(self):
+        return not self.config.prescale_gradients
+
+    def optimizer_name(self):
+        return self.config.optimizer.type if self.config.optimizer is not None else None
+
+    def optimizer_params(self):
+        """The "params" of the config's "optimizer" section as written (None without one)."""
+        return (self.config.raw.get("optimizer") or {}).get("params")
+
+    def scheduler_name(self):
+        return self.config.scheduler.type if self.config.scheduler is not None else None
+
+    def scheduler_params(self):
+        return (self.config.raw.get("scheduler") or {}).get("params")
+
+    def initial_dynamic_scale(self):
+        return 2 ** self.config.fp16.initial_scale_power
+
+    def dynamic_loss_scale_args(self):
+        """DeepSpeed's dict of the dynamic loss scaler's settings; None unless fp16 with dynamic scaling."""
+        if not self.dynamic_loss_scale():
+            return None
+        f = self.config.fp16
+        return {"init_scale": 2 ** f.initial_scale_power, "scale_window": f.loss_scale_window,
+                "delayed_shift": f.hysteresis, "consecutive_hysteresis": f.consecutive_hysteresis,
+                "min_scale": f.min_loss_scale}
+
+    def get_data_parallel_rank(self):
+        return self.global_rank
+
+    def get_model_parallel_rank(self):
+        return 0          # dsfast has no model parallelism
+
+    def get_tensor_parallel_rank(self):
+        return 0
+
+    def get_sequence_parallel_group(self):
+        return None       # nor sequence parallelism
+
+    # ---- the module's weights alone ------------------------------------------------------------------------
+    def module_state_dict(self, destination=None, prefix="", keep_vars=False, exclude_frozen_parameters=False):
+        sd = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if exclude_frozen_parameters:
+            frozen = {prefix + n for n, p in self.module.named_parameters() if not p.requires_grad}
+            sd = type(sd)((k, v) for k, v in sd.items() if k not in frozen)
+        return sd
+
+    def load_module_state_dict(self, checkpoint, strict=True, custom_load_fn=None, fetch_z3_params=False):
+        """Load model weights (`checkpoint["module"]`, or a plain state dict) into the module and the optimizer's
+        fp32 masters, at any ZeRO stage (stage 3: each rank keeps its slice); custom_load_fn(src=, dst=) loads
+        instead of load_state_dict."""
+        from ..checkpoint.layout import checkpoint_layout, engine_after_load, masters_from_module
+        from ..checkpoint.load import _load_module
+        sd = checkpoint["module"] if isinstance(checkpoint, dict) and "module" in checkpoint else checkpoint
+        stage3 = self.config.zero_stage == 3
+        with torch.no_grad():
+            if custom_load_fn is not None:
+                if stage3:
+                    raise NotImplementedError("load_module_state_dict(custom_load_fn=...) at ZeRO stage 3: load the "
+                                              "whole weights with the default loader, or inside GatheredParameters"
+                                              "(..., modifier_rank=0)")
+                custom_load_fn(src=sd, dst=self.module)
+            else:
+                _load_module(self.module, sd, strict, "load_module_state_dict", stage3)
+            if not stage3:
+                masters_from_module(self, checkpoint_layout(self))
+            engine_after_load(self)
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):
+        """The whole weights in the model dtype on rank 0 (None on the others): what Hugging Face's accelerate
+        saves at stage 3. A collective."""
+        from ..zero.save16 import gathered_state_dict
+        sd = gathered_state_dict(self.module, exclude_frozen=exclude_frozen_parameters)
+        return sd if self.global_rank == 0 else None
+
+    # ---- batch size during training ------------------------------------------------------------------------
+    def set_train_batch_size(self, train_batch_size):
+        """A new global batch size made of more or fewer micro-batches (gradient_accumulation_steps); the micro
+        batch size stays. Only at a gradient accumulation boundary."""
+        micro = self.train_micro_batch_size_per_gpu()
+        per_step = micro * self.dp_world_size
+        if not isinstance(train_batch_size, int) or train_batch_size < 1 or train_batch_size % per_step:
+            raise ValueError(f"set_train_batch_size({train_batch_size!r}): must be a positive multiple of "
+                             f"train_micro_batch_size_per_gpu * data-parallel world size = {micro} * "
+                             f"{self.dp_world_size} = {per_step}")
+        self._check_boundary("set_train_batch_size")
+        self.config.train_batch_size = train_batch_size
+        self.config.gradient_accumulation_steps = train_batch_size // per_step
+        self._cycle_origin = self.micro_steps     # the next cycle has the new length from its first micro-batch
+
+    def set_train_micro_batch_size(self, micro_batch_size):
+        """A new micro batch size with the same gradient_accumulation_steps (the global batch size follows).
+        A DataLoader initialize() built keeps its batch size: build a new one (deepspeed_io)."""
+        if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+            raise ValueError(f"set_train_micro_batch_size({micro_batch_size!r}): must be a positive int")
+        self._check_boundary("set_train_micro_batch_size")
+        self.config.train_micro_batch_size_per_gpu = micro_batch_size
+        self.config.train_batch_size = micro_batch_size * self.gradient_accumulation_steps() * self.dp_world_size
+
+    def _check_boundary(self, what):
+        gas = self.gradient_accumulation_steps()
+        done = (self.micro_steps - self._cycle_origin) % gas
+        if done:
+            raise RuntimeError(f"{what}: called after {done} of {gas} micro-batches of a "
+                               f"gradient accumulation cycle; call it right after engine.step() ends a cycle")
+
+
+def _config_getter(path):
+    read = operator.attrgetter(path)
+
+    def getter(self):
+        return read(self.config)
+    getter.__name__ = getter.__qualname__ = path.rpartition(".")[2]
+    getter.__doc__ = f"The config's {path}."
+    return getter
+
+
+for _name, _path in _CONFIG_GETTERS.items():
+    if not hasattr(DeepSpeedQueries, _name):
+        setattr(DeepSpeedQueries, _name, _config_getter(_path))

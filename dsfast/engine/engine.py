@@ -44,6 +44,7 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
         self.global_steps = 0
         self.global_samples = 0
         self.micro_steps = 0
+        self._cycle_origin = 0      # micro_steps when gradient_accumulation_steps last changed (set_train_batch_size)
         self.skipped_steps = 0
         self._step_applied = False
         self._global_grad_norm = None
@@ -114,7 +115,7 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
     def is_gradient_accumulation_boundary(self):
         if self._boundary_override is not None:
             return self._boundary_override
-        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+        return (self.micro_steps - self._cycle_origin + 1) % self.gradient_accumulation_steps() == 0
 
     def set_gradient_accumulation_boundary(self, is_boundary):
         """Force (True/False) or restore (None) the boundary decision, as DeepSpeed's method of the same name."""
