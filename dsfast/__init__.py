@@ -37,6 +37,7 @@ _LAZY = {
     "checkpoint": "dsfast.checkpoint",
     "checkpointing": "dsfast.checkpointing",
     "runtime": "dsfast.runtime",
+    "profiling": "dsfast.profiling",
 }
 
 

@@ -101,6 +101,9 @@ class FlopsProfilerConfig(_Enabled):
     detailed: bool = True
     output_file: Optional[str] = None
 
+    def ignored(self, name: str) -> List[str]:
+        return []     # acted on: dsfast.profiling.flops_profiler.EngineProfile
+
 
 class CompileConfig(_Enabled):
     backend: str = "inductor"

@@ -60,6 +60,10 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
             precision.name == "bf16" and bool(getattr(config.bf16, "check_grad_overflow", False)))
         self._param_names = {id(p): n for n, p in module.named_parameters()}
         self._progress = Progress(config.steps_per_print, rank, bool(config.wall_clock_breakdown), self._device)
+        self._flops_profile = None
+        if config.flops_profiler.enabled:
+            from ..profiling.flops_profiler.profiler import EngineProfile
+            self._flops_profile = EngineProfile(self, config.flops_profiler)
 
     # ---- DeepSpeed-named properties -------------------------------------------------------------------
     @property
@@ -138,8 +142,12 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
         if self._precision.dtype is not None:
             inputs, kwargs = _cast_floats((inputs, kwargs), self._precision.dtype)
         self._progress.start("fwd")
+        if self._flops_profile is not None:
+            self._flops_profile.before_forward()
         with self._autocast.forward_context():
             out = self.module(*inputs, **kwargs)
+        if self._flops_profile is not None:
+            self._flops_profile.after_forward()
         self._progress.stop("fwd")
         return out
 
@@ -195,6 +203,8 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
             self._progress.stop("step")
             self._progress.on_step(self.global_steps, self.global_samples, self.get_lr(), self.loss_scale,
                                    self.skipped_steps)
+            if self._flops_profile is not None:
+                self._flops_profile.after_step(boundary=True)
             if self.config.memory_breakdown and self._progress.enabled and \
                     self.global_steps % self._progress.every == 0:
                 total = self.memory_breakdown()["total"]
