@@ -355,11 +355,12 @@ def test_other_top_level_keys_accepted_or_rejected():
             amp={"enabled": False})
     assert c.checkpoint.tag_validation == "Fail" and c.communication_data_type == "bf16"
     notes = "\n".join(c.ignored_settings())
-    for key in ("tensorboard", "comms_logger", "activation_checkpointing", "dump_state",
+    for key in ("comms_logger", "activation_checkpointing", "dump_state",
                 "communication_data_type", "grad_accum_dtype"):
         assert key in notes
     assert "wandb" not in notes and "csv_monitor" not in notes
-    assert "flops_profiler" not in notes         # acted on (dsfast.profiling.flops_profiler)
+    # acted on: dsfast.profiling.flops_profiler, dsfast.engine.monitor
+    assert "flops_profiler" not in notes and "tensorboard" not in notes
 
 
 def test_io_tuning_sections_are_ignored_with_a_note():
@@ -382,8 +383,8 @@ def test_unsupported_features_error_when_enabled():
 
 def test_ignored_settings_logged_on_load(caplog):
     with caplog.at_level("WARNING", logger="dsfast.config"):
-        load_config({**BASE, "tensorboard": {"enabled": True}})
-    assert any("tensorboard" in r.getMessage() for r in caplog.records)
+        load_config({**BASE, "comms_logger": {"enabled": True}})
+    assert any("comms_logger" in r.getMessage() for r in caplog.records)
 
 
 # ------------------------------------------------------------------------------------------------ sources
@@ -541,11 +542,11 @@ def test_key_of_several_sections_lists_them():
 def test_check_command(tmp_path, capsys):
     from dsfast.config.__main__ import main
     good = tmp_path / "good.json"
-    good.write_text(json.dumps({"train_batch_size": 32, "fp16": {"enabled": True}, "tensorboard": {"enabled": True},
-                                "optimizer": {"type": "AdamW"}}))
+    good.write_text(json.dumps({"train_batch_size": 32, "fp16": {"enabled": True},
+                                "comms_logger": {"enabled": True}, "optimizer": {"type": "AdamW"}}))
     assert main([str(good), "--world-size", "4"]) == 0
     out = capsys.readouterr().out
-    assert "micro 8 x accumulation 1 x world 4" in out and "dynamic from 2**16" in out and "note: tensorboard" in out
+    assert "micro 8 x accumulation 1 x world 4" in out and "dynamic from 2**16" in out and "note: comms_logger" in out
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"train_batch_size": 32, "fp16": {"hysteresys": 2}}))
     assert main([str(bad)]) == 1

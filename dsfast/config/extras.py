@@ -60,7 +60,12 @@ class _Enabled(StrictModel):
         return [f"{name} is enabled but dsfast does not implement it yet; it is ignored"] if self.enabled else []
 
 
-class TensorboardConfig(_Enabled):
+class _Monitored(_Enabled):
+    def ignored(self, name: str) -> List[str]:
+        return []     # acted on: dsfast.engine.monitor
+
+
+class TensorboardConfig(_Monitored):
     output_path: str = ""
     job_name: str = "DeepSpeedJobName"
 
@@ -69,7 +74,7 @@ class CsvMonitorConfig(TensorboardConfig):
     pass
 
 
-class WandbConfig(_Enabled):
+class WandbConfig(_Monitored):
     group: Optional[str] = None
     team: Optional[str] = None
     project: str = "deepspeed"

@@ -14,6 +14,7 @@ import torch
 
 from .autocast import autocast_plan
 from .deepspeed_api import DeepSpeedQueries
+from .monitor import Monitor
 from .progress import Progress
 from .state_owner import memory_breakdown
 
@@ -60,6 +61,7 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
             precision.name == "bf16" and bool(getattr(config.bf16, "check_grad_overflow", False)))
         self._param_names = {id(p): n for n, p in module.named_parameters()}
         self._progress = Progress(config.steps_per_print, rank, bool(config.wall_clock_breakdown), self._device)
+        self.monitor = Monitor(config, rank)
         self._flops_profile = None
         if config.flops_profiler.enabled:
             from ..profiling.flops_profiler.profiler import EngineProfile
@@ -167,6 +169,7 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
                              f"{type(loss).__name__ if not torch.is_tensor(loss) else tuple(loss.shape)}")
         self._progress.start("bwd")
         self._progress.record_loss(loss)
+        self.monitor.record_loss(loss)
         scale = self.loss_scale if self._scales_loss else 1.0
         if scale_wrt_gas:
             scale /= self.gradient_accumulation_steps()
@@ -203,6 +206,7 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
             self._progress.stop("step")
             self._progress.on_step(self.global_steps, self.global_samples, self.get_lr(), self.loss_scale,
                                    self.skipped_steps)
+            self.monitor.on_step(self.global_samples, self.get_lr(), self.loss_scale if self._scales_loss else None)
             if self._flops_profile is not None:
                 self._flops_profile.after_step(boundary=True)
             if self.config.memory_breakdown and self._progress.enabled and \
