@@ -22,6 +22,8 @@ _alias.install()
 # public name -> module that defines it (imported on first attribute access)
 _LAZY = {
     "initialize": "dsfast.engine",
+    "init_inference": "dsfast.inference",
+    "InferenceEngine": "dsfast.inference",
     "init_distributed": "dsfast.comm",
     "add_config_arguments": "dsfast.engine",
     "DeepSpeedEngine": "dsfast.engine",
