@@ -138,3 +138,15 @@ def test_gpu_optimizer_mapping_picks_fused_kernels():
     from dsfast.optim import FusedAdam, FusedSGD
     assert _adam_class("cuda", False, False) == (FusedAdam, {"adam_w_mode": False})
     assert _sgd_class("cuda") is FusedSGD
+
+
+def test_initialize_takes_deepspeed_s_distributed_port_and_refuses_mesh_param(monkeypatch):
+    import dsfast.comm
+    seen = {}
+    monkeypatch.setattr(dsfast.comm, "init_distributed", lambda **kw: seen.update(kw))
+    m = model()
+    dsfast.initialize(model=m, model_parameters=m.parameters(), config={"train_batch_size": 1},
+                      distributed_port=29613)
+    assert seen["distributed_port"] == 29613       # the rendezvous port when MASTER_PORT is unset
+    with pytest.raises(NotImplementedError, match=r"mesh_param=\(2, 1\).*not supported"):
+        init(config={"train_batch_size": 1}, mesh_param=(2, 1))

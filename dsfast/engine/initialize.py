@@ -26,12 +26,13 @@ STAGE0_BUCKET_ELEMS = 1 << 20
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, config=None, config_params=None, collate_fn=None, dist_init_required=None,
-               mpu=None, dist_init_timeout=None):
+               mpu=None, dist_init_timeout=None, distributed_port=None, mesh_param=None):
     """Build the training engine. Returns (engine, optimizer, training_dataloader, lr_scheduler).
 
     The config comes from exactly one of `config` (path or dict), `config_params` or `args.deepspeed_config`.
     `optimizer` may be an optimizer object or a callable taking parameters; `lr_scheduler` an object or a
     callable taking the optimizer. Either one overrides the config's section of the same name (with a warning).
+    distributed_port: the rendezvous port when this call creates the process group and MASTER_PORT is unset.
     """
     from dsfast.comm import init_distributed
     from dsfast.config import load_config
@@ -42,9 +43,13 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if mpu is not None:
         raise NotImplementedError("model parallelism (mpu=...) is not supported by dsfast")
+    if mesh_param is not None:
+        raise NotImplementedError(f"initialize(mesh_param={mesh_param!r}): device meshes for tensor / sequence "
+                                  "parallelism are not supported by dsfast (data parallelism only)")
 
     if dist_init_required is not False and not dist.is_initialized():
-        init_distributed(dist_init_required=dist_init_required, timeout=dist_init_timeout, verbose=False)
+        port = {} if distributed_port is None else {"distributed_port": int(distributed_port)}
+        init_distributed(dist_init_required=dist_init_required, timeout=dist_init_timeout, verbose=False, **port)
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
 
