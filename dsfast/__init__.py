@@ -40,12 +40,30 @@ _LAZY = {
     "checkpointing": "dsfast.checkpointing",
     "runtime": "dsfast.runtime",
     "profiling": "dsfast.profiling",
+    "log_dist": "dsfast.utils",
+    "logger": "dsfast.utils",
+    "OnDevice": "dsfast.utils",
+    "default_inference_config": "dsfast.inference",
+}
+TORCH_DISTRIBUTED_DEFAULT_PORT = 29500
+
+# DeepSpeed names for what dsfast does not do: an AttributeError that says so (hasattr() stays False)
+_NOT_SUPPORTED = {
+    "pipe": "pipeline parallelism", "PipelineModule": "pipeline parallelism",
+    "PipelineEngine": "pipeline parallelism", "DualPipeVEngine": "pipeline parallelism",
+    "DualPipeVModule": "pipeline parallelism", "DeepSpeedHybridEngine": "the hybrid (RLHF) engine",
+    "DeepSpeedTransformerLayer": "DeepSpeed's fused transformer layer",
+    "DeepSpeedTransformerConfig": "DeepSpeed's fused transformer layer",
+    "module_inject": "kernel injection", "replace_transformer_layer": "kernel injection",
+    "tp_model_init": "tensor parallelism", "set_autotp_mode": "tensor parallelism",
 }
 
 
 def __getattr__(name):
     module = _LAZY.get(name)
     if module is None:
+        if name in _NOT_SUPPORTED:
+            raise AttributeError(f"deepspeed.{name} ({_NOT_SUPPORTED[name]}) is not supported by dsfast")
         raise AttributeError(f"module 'dsfast' has no attribute {name!r}")
     mod = importlib.import_module(module)
     value = mod if module == f"dsfast.{name}" else getattr(mod, name)
@@ -53,5 +71,5 @@ def __getattr__(name):
     return value
 
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["__version__", "TORCH_DISTRIBUTED_DEFAULT_PORT", *_LAZY]
 

@@ -27,9 +27,11 @@ class DsfastAliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return None
         real = f"{parent.__name__}.{child}"
         if real not in sys.modules and importlib.util.find_spec(real) is None:
+            what = getattr(sys.modules.get("dsfast"), "_NOT_SUPPORTED", {}).get(child) if parent.__name__ == "dsfast" \
+                else None
+            why = f"{what} is not supported by dsfast" if what else "see the README's list of what is not supported"
             raise ModuleNotFoundError(f"No module named {fullname!r}: {parent_name!r} is dsfast here, and dsfast "
-                                      f"has no {real!r} (see the README's list of what is not supported)",
-                                      name=fullname)
+                                      f"has no {real!r} ({why})", name=fullname)
         return importlib.util.spec_from_loader(fullname, self, origin=real)
 
     def create_module(self, spec):

@@ -106,6 +106,11 @@ class InferenceEngine(torch.nn.Module):
         return self.module.generate(*inputs, **kwargs)
 
 
+def default_inference_config():
+    """The settings init_inference starts from (DeepSpeed's defaults of the keys dsfast reads)."""
+    return {"dtype": torch.float16, "tensor_parallel": {"tp_size": 1}, **_SPEED_ONLY}
+
+
 def init_inference(model, config=None, **kwargs):
     """DeepSpeed's init_inference(model, config=None, **kwargs) -> an InferenceEngine around `model`."""
     if not isinstance(model, torch.nn.Module):

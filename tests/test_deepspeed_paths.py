@@ -278,3 +278,32 @@ def test_zero3_consolidated_16bit_state_dict_is_the_whole_weights():
         for k, v in e.module.state_dict().items():
             assert torch.equal(sd[k], v), k
     assert e.module[0].weight.numel() == 0           # released again
+
+
+def test_on_device_builds_modules_on_the_device_in_the_dtype_and_restores_both():
+    from dsfast.utils import OnDevice
+    assert dsfast.OnDevice is OnDevice
+    with OnDevice(dtype=torch.float16, device="meta"):
+        m = torch.nn.Linear(4, 3)
+        idx = torch.arange(3)
+    assert (m.weight.dtype, m.weight.device.type, idx.dtype) == (torch.float16, "meta", torch.int64)
+    assert torch.get_default_dtype() == torch.float32 and torch.empty(1).device.type == "cpu"
+    with pytest.raises(RuntimeError, match="inside"):
+        with OnDevice(dtype=torch.bfloat16, device="meta"):
+            raise RuntimeError("inside")
+    assert torch.get_default_dtype() == torch.float32 and torch.empty(1).device.type == "cpu"
+    with OnDevice(dtype=torch.float16, device="meta", enabled=False):
+        assert torch.nn.Linear(2, 2).weight.dtype == torch.float32
+    with pytest.raises(ValueError, match="a floating-point torch dtype"):
+        OnDevice(dtype=torch.int8)
+
+
+def test_deepspeed_s_top_level_names_and_what_is_not_supported():
+    from dsfast.utils import log_dist, logger
+    assert (dsfast.log_dist, dsfast.logger, dsfast.TORCH_DISTRIBUTED_DEFAULT_PORT) == (log_dist, logger, 29500)
+    assert dsfast.default_inference_config()["dtype"] == torch.float16
+    assert not hasattr(dsfast, "PipelineModule")
+    with pytest.raises(AttributeError, match=r"deepspeed.PipelineModule \(pipeline parallelism\) is not supported"):
+        dsfast.PipelineModule
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_thing'"):
+        dsfast.no_such_thing

@@ -41,7 +41,8 @@ def safe_get_local_optimizer_state(param, optim_state_key):
 
 
 from .log import log_dist, logger  # noqa: E402  (deepspeed.utils.logger / log_dist)
+from .on_device import OnDevice  # noqa: E402
 
 __all__ = ["safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state",
            "safe_get_local_fp32_param", "safe_get_local_grad", "safe_get_local_optimizer_state", "logger",
-           "log_dist"]
+           "log_dist", "OnDevice"]
