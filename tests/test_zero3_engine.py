@@ -123,3 +123,15 @@ def test_reinitializing_the_same_model_repartitions_it():
     assert first._owner is not second._owner
     for p, w in zip(model.parameters(), want):
         assert torch.equal(safe_get_full_fp32_param(p), w)
+
+
+def test_model_persistence_threshold_caps_the_total_kept_whole():
+    # params in order: 0.weight 528, 0.bias 33, 2.weight 264, 2.bias 8 elements; all under the per-param threshold
+    cfg = _cfg(3, param_persistence_threshold=1000, stage3_model_persistence_threshold=600)
+    engine = _train(cfg, steps=1)
+    kept = [n for n, p in engine.module.named_parameters() if p.ds_persist]
+    assert kept == ["0.weight", "0.bias", "2.bias"]      # 528 + 33 + 8 <= 600; 2.weight would pass it
+    assert "model_persistence_threshold" not in "\n".join(engine.config.ignored_settings())
+    ref = _train(_cfg(0), steps=1)
+    for a, b in zip(engine.module.parameters(), ref.module.parameters()):
+        torch.testing.assert_close(safe_get_full_fp32_param(a), b.detach(), atol=1e-6, rtol=1e-6)

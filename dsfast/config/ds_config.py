@@ -25,7 +25,6 @@ NOT_YET_HONOURED = {
     "prescale_gradients": "dsfast averages gradients in one step; only rounding could differ",
     "gradient_predivide_factor": "dsfast averages gradients in one step; only rounding could differ",
     "zero_optimization.max_reuse_distance": "stage 3 releases a module's parameters after its forward",
-    "zero_optimization.model_persistence_threshold": "only param_persistence_threshold keeps parameters whole",
     "zero_optimization.allgather_bucket_size": "parameters are all-gathered per reduction bucket "
                                                "(reduce_bucket_size, at most 1M elements)",
     "checkpoint.load_universal": "dsfast checkpoints load at any world size and stage without conversion",

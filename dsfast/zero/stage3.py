@@ -225,8 +225,8 @@ def build_stage3_owner(model, params, group_of, precision_name, world, rank, dev
         model.to(dtype)   # buffers; the (released) parameters are recast by their records
         for r in records:
             r.cast(dtype)
-    threshold = int(zero_cfg.param_persistence_threshold)
-    persistent = [r for r in records if r.numel <= threshold]
+    persistent = _persistent(records, int(zero_cfg.param_persistence_threshold),
+                             int(zero_cfg.model_persistence_threshold))
     store = Stage3Store(params, group_of, trained, records, dtype, device, offload_opt, pin_opt, masters_fp32)
     reducer = None
     if world > 1:
@@ -255,6 +255,17 @@ def build_stage3_owner(model, params, group_of, precision_name, world, rank, dev
     coordinator = ParamCoordinator(model, prefetch=prefetch, prefetch_bucket=int(zero_cfg.prefetch_bucket_size),
                                    max_live=int(zero_cfg.max_live_parameters))
     return Stage3(store, policy, coordinator, group, reducer)
+
+
+def _persistent(records, param_threshold, model_threshold):
+    """The parameters kept whole: each at most param_threshold elements, in parameter order while their total
+    stays within model_threshold (DeepSpeed's stage3_param / stage3_model_persistence_threshold)."""
+    chosen, total = [], 0
+    for r in records:
+        if r.numel <= param_threshold and total + r.numel <= model_threshold:
+            chosen.append(r)
+            total += r.numel
+    return chosen
 
 
 def _shm_allocator(records, device, world, group):
