@@ -346,3 +346,24 @@ def test_manifest_lists_world_stage_dtypes_and_every_slice(tmp_path):
     assert (s["start"], s["stop"], s["file"]) == (0, 128, "optim_rank00000.safetensors")
     assert set(s["keys"]) == {"master", "exp_avg", "exp_avg_sq"} and s["scalars"]["step"]["value"] == 3.0
     assert all(set(info) == {"size", "sha256"} for info in m["files"].values())
+
+
+def test_consecutive_async_saves_reuse_their_host_buffers_and_each_holds_its_own_step(tmp_path):
+    from dsfast.checkpoint import snapshot
+    from dsfast.checkpoint.async_save import wait_pending
+    engine = engine_for("fp16", async_save=True)
+    saved = {}
+    for i, tag in enumerate(("a", "b", "c")):
+        train(engine, 2 * i, 2 * i + 2)
+        saved[tag] = masters(engine)
+        buffers = dict(snapshot._buffers)
+        engine.save_checkpoint(str(tmp_path), tag)
+        if i:                                              # the second save copied into the first one's buffers
+            assert all(snapshot._buffers[k] is v for k, v in buffers.items()) and buffers
+    wait_pending()
+    for tag, want in saved.items():
+        fresh = engine_for("fp16")
+        fresh.load_checkpoint(str(tmp_path), tag)
+        assert same(masters(fresh), want), tag
+    snapshot.release()
+    assert not snapshot._buffers

@@ -9,6 +9,7 @@ import warnings
 import torch
 
 from .errors import CheckpointError
+from .snapshot import host_copy
 
 
 def _per_element(key, value, opt_param):
@@ -35,18 +36,18 @@ def collect(layout, optimizer, file_name, snapshot=False):
         n = r.stop - r.start
         base = f"{r.name}@{r.start}"
 
-        def part(t):
+        def part(t, name):
             flat = t.detach().reshape(-1)[r.opt_offset:r.opt_offset + n]
-            return flat.to("cpu", copy=True) if snapshot else flat
+            return host_copy(name, flat) if snapshot else flat
 
         keys = {"master": f"{base}/master"}
-        tensors[keys["master"]] = part(r.opt_param)
+        tensors[keys["master"]] = part(r.opt_param, keys["master"])
         scalars = {}
         state = optimizer.state.get(r.opt_param, {}) if optimizer is not None else {}
         for key, value in state.items():
             if _per_element(key, value, r.opt_param):
                 keys[key] = f"{base}/{key}"
-                tensors[keys[key]] = part(value)
+                tensors[keys[key]] = part(value, keys[key])
             else:
                 scalars[key] = _scalar(f"parameter {r.name!r}", key, value)
         entries.append({"name": r.name, "shape": list(r.shape), "start": r.start, "stop": r.stop,

@@ -5,6 +5,7 @@ import torch
 
 from . import jsonable
 from .errors import CheckpointError
+from .snapshot import host_copy
 
 
 def module_tensors(engine, exclude_frozen=False, snapshot=False):
@@ -17,7 +18,7 @@ def module_tensors(engine, exclude_frozen=False, snapshot=False):
         if not torch.is_tensor(v):
             raise CheckpointError(f"module.state_dict()[{k!r}] is a {type(v).__name__}, not a tensor; it cannot be "
                                   "stored in safetensors")
-        out[k] = v.detach().to("cpu", copy=True) if snapshot else v.detach()
+        out[k] = host_copy(f"module/{k}", v) if snapshot else v.detach()
     return out
 
 
