@@ -10,7 +10,17 @@ Files go to <output_path>/<job_name>/ (output_path "" = the working directory), 
 A section that is enabled but whose package is missing (tensorboard, wandb) is an error at initialize().
 """
 import csv
+import importlib
 import os
+
+
+def _require(module, section, package):
+    """Import `module` for the config's `section`, or say which package to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f'the config\'s "{section}" section is enabled, but the {package} package is not '
+                          f'installed ({e}); pip install {package}, or set "enabled": false') from None
 
 
 class _Csv:
@@ -37,11 +47,7 @@ class _Csv:
 
 class _Tensorboard:
     def __init__(self, cfg):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as e:
-            raise ImportError('the config\'s "tensorboard" section is enabled, but the tensorboard package is not '
-                              f'installed ({e}); pip install tensorboard, or set "enabled": false') from None
+        SummaryWriter = _require("torch.utils.tensorboard", "tensorboard", "tensorboard").SummaryWriter
         log_dir = os.path.join(cfg.output_path, cfg.job_name)
         os.makedirs(log_dir, exist_ok=True)
         self.writer = SummaryWriter(log_dir=log_dir)
@@ -57,12 +63,7 @@ class _Tensorboard:
 
 class _Wandb:
     def __init__(self, cfg):
-        try:
-            import wandb
-        except ImportError as e:
-            raise ImportError('the config\'s "wandb" section is enabled, but the wandb package is not installed '
-                              f'({e}); pip install wandb, or set "enabled": false') from None
-        self.wandb = wandb
+        self.wandb = wandb = _require("wandb", "wandb", "wandb")
         wandb.init(project=cfg.project, group=cfg.group, entity=cfg.team)
 
     def write(self, events):
