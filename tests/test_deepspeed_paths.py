@@ -307,3 +307,26 @@ def test_deepspeed_s_top_level_names_and_what_is_not_supported():
         dsfast.PipelineModule
     with pytest.raises(AttributeError, match="has no attribute 'no_such_thing'"):
         dsfast.no_such_thing
+
+
+def test_what_hugging_face_reads_off_deepspeed():
+    # accelerate / transformers: deepspeed.runtime.lr_schedules.VALID_LR_SCHEDULES after a plain import,
+    # engine.config as the dict given, steps_per_print=inf, clone_tensors_for_torch_save, the zero.Init hook names
+    import dsfast.runtime as runtime
+    from dsfast.checkpoint.utils import clone_tensors_for_torch_save
+    from dsfast.runtime.zero import partition_parameters as pp
+    assert "WarmupDecayLR" in runtime.lr_schedules.VALID_LR_SCHEDULES
+    assert runtime.engine.DeepSpeedEngine is dsfast.DeepSpeedEngine
+    e = _engine(1, steps_per_print=float("inf"))
+    assert e.config.get("zero_optimization", {}).get("stage") == 1 and e.config["steps_per_print"] == float("inf")
+    assert "optimizer" in e.config and "fp16" not in e.config and e.config.get("fp16") is None
+    assert e.config.steps_per_print is None and e.config.zero_stage == 1     # never print; typed fields intact
+    with pytest.raises(KeyError, match="'bf16' is not in the config as given"):
+        e.config["bf16"]
+    base = torch.arange(6.0)
+    sd = {"a": base[:2], "b": [base[2:4], (base[4:],)], "n": 3}
+    out = clone_tensors_for_torch_save(sd)
+    assert out["n"] == 3 and torch.equal(out["b"][1][0], base[4:])
+    assert out["a"].untyped_storage().nbytes() == 8 and out["a"].data_ptr() != base.data_ptr()
+    assert pp.zero_wrapper_for_fp_tensor_constructor(torch.zeros, torch.float16) is torch.zeros
+    assert pp._orig_torch_arange is torch.arange

@@ -127,6 +127,12 @@ class DsConfig(StrictModel):
             raise plain_error(f"must be a finite number >= 0; 0 disables clipping (got {v!r})")
         return v
 
+    @field_validator("steps_per_print", mode="before")
+    @classmethod
+    def _never(cls, v):
+        # Hugging Face's Trainer passes float("inf") (never print), which DeepSpeed's modulo test accepts
+        return None if isinstance(v, float) and v == float("inf") else v
+
     @field_validator("communication_data_type", "seq_parallel_communication_data_type", mode="before")
     @classmethod
     def _dtype(cls, v):
@@ -222,6 +228,30 @@ class DsConfig(StrictModel):
     def raw(self) -> dict:
         """A copy of the mapping the user gave (before defaults and batch resolution), e.g. for checkpoints."""
         return copy.deepcopy(self._raw) if self._raw is not None else self.model_dump(exclude_unset=True)
+
+    # DeepSpeed's engine.config is the dict the program passed: programs read it as one
+    # (`engine.config.get("zero_optimization", {}).get("stage")`, `engine.config["train_batch_size"]`).
+    # These read (copies of) that mapping as given; the typed fields above are what dsfast acts on.
+    def get(self, key, default=None):
+        return self.raw.get(key, default)
+
+    def __getitem__(self, key):
+        raw = self.raw
+        if key not in raw:
+            raise KeyError(f"{key!r} is not in the config as given (set keys: {', '.join(sorted(raw)) or 'none'})")
+        return raw[key]
+
+    def __contains__(self, key):
+        return key in (self._raw if self._raw is not None else self.raw)
+
+    def keys(self):
+        return self.raw.keys()
+
+    def items(self):
+        return self.raw.items()
+
+    def values(self):
+        return self.raw.values()
 
     @property
     def dynamic_loss_scale(self) -> bool:

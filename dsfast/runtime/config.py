@@ -1,0 +1,2 @@
+"""deepspeed.runtime.config: the config class and its error under DeepSpeed's names."""
+from ..config import DsConfig as DeepSpeedConfig, DsConfigError as DeepSpeedConfigError  # noqa: F401
