@@ -1,5 +1,4 @@
 """init_distributed: create the default process group from what the environment says (see env.py)."""
-import atexit
 import datetime
 import os
 import warnings
@@ -8,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from .env import DEFAULT_MASTER_PORT, discover
-from .teardown import destroy_at_exit, exit_timeout
+from .teardown import exit_timeout, register_exit_teardown
 
 # DeepSpeed waits 30 minutes by default; DSFAST_TIMEOUT_S overrides it for every collective.
 DEFAULT_TIMEOUT_S = 1800
@@ -39,6 +38,7 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     if dist_init_required is False:
         return dist.get_backend() if dist.is_initialized() else None
     if dist.is_initialized():
+        register_exit_teardown()     # a group the program made: still torn down in time at exit
         current = dist.get_backend()
         if dist_backend is not None and dist_backend != current:
             warnings.warn(f"init_distributed: the process group already uses {current!r}; "
@@ -66,7 +66,7 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     else:
         kwargs["init_method"] = f"tcp://{_url_host(found.master_addr)}:{found.master_port}"
     dist.init_process_group(**kwargs)
-    atexit.register(destroy_at_exit)    # bounded meeting of the ranks, then the teardown
+    register_exit_teardown()    # bounded meeting of the ranks, then the teardown
     if verbose and found.rank == 0 and found.world_size > 1:
         print(f"[dsfast] process group ready: backend={backend} world_size={found.world_size} "
               f"(from {found.source}), master={found.master_addr}:{found.master_port}", flush=True)

@@ -7,6 +7,7 @@ interpreter shutdown at an arbitrary time, and when a peer has already exited gl
 others through the store first (bounded), then destroys the group and collects the cycles that hold it, and the
 store's host (rank 0) waits, bounded again, until every rank is done with it before it exits.
 """
+import atexit
 import gc
 import os
 import sys
@@ -32,6 +33,18 @@ def exit_timeout():
         raise ValueError(f"{EXIT_TIMEOUT}={value!r} is not valid; give the seconds (>= 0) a rank waits for its "
                          f"peers at exit (default {DEFAULT_EXIT_TIMEOUT_S:g}, 0 = do not wait)")
     return seconds
+
+
+_registered = []
+
+
+def register_exit_teardown():
+    """Register destroy_at_exit once per process: by init_distributed, and by initialize() for a group the program
+    (or a framework: Hugging Face's accelerate on CPU calls torch's init_process_group itself) created, which
+    otherwise is torn down during interpreter finalisation and can abort a finished run (exit -6)."""
+    if not _registered:
+        _registered.append(True)
+        atexit.register(destroy_at_exit)
 
 
 # How long the exit hook lets gloo's worker threads run when the program destroyed the group itself.

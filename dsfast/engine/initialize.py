@@ -50,6 +50,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if dist_init_required is not False and not dist.is_initialized():
         port = {} if distributed_port is None else {"distributed_port": int(distributed_port)}
         init_distributed(dist_init_required=dist_init_required, timeout=dist_init_timeout, verbose=False, **port)
+    if dist.is_initialized():
+        from dsfast.comm.teardown import register_exit_teardown
+        register_exit_teardown()
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
 

@@ -73,3 +73,12 @@ def test_a_bad_exit_timeout_is_an_error_at_init(monkeypatch, value):
     with pytest.raises(ValueError, match=rf"DSFAST_EXIT_TIMEOUT_S='{value}' is not valid.*>= 0"):
         dsfast.init_distributed(dist_backend="gloo")
     assert not dist.is_initialized()
+
+
+def test_a_group_the_program_made_with_torch_is_torn_down_at_exit_too():
+    # accelerate's CPU path calls torch.distributed.init_process_group itself; a group left to interpreter
+    # finalisation can abort a finished run (exit -6), so initialize() registers the exit teardown as well
+    outputs = launch(os.path.join(HERE, "worker_torch_group.py"), nprocs=2, timeout=60)
+    for rank, (rc, out) in enumerate(outputs):
+        assert rc == 0 and "TRAINED" in out, out
+        assert f"AT_EXIT rank {rank} initialized=False" in out, out
