@@ -72,4 +72,3 @@ def __getattr__(name):
 
 
 __all__ = ["__version__", "TORCH_DISTRIBUTED_DEFAULT_PORT", *_LAZY]
-

@@ -192,3 +192,9 @@ class CudaAccelerator(Accelerator):
 
     def lazy_call(self, callback):
         return torch.cuda._lazy_call(callback)
+
+
+def synchronize_if_used():
+    """Wait for queued CUDA work when this process has used CUDA at all (never initialises it)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from . import commit, manifest, safetensors_io, shards, state_files
 from .errors import CheckpointError
 from .rendezvous import Meeting, resolve_timeout
-from .snapshot import synchronize
+from ..accelerator.cuda import synchronize_if_used
 from .layout import checkpoint_layout
 from .tags import normalize_tag
 
@@ -64,7 +64,7 @@ def prepare(engine, save_dir, tag, client_state, save_latest, exclude_frozen, ra
             state_files.module_tensors(engine, exclude_frozen, snapshot)
         job.module_info = state_files.module_info(engine.module)
     if snapshot:
-        synchronize()      # the host copies from a GPU were asynchronous
+        synchronize_if_used()      # the host copies from a GPU were asynchronous
     return job
 
 

@@ -23,11 +23,5 @@ def host_copy(key, tensor):
     return buf
 
 
-def synchronize():
-    """Wait for copies from the GPU (non_blocking) before the writer reads them."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
 def release():
     _buffers.clear()

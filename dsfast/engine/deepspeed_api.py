@@ -123,13 +123,13 @@ class DeepSpeedQueries:
 
     def optimizer_params(self):
         """The "params" of the config's "optimizer" section as written (None without one)."""
-        return (self.config.raw.get("optimizer") or {}).get("params")
+        return (self.config.get("optimizer") or {}).get("params")
 
     def scheduler_name(self):
         return self.config.scheduler.type if self.config.scheduler is not None else None
 
     def scheduler_params(self):
-        return (self.config.raw.get("scheduler") or {}).get("params")
+        return (self.config.get("scheduler") or {}).get("params")
 
     def initial_dynamic_scale(self):
         return 2 ** self.config.fp16.initial_scale_power
@@ -223,16 +223,16 @@ class DeepSpeedQueries:
                                f"gradient accumulation cycle; call it right after engine.step() ends a cycle")
 
 
-def _config_getter(path):
+def _config_getter(name, path):
     read = operator.attrgetter(path)
 
     def getter(self):
         return read(self.config)
-    getter.__name__ = getter.__qualname__ = path.rpartition(".")[2]
+    getter.__name__, getter.__qualname__ = name, f"DeepSpeedQueries.{name}"
     getter.__doc__ = f"The config's {path}."
     return getter
 
 
 for _name, _path in _CONFIG_GETTERS.items():
     if not hasattr(DeepSpeedQueries, _name):
-        setattr(DeepSpeedQueries, _name, _config_getter(_path))
+        setattr(DeepSpeedQueries, _name, _config_getter(_name, _path))

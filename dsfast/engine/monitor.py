@@ -13,6 +13,8 @@ import csv
 import importlib
 import os
 
+from .progress import LossMean
+
 
 def _require(module, section, package):
     """Import `module` for the config's `section`, or say which package to install."""
@@ -79,12 +81,10 @@ _WRITERS = (("tensorboard", _Tensorboard), ("csv_monitor", _Csv), ("wandb", _Wan
 
 class Monitor:
     def __init__(self, config, rank):
-        sections = [(name, getattr(config, name)) for name, _ in _WRITERS]
-        self.enabled = any(cfg.enabled for _, cfg in sections)   # as DeepSpeed: on every rank alike
-        self.writers = []
-        if rank == 0:
-            self.writers = [make(getattr(config, name)) for name, make in _WRITERS if getattr(config, name).enabled]
-        self._loss_sum, self._loss_count = None, 0
+        enabled = [(make, getattr(config, name)) for name, make in _WRITERS if getattr(config, name).enabled]
+        self.enabled = bool(enabled)            # as DeepSpeed: on every rank alike
+        self.writers = [make(cfg) for make, cfg in enabled] if rank == 0 else []
+        self._loss = LossMean()
 
     def write_events(self, event_list):
         """[(name, value, step), ...] to every enabled writer (rank 0 only; a no-op elsewhere)."""
@@ -94,18 +94,16 @@ class Monitor:
 
     def record_loss(self, loss):
         if self.writers:
-            value = loss.detach().float().mean()
-            self._loss_sum = value if self._loss_sum is None else self._loss_sum + value
-            self._loss_count += 1
+            self._loss.add(loss)
 
     def on_step(self, samples, lrs, loss_scale):
         """The engine's events of one optimizer step."""
         if not self.writers:
             return
         events = []
-        if self._loss_sum is not None:
-            events.append(("Train/Samples/train_loss", float(self._loss_sum) / self._loss_count, samples))
-        self._loss_sum, self._loss_count = None, 0
+        loss = self._loss.take()
+        if loss is not None:
+            events.append(("Train/Samples/train_loss", loss, samples))
         if lrs:
             events.append(("Train/Samples/lr", lrs[0], samples))
         if loss_scale is not None:

@@ -9,14 +9,31 @@ import time
 import torch
 
 
+class LossMean:
+    """The mean of the losses added since the last take() (kept as a tensor: no sync per micro-batch)."""
+
+    def __init__(self):
+        self._sum, self._count = None, 0
+
+    def add(self, loss):
+        value = loss.detach().float().reshape(-1).mean() if loss.numel() != 1 else loss.detach().float().reshape(())
+        self._sum = value if self._sum is None else self._sum + value
+        self._count += 1
+
+    def take(self):
+        """The mean as a float (None if nothing was added), and start again."""
+        mean = None if self._sum is None else float(self._sum) / self._count
+        self._sum, self._count = None, 0
+        return mean
+
+
 class Progress:
     def __init__(self, steps_per_print, rank, wall_clock_breakdown=False, device=None):
         self.every = int(steps_per_print or 0)
         self.enabled = rank == 0 and self.every > 0
         self.breakdown = wall_clock_breakdown and rank == 0
         self.device = device
-        self._loss_sum = None
-        self._loss_count = 0
+        self._loss = LossMean()
         self._t0 = time.perf_counter()
         self._samples0 = 0
         self._phase = {}
@@ -25,9 +42,7 @@ class Progress:
     def record_loss(self, loss):
         if not self.enabled:
             return
-        value = loss.detach().float().reshape(-1).mean() if loss.numel() != 1 else loss.detach().float().reshape(())
-        self._loss_sum = value if self._loss_sum is None else self._loss_sum + value
-        self._loss_count += 1
+        self._loss.add(loss)
 
     # wall_clock_breakdown: time of forward / backward / step, summed between progress lines
     def start(self, phase):
@@ -50,8 +65,9 @@ class Progress:
         now = time.perf_counter()
         rate = (samples - self._samples0) / max(now - self._t0, 1e-9)
         parts = [f"[dsfast] step {step}"]
-        if self._loss_sum is not None:
-            parts.append(f"loss {float(self._loss_sum) / self._loss_count:.4f}")
+        loss = self._loss.take()
+        if loss is not None:
+            parts.append(f"loss {loss:.4f}")
         if loss_scale is not None:
             parts.append(f"loss scale {loss_scale:g}")
         parts.append("lr " + ",".join(f"{lr:.2e}" for lr in lrs))
@@ -61,5 +77,4 @@ class Progress:
             parts.append(" ".join(f"{k} {1000 * v / self.every:.1f}ms" for k, v in self._phase.items()))
             self._phase.clear()
         print(" | ".join(parts), flush=True)
-        self._loss_sum, self._loss_count = None, 0
         self._t0, self._samples0 = now, samples

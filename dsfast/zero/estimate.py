@@ -11,6 +11,7 @@ temporary buffers are not model states and are not counted.
 import argparse
 
 from .partition import model_state_bytes
+from .partitioned_param import whole_numel
 
 _CHOICES = [(0, False, False), (1, False, False), (1, True, False), (2, False, False), (2, True, False),
             (3, False, False), (3, True, False), (3, False, True), (3, True, True)]
@@ -36,10 +37,8 @@ def estimate_model_states(params, world_size, mixed=True, largest_layer=0, offlo
 def model_sizes(model):
     """(parameters, largest layer's parameters) of a module; a parameter shared by several modules counts once.
     Stage 3 parameters count whole (ds_numel), whether gathered or not."""
-    def numel(p):
-        return getattr(p, "ds_numel", p.numel())
-    total = sum({id(p): numel(p) for p in model.parameters()}.values())
-    largest = max((sum(numel(p) for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    total = sum({id(p): whole_numel(p) for p in model.parameters()}.values())
+    largest = max((sum(whole_numel(p) for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
     return total, largest
 
 

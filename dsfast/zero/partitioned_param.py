@@ -44,6 +44,11 @@ _ids = itertools.count()
 DS_PARAM_ATTRS = ("_dsfast_z3", "ds_id", "ds_shape", "ds_numel", "ds_status", "ds_tensor", "ds_persist")
 
 
+def whole_numel(param):
+    """Elements of the whole parameter, also while a stage 3 parameter holds only its slice."""
+    return getattr(param, "ds_numel", None) or param.numel()
+
+
 def _status(rec):
     if rec._gathered:
         return ZeroParamStatus.AVAILABLE

@@ -19,6 +19,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
+from ...accelerator.cuda import synchronize_if_used
+from ...zero.partitioned_param import whole_numel
+
 _UNITS = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"), (1, ""), (1e-3, "m"), (1e-6, "u"))
 
 
@@ -48,21 +51,12 @@ def duration_to_string(seconds, units=None, precision=2):
     return f"{number_to_string(seconds, units, precision)}s"
 
 
-def _sync():
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
-def _numel(p):
-    return getattr(p, "ds_numel", p.numel())    # ZeRO stage 3 parameters count whole
-
-
 class _ModuleStats:
     __slots__ = ("name", "module", "depth", "params", "flops", "duration", "calls", "_t0")
 
     def __init__(self, name, module, depth):
         self.name, self.module, self.depth = name, module, depth
-        self.params = sum(_numel(p) for p in module.parameters())
+        self.params = sum(whole_numel(p) for p in module.parameters())
         self.flops, self.duration, self.calls, self._t0 = 0, 0.0, 0, []
 
 
@@ -147,13 +141,13 @@ class FlopsProfiler:
                 self._counter = _CountFlops(self._active)
                 self._counter.__enter__()
             self._active.append(st)
-            _sync()
+            synchronize_if_used()
             st._t0.append(time.perf_counter())
         return hook
 
     def _post(self, st, is_root):
         def hook(module, args, output):
-            _sync()
+            synchronize_if_used()
             if st._t0:
                 st.duration += time.perf_counter() - st._t0.pop()
             st.calls += 1
@@ -181,7 +175,7 @@ class FlopsProfiler:
         return duration_to_string(total) if as_string else total
 
     def get_total_params(self, as_string=False):
-        total = sum(_numel(p) for p in self.model.parameters())
+        total = sum(whole_numel(p) for p in self.model.parameters())
         return params_to_string(total) if as_string else total
 
     # ---- reports ---------------------------------------------------------------------------------------------
@@ -239,7 +233,7 @@ class FlopsProfiler:
         depths = sorted({st.depth for st in self._stats})
         if module_depth >= 0:
             depths = [d for d in depths if d <= module_depth]
-        lines = [f"\n----------------------------- Aggregated Profile per Device -----------------------------",
+        lines = ["\n----------------------------- Aggregated Profile per Device -----------------------------",
                  f"Top {top_modules} modules in terms of params, MACs or fwd latency at different model depths:"]
         for d in depths:
             at = [st for st in self._stats if st.depth == d]
@@ -317,7 +311,7 @@ class EngineProfile:
         """Called at the end of engine.step(), before global_steps moves on."""
         if not (self.active and boundary):
             return
-        _sync()
+        synchronize_if_used()
         self.engine._profile_iteration_s = time.perf_counter() - self._t0
         self.profiler.print_model_profile(profile_step=self.cfg.profile_step, module_depth=self.cfg.module_depth,
                                           top_modules=self.cfg.top_modules, detailed=self.cfg.detailed,
