@@ -4,12 +4,11 @@ Files, one job each:
   initialize.py         initialize(): config -> process group -> device -> strategies -> optimizer -> Engine
   engine.py             Engine: forward / backward / step sequencing, counters, DeepSpeed-named accessors
   state_owner.py        what a stage's state owner provides; memory_breakdown counting
-  replicated.py         stage 0's owner: precision strategy + all-reduce + the step
+  replicated.py         stage 0's owner: precision strategy + all-reduce + the step (zero/decide.py, amp_step)
   grad_buffers.py       flat gradient buckets (param.grad are slices of them in fp32)
   grad_sync.py          gradient synchronisation strategy per ZeRO stage (stage 0: bucketed all-reduce in backward)
   shm_reduce.py         stage-0 reduction through shared memory for same-host CPU ranks (gloo only for barriers)
-  mixed_precision.py    fp32 / fp16 / bf16 strategy (fp32 master weights), unscale + clip + overflow pass
-  device_step.py        the same for FusedAdam/FusedSGD without host syncs: flag, norm, clip coef on the device
+  mixed_precision.py    fp32 / fp16 / bf16 strategy (fp32 master weights, where the 16-bit copies are written)
   optimizer_factory.py  config `optimizer` section -> CPUAdam / FusedAdam / CPUSGD / FusedSGD
   data.py               training_data -> DataLoader with a DistributedSampler
   progress.py           steps_per_print progress lines, wall_clock_breakdown

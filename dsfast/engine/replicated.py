@@ -1,13 +1,13 @@
 """Stage 0's state owner: every rank holds everything (plain data parallelism).
 
 It owns the precision strategy (mixed_precision.py: fp32 masters and flat gradient buckets) and the bucketed
-all-reduce (grad_sync.py / shm_reduce.py), and does the step: one unscale + clip + overflow pass then the
-optimizer, or, for FusedAdam/FusedSGD, the same on the device without host syncs (device_step.py).
+all-reduce (grad_sync.py / shm_reduce.py), and steps as every stage does: zero/decide.py decides overflow, norm and
+clip coefficient over the reduced buckets, then the optimizer applies them inside its update (optim/amp_step.py).
 """
 import torch
 
-from .device_step import queue_device_step, takes_device_scalars
-from .mixed_precision import finalize_grads
+from ..optim.amp_step import amp_step
+from ..zero.decide import decide
 from .state_owner import SliceRecord
 
 
@@ -39,16 +39,10 @@ class Replicated:
         self.grad_sync.prepare_step(names)
 
     def step(self, optimizer, factor, clip, check_overflow):
-        flats = self.buffers.flats()
-        if takes_device_scalars(optimizer):
-            # FusedAdam/FusedSGD: flag, norm and clip coefficient stay on the device and the kernel skips by
-            # itself; the flag is read once, after the update is queued (device_step.py says why it must be).
-            found_inf, norm = queue_device_step(self.precision, optimizer, flats, factor, clip, check_overflow)
-            return found_inf is None or not bool(found_inf), norm
-        applied, norm = finalize_grads(flats, factor, clip, check_overflow)
-        if applied:
-            self.precision.optimizer_step(optimizer)
-        return applied, norm
+        """(applied, norm): the buckets are all-reduced already, so the decision needs no collective."""
+        decision = decide(self.buffers.flats(), factor, clip, check_overflow)
+        amp_step(optimizer, out16=self.precision.out16_groups(optimizer), **decision.step_kwargs())
+        return decision.applied(), decision.norm
 
     def zero_grads(self):
         self.buffers.zero()

@@ -164,6 +164,8 @@ class CPUOptimizer(torch.optim.Optimizer):
     """Base of CPUAdam / CPUSGD: the ISA choice, the list cache, loading state into the kernel's
     layout, and the closure preamble of step()."""
 
+    _dsfast_amp_step = True   # step(grads=, grad_scale=, found_inf=, clip_coef=, out16=): optim/amp_step.py
+
     def __init__(self, params, defaults, isa):
         self.isa = check_isa(isa)
         self._cache = GroupCache()
@@ -174,6 +176,16 @@ class CPUOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 normalise_state(self.state.get(p))
+
+    @staticmethod
+    def _amp_arguments(fp16_param_groups, grad_scale, found_inf, clip_coef, out16):
+        """(gradient multiplier or None to skip, the 16-bit output groups) from step()'s amp arguments."""
+        from .amp_step import host_multiplier
+        if out16 is not None and fp16_param_groups is not None:
+            raise TypeError("step(): pass the 16-bit outputs as out16= or fp16_param_groups= (the same thing), "
+                            "not both")
+        return host_multiplier(grad_scale, found_inf, clip_coef), \
+            (out16 if out16 is not None else fp16_param_groups)
 
     @staticmethod
     def _run_closure(closure):

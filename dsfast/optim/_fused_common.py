@@ -40,7 +40,7 @@ def grad_for_kernel(p, g, gi, j):
     return g if g.is_contiguous() else g.contiguous()
 
 
-def gather(group, gi, states, use_master, init_state, keys):
+def gather(group, gi, states, use_master, init_state, keys, grads=None, outs=None):
     """The group's tensors as kernel lists, bucketed by (device, grad dtype, param dtype,
     master, fresh): {key: (grads, params (the fp32 masters when master), [one list per state
     key], 16-bit model copies or [])}.
@@ -49,12 +49,17 @@ def gather(group, gi, states, use_master, init_state, keys):
     the kernel's first-step form (SGD's dampened momentum). The common group (one device, one
     dtype pair, dense contiguous tensors) costs one loop of appends plus a few set
     comprehensions, well under torch's own gather; anything else takes a per-param loop whose
-    errors name the param."""
-    gs, ps, sts, fresh = [], [], [], set()
-    for p in group["params"]:
-        g = p.grad
+    errors name the param.
+
+    grads / outs (the amp contract, optim/amp_step.py): this group's gradients instead of p.grad, and the
+    16-bit tensors that receive each updated fp32 param (the kernel's model copies)."""
+    gs, ps, sts, fresh, os_ = [], [], [], set(), []
+    for j, p in enumerate(group["params"]):
+        g = grads[j] if grads is not None else p.grad
         if g is None:
             continue
+        if outs is not None:
+            os_.append(outs[j])
         st = states[p]
         if (not st or (keys and st.get(keys[0]) is None)) and init_state(p, st, use_master and p.dtype in _HALF):
             fresh.add(id(p))
@@ -73,11 +78,12 @@ def gather(group, gi, states, use_master, init_state, keys):
                 and all(p.is_contiguous() for p in ps):
             master = use_master and pdt in _HALF
             targets = [st["master_param"] for st in sts] if master else ps
+            copies = ps if master else (os_ if outs is not None else [])
             return {(ps[0].device, gdt, pdt, master, bool(fresh)):
-                    (gs, targets, [[st[k] for st in sts] for k in keys], ps if master else [])}
+                    (gs, targets, [[st[k] for st in sts] for k in keys], copies)}
     buckets = {}
     for j, p in enumerate(group["params"]):
-        g = p.grad
+        g = grads[j] if grads is not None else p.grad
         if g is None:
             continue
         g = grad_for_kernel(p, g, gi, j)
@@ -93,6 +99,8 @@ def gather(group, gi, states, use_master, init_state, keys):
             lst.append(st[k])
         if master:
             b[3].append(p)
+        elif outs is not None:
+            b[3].append(outs[j])
     return buckets
 
 
@@ -100,6 +108,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     """Base of FusedAdam / FusedSGD: master-weight choice and the step() preamble."""
 
     _step_supports_amp_scaling = True   # torch.amp.GradScaler passes grad_scale/found_inf to step()
+    _dsfast_amp_step = True             # and grads= / out16= (the engine's contract, optim/amp_step.py)
 
     def _set_master_weights(self, master_weights):
         if not isinstance(master_weights, bool):

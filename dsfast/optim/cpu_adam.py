@@ -75,47 +75,55 @@ class CPUAdam(_cpu_op.CPUOptimizer):
             group["decoupled_weight_decay"] = group["adamw_mode"]
 
     @torch.no_grad()
-    def step(self, closure=None, fp16_param_groups=None):
-        """One step. fp16_param_groups: optional, per group, a list of bf16/fp16 tensors (one
-        per param) that receive the updated parameters in the same pass."""
+    def step(self, closure=None, fp16_param_groups=None, *, grads=None, grad_scale=None, found_inf=None,
+             clip_coef=None, out16=None):
+        """One step. fp16_param_groups (or out16): optional, per group, a list of bf16/fp16 tensors
+        (one per param) that receive the updated parameters in the same pass. grads, grad_scale,
+        found_inf, clip_coef: the amp contract (optim/amp_step.py), applied inside the kernel."""
         loss = self._run_closure(closure)
+        multiplier, fp16_param_groups = self._amp_arguments(fp16_param_groups, grad_scale, found_inf, clip_coef,
+                                                            out16)
+        if multiplier is None:
+            return loss
         for gi, group in enumerate(self.param_groups):
             lr, (beta1, beta2), eps, wd = check_adam_hparams(group["lr"], group["betas"], group["eps"],
                                                               group["weight_decay"], group.get("amsgrad", False))
             check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
             halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
-            cached = self._cache.lookup(self, gi, group, _STATE_KEYS)
+            listed = grads[gi] if grads is not None else None
+            cached = self._cache.lookup(self, gi, group, _STATE_KEYS) if listed is None else None
             if cached is not None:
-                params, grads, t = cached
+                params, gs, t = cached
                 ms, vs, steps = t["exp_avg"], t["exp_avg_sq"], t["step"]
                 outs, indices = (halves or []), range(len(params))
             else:
-                params, grads, ms, vs, steps, outs, indices = self._gather(group, halves)
-                self._cache.store(self, gi, group, params, _STATE_KEYS)
+                params, gs, ms, vs, steps, outs, indices = self._gather(group, halves, listed)
+                if listed is None:
+                    self._cache.store(self, gi, group, params, _STATE_KEYS)
             if not params:
                 continue
             adamw = bool(group["adamw_mode"])
             group["decoupled_weight_decay"] = adamw
-            grad_scale = -1.0 if group.get("maximize") else 1.0
+            grad_scale = -multiplier if group.get("maximize") else multiplier
             if cached is not None and _cpu_op.tables_usable():
                 native = _cpu_op.op()
                 if self._cache.table_step(
-                        gi, "adam", grads, (ms, vs, steps), outs,
-                        lambda: _cpu_op.call(native.adam_table, gi, indices, params, grads, ms, vs, outs, steps),
+                        gi, "adam", gs, (ms, vs, steps), outs,
+                        lambda: _cpu_op.call(native.adam_table, gi, indices, params, gs, ms, vs, outs, steps),
                         lambda table: native.adam_table_step(table, lr, beta1, beta2, eps, wd, adamw,
                                                              bool(group["bias_correction"]), grad_scale,
                                                              _cpu_op.num_threads(), self.isa)):
                     continue
-            functional.adam_(params, grads, ms, vs, steps, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd,
+            functional.adam_(params, gs, ms, vs, steps, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd,
                              adamw=adamw, bias_correction=bool(group["bias_correction"]),
                              grad_scale=grad_scale, out16=outs, isa=self.isa,
                              group_index=gi, indices=indices)
         return loss
 
-    def _gather(self, group, halves):
+    def _gather(self, group, halves, listed=None):
         params, grads, ms, vs, steps, outs, indices = [], [], [], [], [], [], []
         for j, p in enumerate(group["params"]):
-            g = p.grad
+            g = listed[j] if listed is not None else p.grad
             if g is None:
                 continue
             state = self.state[p]

@@ -45,34 +45,41 @@ class CPUSGD(_cpu_op.CPUOptimizer):
             group.setdefault("maximize", False)
 
     @torch.no_grad()
-    def step(self, closure=None, fp16_param_groups=None):
+    def step(self, closure=None, fp16_param_groups=None, *, grads=None, grad_scale=None, found_inf=None,
+             clip_coef=None, out16=None):
+        """One step; fp16_param_groups / out16 and the amp arguments as CPUAdam.step."""
         loss = self._run_closure(closure)
+        multiplier, fp16_param_groups = self._amp_arguments(fp16_param_groups, grad_scale, found_inf, clip_coef,
+                                                            out16)
+        if multiplier is None:
+            return loss
         for gi, group in enumerate(self.param_groups):
             lr, momentum, dampening, wd, nesterov = check_sgd_hparams(
                 group["lr"], group["momentum"], group["dampening"], group["weight_decay"], group["nesterov"])
             check_unsupported_flags(group, ("foreach", "fused", "differentiable"))
             halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
             keys = ("momentum_buffer",) if momentum != 0 else ()
-            cached = self._cache.lookup(self, gi, group, keys)
+            listed = grads[gi] if grads is not None else None
+            cached = self._cache.lookup(self, gi, group, keys) if listed is None else None
             if cached is not None:
-                params, grads, t = cached
+                params, gs, t = cached
                 bufs = t["momentum_buffer"] if momentum != 0 else []
                 firsts = [False] * len(params) if momentum != 0 else []
                 outs, indices = (halves or []), range(len(params))
             else:
-                params, grads, bufs, firsts, outs, indices = self._gather(group, halves, momentum)
+                params, gs, bufs, firsts, outs, indices = self._gather(group, halves, momentum, listed)
             if not params:
                 continue
-            grad_scale = -1.0 if group.get("maximize") else 1.0
+            grad_scale = -multiplier if group.get("maximize") else multiplier
             if cached is not None and _cpu_op.tables_usable():   # buffers all seeded: the table path
                 native = _cpu_op.op()
                 if self._cache.table_step(
-                        gi, ("sgd", momentum != 0), grads, (bufs,), outs,
-                        lambda: _cpu_op.call(native.sgd_table, gi, indices, params, grads, bufs, outs),
+                        gi, ("sgd", momentum != 0), gs, (bufs,), outs,
+                        lambda: _cpu_op.call(native.sgd_table, gi, indices, params, gs, bufs, outs),
                         lambda table: native.sgd_table_step(table, lr, momentum, dampening, wd, nesterov,
                                                             grad_scale, _cpu_op.num_threads(), self.isa)):
                     continue
-            functional.sgd_(params, grads, bufs, firsts, lr=lr, momentum=momentum, dampening=dampening,
+            functional.sgd_(params, gs, bufs, firsts, lr=lr, momentum=momentum, dampening=dampening,
                             weight_decay=wd, nesterov=nesterov, grad_scale=grad_scale,
                             out16=outs, isa=self.isa, group_index=gi, indices=indices)
             if cached is None:
@@ -80,13 +87,14 @@ class CPUSGD(_cpu_op.CPUOptimizer):
                 for p, buf, first in zip(params, bufs, firsts):
                     if first:
                         self.state[p]["momentum_buffer"] = buf
-                self._cache.store(self, gi, group, params, keys)
+                if listed is None:
+                    self._cache.store(self, gi, group, params, keys)
         return loss
 
-    def _gather(self, group, halves, momentum):
+    def _gather(self, group, halves, momentum, listed=None):
         params, grads, bufs, firsts, outs, indices = [], [], [], [], [], []
         for j, p in enumerate(group["params"]):
-            g = p.grad
+            g = listed[j] if listed is not None else p.grad
             if g is None:
                 continue
             params.append(p)

@@ -64,17 +64,20 @@ class FusedAdam(FusedOptimizer):
             _group_defaults(group)
 
     @torch.no_grad()
-    def step(self, closure=None, *, grad_scale=None, found_inf=None, clip_coef=None):
+    def step(self, closure=None, *, grad_scale=None, found_inf=None, clip_coef=None, grads=None, out16=None):
         """One step. grad_scale: the loss scale the gradients carry (divided out in the kernel);
         found_inf: skip the step when nonzero; clip_coef: multiplies the unscaled gradients.
-        All three are optional one-element float32 tensors; GradScaler sets the first two."""
+        All three are optional one-element float32 tensors; GradScaler sets the first two.
+        grads / out16: per group, gradients to read instead of p.grad and 16-bit tensors that
+        receive the updated fp32 params (optim/amp_step.py)."""
         loss, grad_scale, found_inf = self._begin_step(closure, grad_scale, found_inf)
         scalars = {}
         for gi, group in enumerate(self.param_groups):
             lr, (beta1, beta2), eps, wd = check_adam_hparams(group["lr"], group["betas"], group["eps"],
                                                               group["weight_decay"], group.get("amsgrad", False))
             check_unsupported_flags(group, ("differentiable",))
-            buckets = gather(group, gi, self.state, self.master_weights, _init_state, _STATE_KEYS)
+            buckets = gather(group, gi, self.state, self.master_weights, _init_state, _STATE_KEYS,
+                             grads[gi] if grads is not None else None, out16[gi] if out16 is not None else None)
             for (device, _, _, _, _), (gs, ps, (ms, vs, steps), copies) in buckets.items():
                 inv, flag, coef = amp_scalars(device, grad_scale, found_inf, clip_coef, scalars)
                 torch._foreach_add_(steps, 1)

@@ -61,8 +61,8 @@ class FusedSGD(FusedOptimizer):
             group.setdefault("maximize", False)
 
     @torch.no_grad()
-    def step(self, closure=None, *, grad_scale=None, found_inf=None, clip_coef=None):
-        """One step; grad_scale / found_inf / clip_coef as in FusedAdam.step."""
+    def step(self, closure=None, *, grad_scale=None, found_inf=None, clip_coef=None, grads=None, out16=None):
+        """One step; grad_scale / found_inf / clip_coef / grads / out16 as in FusedAdam.step."""
         loss, grad_scale, found_inf = self._begin_step(closure, grad_scale, found_inf)
         scalars = {}
         for gi, group in enumerate(self.param_groups):
@@ -81,7 +81,8 @@ class FusedSGD(FusedOptimizer):
                 return False
 
             keys = ("momentum_buffer",) if momentum != 0.0 else ()
-            buckets = gather(group, gi, self.state, self.master_weights, init_state, keys)
+            buckets = gather(group, gi, self.state, self.master_weights, init_state, keys,
+                             grads[gi] if grads is not None else None, out16[gi] if out16 is not None else None)
             for (device, _, _, _, first), (gs, ps, states, copies) in buckets.items():
                 bufs = states[0] if states else []
                 inv, flag, coef = amp_scalars(device, grad_scale, found_inf, clip_coef, scalars)

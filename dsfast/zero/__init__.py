@@ -3,7 +3,8 @@
 Files, one job each:
   partition.py         pure partition maths (bucket plans, each rank's slices, the model-state memory formulas)
   flat_shards.py       parameter buckets and each rank's fp32 master shards (the storage stages 1-2 share)
-  shard_step.py        global norm across ranks, clip, overflow skip, the update of the shards, write-back
+  decide.py            every stage's step decision: overflow (element-wise), global norm, clip coefficient
+  shard_step.py        the update of the shards through the optimizer contract (optim/amp_step.py)
   sharded.py           the stage 1 and stage 2 state owners (reduce-scatter during backward)
   partitioned_param.py stage 3: one rank's slice of each parameter, gathered whole only while used
   param_hooks.py       stage 3: module hooks that gather around forward / backward, external parameters

@@ -7,8 +7,8 @@
                          staging buffer; a complete bucket is reduce-scattered into this rank's gradient shard
                          (accumulated across micro-steps, as DeepSpeed does) and its staging buffer is released;
                          at most MAX_IN_FLIGHT buckets are in flight.
-Both own the parameter buckets and fp32 master shards (flat_shards.FlatShards), the cross-rank norm and overflow
-check and the update (shard_step.py), and the all-gather of the updated parameters.
+Both own the parameter buckets and fp32 master shards (flat_shards.FlatShards); the step is every stage's: the
+decision across ranks (decide.py), the update of the shards (shard_step.py), then the all-gather.
 """
 import torch
 import torch.distributed as dist
@@ -17,8 +17,9 @@ from ..comm.flat_collectives import reduce_scatter_flat
 from ..engine.grad_buffers import GradBuffers
 from ..engine.grad_sync import AllReduceGradSync
 from ..engine.state_owner import DtypePolicy, SliceRecord
+from .decide import decide
 from .flat_shards import FlatShards
-from .shard_step import global_grad_norm, step_shards
+from .shard_step import step_shards
 
 MAX_IN_FLIGHT = 2   # stage 2: staging buckets whose reduce-scatter may still be running
 
@@ -40,21 +41,15 @@ class _ShardedBase:
         raise NotImplementedError
 
     def step(self, optimizer, factor, clip, check_overflow):
-        """(applied, norm). factor: 1/world x 1/loss_scale; the grads stay for zero_grads() to clear."""
-        grads = self.grad_shards()
-        norm = None
-        scale = factor
-        if clip > 0 or check_overflow:
-            raw = global_grad_norm(grads, self.world, self.group)
-            if raw == float("inf"):
-                if check_overflow:
-                    return False, float("inf")
-            norm = raw * factor
-            if clip > 0 and norm > clip:
-                scale *= clip / (norm + 1e-6)
-        step_shards(self.store, optimizer, self.update_grads(), scale)
-        self.store.all_gather(self.group)
-        return True, norm
+        """(applied, norm). factor: 1/world x 1/loss_scale; the grads stay for zero_grads() to clear. The decision
+        is global (one all-reduce), so every rank skips or all-gathers alike."""
+        decision = decide(self.grad_shards(), factor, clip, check_overflow, self.world, self.group,
+                          device=self.store.device)
+        step_shards(self.store, optimizer, self.update_grads(), decision)
+        applied = decision.applied()
+        if applied:
+            self.store.all_gather(self.group)
+        return applied, decision.norm
 
     def update_grads(self):
         """The gradient shards the update reads (host copies when they were made during backward)."""

@@ -1,10 +1,14 @@
 """Runs shared by the ZeRO workers (2 and 4 gloo ranks) and their one-process stage-0 references.
 
-A run is "name:stage:precision:offload:gas:clip:steps:model:optimizer:inject_rank", model "plain" (dp_common's
+A run is "name:stage:precision:offload:gas:clip:steps:model:optimizer:inject_rank[:inject]", model "plain" (dp_common's
 MLP: 1928 parameters, not divisible by 4 x 16, so partitions are padded and parameters straddle shards) or
 "fancy" (a frozen first layer, a tied weight, two param groups: weight decay 0.1 on matrices, 0 on biases and
-norms, and a larger lr on the second group); optimizer "config" (CPUAdam from the config) or "client" (a
-torch.optim.AdamW instance) or "sgd" (CPUSGD with momentum from the config).
+norms, and a larger lr on the second group); optimizer "config" (AdamW from the config: CPUAdam) or "adam" (the
+config's "Adam" with adam_w_mode false) or "sgd" (SGD with momentum from the config: CPUSGD) or "nesterov" (the
+same with nesterov) or "client" (a torch.optim.AdamW instance) or "torch_adam" (a torch.optim.Adam instance) or
+"fused_adam" (a dsfast FusedAdam(adam_w_mode=False) instance: on CPU tensors its reference kernel, through the
+same step call a GPU makes). inject: "inf" (default: the loss times inf on inject_rank at step 1) or "huge" (times
+1e22: finite gradients whose squares overflow fp32).
 """
 import torch
 
@@ -33,7 +37,8 @@ class Fancy(torch.nn.Module):
 def parse(run):
     f = run.split(":")
     return dict(name=f[0], stage=int(f[1]), precision=f[2], offload=f[3] == "1", gas=int(f[4]), clip=float(f[5]),
-                steps=int(f[6]), model=f[7], optimizer=f[8], inject_rank=int(f[9]))
+                steps=int(f[6]), model=f[7], optimizer=f[8], inject_rank=int(f[9]),
+                inject=f[10] if len(f) > 10 else "inf")
 
 
 def build(spec):
@@ -53,20 +58,34 @@ def config(spec, world):
            "steps_per_print": 1000, "zero_optimization": {"stage": spec["stage"]}}
     if spec["optimizer"] == "config":
         cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}
-    elif spec["optimizer"] == "sgd":
-        cfg["optimizer"] = {"type": "SGD", "params": {"lr": 5e-2, "momentum": 0.9, "weight_decay": 0.01}}
+    elif spec["optimizer"] == "adam":
+        cfg["optimizer"] = {"type": "Adam", "params": {"lr": 1e-2, "weight_decay": 0.1, "adam_w_mode": False}}
+    elif spec["optimizer"] in ("sgd", "nesterov"):
+        cfg["optimizer"] = {"type": "SGD", "params": {"lr": 5e-2, "momentum": 0.9, "weight_decay": 0.01,
+                                                      "nesterov": spec["optimizer"] == "nesterov"}}
     if spec["offload"]:
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if spec["precision"] == "bf16":
-        cfg["bf16"] = {"enabled": True}
+        cfg["bf16"] = {"enabled": True, "check_grad_overflow": spec["inject_rank"] >= 0}
     if spec["precision"] == "fp16":
         cfg["fp16"] = {"enabled": True, "initial_scale_power": 8, "hysteresis": 1}
     return cfg
 
 
+def client_optimizer(kind, params):
+    if kind == "client":
+        return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+    if kind == "torch_adam":
+        return torch.optim.Adam(params, lr=1e-2, weight_decay=0.1)
+    if kind == "fused_adam":
+        from dsfast.optim import FusedAdam
+        return FusedAdam(params, lr=1e-2, weight_decay=0.1, adam_w_mode=False)
+    return None
+
+
 def make_engine(initialize, spec, world, **init_kw):
     model, params = build(spec)
-    client = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1) if spec["optimizer"] == "client" else None
+    client = client_optimizer(spec["optimizer"], params)
     # with a client optimizer, a client LR scheduler too (built on engine.optimizer: the flat shards at ZeRO)
     schedule = (lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))) if client else None
     return initialize(model=model, model_parameters=params, optimizer=client, lr_scheduler=schedule,
@@ -92,7 +111,7 @@ def run_steps(engine, spec, rank, world, first=0, after_step=None):
             lo = (i * world + rank) * MICRO
             loss = torch.nn.functional.mse_loss(engine(x[lo:lo + MICRO]).float(), y[lo:lo + MICRO])
             if step == 1 and rank == spec["inject_rank"]:
-                loss = loss * float("inf")
+                loss = loss * (1e22 if spec.get("inject") == "huge" else float("inf"))
             engine.backward(loss)
             engine.step()
             total += float(loss.detach())
