@@ -1,7 +1,7 @@
 """The engine <-> checkpoint contract: which slices of which parameters this rank's optimizer holds.
 
 checkpoint_layout(engine) -> Layout(records, replicated, stage, world_size): the engine's state owner
-(dsfast/engine/state_owner.py) lists its SliceRecords; each says that elements [start, stop) of the flattened
+(dsfast/zero/state_owner.py) lists its SliceRecords; each says that elements [start, stop) of the flattened
 parameter `name` live at opt_param.view(-1)[opt_offset: opt_offset + stop - start], where opt_param is the key of
 engine.optimizer.state (its values are the fp32 master). Stage 0 holds whole parameters on every rank
 (replicated: rank 0 alone writes them); ZeRO stages hold one slice per bucket. engine_after_load(engine) has the
@@ -12,7 +12,7 @@ from typing import List
 
 import torch
 
-from dsfast.engine.state_owner import SliceRecord
+from dsfast.zero.state_owner import SliceRecord
 
 
 @dataclass
@@ -29,7 +29,7 @@ def param_names(module):
 
 
 def checkpoint_layout(engine):
-    owner = engine._owner
+    owner = engine.state_owner
     records = owner.checkpoint_layout(param_names(engine.module)) if engine.optimizer is not None else []
     return Layout(records, replicated=owner.stage == 0, stage=owner.stage, world_size=int(engine.world_size))
 
@@ -37,7 +37,7 @@ def checkpoint_layout(engine):
 @torch.no_grad()
 def engine_after_load(engine):
     """Loaded fp32 masters -> the model's parameters (nothing to copy when they are the same tensors)."""
-    engine._owner.after_checkpoint_load()
+    engine.state_owner.after_checkpoint_load()
 
 
 @torch.no_grad()

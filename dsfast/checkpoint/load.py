@@ -86,7 +86,7 @@ def _load(engine, reader, strict, load_optimizer_states, load_lr_scheduler_state
     if not module_only:
         for name in _files_needed(layout, reader.manifest["params"]):
             reader.file(name)
-    stage3 = getattr(engine._owner, "stage", 0) == 3
+    stage3 = engine.state_owner.partitions_params
     _load_module(engine.module, module_sd, strict, reader.dir, stage3)
     client = jsonable.decode(state.get("client_state") or {}, tensors)
     if module_only:

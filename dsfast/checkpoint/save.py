@@ -54,7 +54,7 @@ def prepare(engine, save_dir, tag, client_state, save_latest, exclude_frozen, ra
         tensors, slices = shards.collect(layout, engine.optimizer, manifest.optim_file(rank), snapshot=snapshot)
     job = SaveJob(os.fspath(save_dir), text, rank, bool(save_latest),
                   {"world_size": layout.world_size, "stage": layout.stage, "replicated": layout.replicated},
-                  getattr(engine._precision, "name", "fp32"), tensors, slices)
+                  engine.state_owner.precision.name, tensors, slices)
     gathered = state_files.stage3_module_tensors(engine, exclude_frozen)   # a collective at stage 3, else None
     if rank == 0:
         job.engine_json, job.engine_tensors = state_files.engine_state(engine, client_state)

@@ -25,7 +25,7 @@ def module_tensors(engine, exclude_frozen=False, snapshot=False):
 def stage3_module_tensors(engine, exclude_frozen=False):
     """At ZeRO stage 3 the whole weights, gathered one parameter at a time (every rank must call this; rank 0
     gets the tensors, on the host); None at other stages, whose module holds whole weights."""
-    if getattr(engine._owner, "stage", 0) != 3:
+    if not engine.state_owner.partitions_params:
         return None
     from dsfast.zero.save16 import gathered_state_dict
     return gathered_state_dict(engine.module, exclude_frozen=exclude_frozen)

@@ -88,9 +88,7 @@ class DeepSpeedQueries:
     def empty_partition_cache(self):
         """Stage 3: give back every parameter still gathered whole outside a forward (after generate(), or a
         GatheredParameters block that has ended), except the persistent ones. A no-op at other stages."""
-        store = getattr(self._owner, "store", None)
-        for r in getattr(store, "all_records", ()):
-            r.release()
+        self.state_owner.empty_partition_cache()
 
     def deepspeed_io(self, dataset, batch_size=None, route=None, pin_memory=True, data_sampler=None,
                      collate_fn=None, num_local_io_workers=None):

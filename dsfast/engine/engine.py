@@ -1,9 +1,9 @@
 """The training engine: forward / backward / step orchestration over one state owner.
 
-The owner (chosen once, in initialize.py, by ZeRO stage; state_owner.py lists what it provides) holds the
-buffers, masters, reduction, norm / overflow check, update and write-back of its stage:
-  stage 0  replicated.Replicated             stage 1  zero.sharded.ShardedOptimizerState
-  stage 2  zero.sharded.ShardedGradients
+The owner (built once by dsfast.zero.owners.build_owner; dsfast.zero.state_owner.StateOwner lists what it
+provides) holds the buffers, masters, reduction, step decision, update and write-back of its stage:
+  stage 0  zero.replicated.Replicated        stage 1  zero.sharded.ShardedOptimizerState
+  stage 2  zero.sharded.ShardedGradients     stage 3  zero.stage3.Stage3
 The engine only sequences it: scale the loss, run backward, tell the owner where accumulation boundaries are,
 ask it to step, drive the loss scaler and the LR scheduler, count steps, log.
 """
@@ -16,7 +16,7 @@ from .autocast import autocast_plan
 from .deepspeed_api import DeepSpeedQueries
 from .monitor import Monitor
 from .progress import Progress
-from .state_owner import memory_breakdown
+from ..zero.state_owner import memory_breakdown
 
 
 class NoOptimizerError(RuntimeError):
@@ -68,6 +68,12 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
             self._flops_profile = EngineProfile(self, config.flops_profiler)
 
     # ---- DeepSpeed-named properties -------------------------------------------------------------------
+    @property
+    def state_owner(self):
+        """The ZeRO stage's state owner (dsfast.zero.state_owner.StateOwner): what checkpoints and dsfast.utils
+        read the partitioned states through."""
+        return self._owner
+
     @property
     def device(self):
         return self._device
@@ -298,7 +304,7 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
         `.safetensors` name writes that format). Under ZeRO stage 3 the weights are gathered from the partitions
         (call it on every rank) and, as in DeepSpeed, only when zero_optimization.gather_16bit_weights_on_model_save
         is true; otherwise a warning says so and False is returned."""
-        from dsfast.zero.save16 import save_16bit_model
+        from dsfast.checkpoint.model16 import save_16bit_model
         if self.config.zero_stage == 3 and not self.config.zero_optimization.gather_16bit_weights_on_model_save:
             if self.global_rank == 0:
                 print("[dsfast] save_16bit_model: nothing saved: under ZeRO stage 3 set zero_optimization."

@@ -1,8 +1,7 @@
 """dsfast.initialize: config -> process group -> device -> state owner -> optimizer -> engine.
 
-Each step is a small function; the state owner (state_owner.py) is chosen by ZeRO stage here and nowhere else:
-stage 0 replicated.Replicated (precision strategy + all-reduce), stages 1-2 dsfast.zero.sharded, stage 3
-dsfast.zero.stage3.
+Each step is a small function; the state owner is built by dsfast.zero.owners.build_owner (the one place a stage
+picks it) and used only through dsfast.zero.state_owner.StateOwner.
 """
 import os
 import warnings
@@ -10,13 +9,10 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from ..zero.owners import build_owner
 from .data import build_dataloader
 from .engine import Engine
-from .grad_sync import build_grad_sync
-from .mixed_precision import build_precision
 from .optimizer_factory import build_optimizer
-from .replicated import Replicated
-from .shm_reduce import shm_allocator
 
 # Reduction buckets of 1M elements (4 MB fp32): about one transformer block of the benchmark GPT, so each block's
 # all-reduce / reduce-scatter overlaps the backward of the blocks below it (benchmarks/engine_step.py
@@ -67,7 +63,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     previous = getattr(model, "_dsfast_owner", None)
     if previous is not None:  # the model was given to initialize() before: its old hooks must not fire
         previous.detach()
-    owner = _build_owner(cfg, model, trainable, groups, bucket, world, rank, device)
+    owner = build_owner(cfg, model, trainable, groups, bucket, world, rank, device)
     object.__setattr__(model, "_dsfast_owner", owner)
 
     opt = _make_optimizer(cfg, optimizer, groups, owner, device, rank)
@@ -130,94 +126,23 @@ def _trainable(model, optimizer, model_parameters):
     return ordered, groups
 
 
-def _build_owner(cfg, model, trainable, groups, bucket, world, rank, device=None):
-    if cfg.zero_stage == 3:
-        from dsfast.zero.stage3 import build_stage3_owner
-        return build_stage3_owner(model, trainable, _group_index(groups, trainable), cfg.precision, world, rank,
-                                  device or torch.device("cpu"), cfg.zero_optimization)
-    if cfg.zero_stage == 0:
-        shared = shm_allocator(world) if trainable and dist.is_initialized() else None
-        precision = build_precision(cfg.precision, model, trainable, bucket, allocate=shared)
-        return Replicated(precision, build_grad_sync(0, precision.buffers, world, shared_table=shared))
-    from dsfast.zero.sharded import build_sharded_owner
-    zero = cfg.zero_optimization
-    offload = zero.offload_optimizer_device == "cpu"
-    shared = (lambda: shm_allocator(world)) if trainable and dist.is_initialized() else None
-    return build_sharded_owner(cfg.zero_stage, trainable, _group_index(groups, trainable), cfg.precision, bucket,
-                               world, rank, offload=offload,
-                               pin_memory=bool(offload and zero.offload_optimizer.pin_memory), module=model,
-                               shared=shared)
-
-
-def _group_index(groups, params):
-    """Param-group index of each param (0 when the groups are a plain list of params)."""
-    if not (groups and isinstance(groups[0], dict)):
-        return [0] * len(params)
-    where = {id(p): gi for gi, g in enumerate(groups) for p in g["params"]}
-    return [where[id(p)] for p in params]
-
-
-def _hyperparameters(groups):
-    """Each param group without its params (one {} for a plain list)."""
-    if groups and isinstance(groups[0], dict):
-        return [{k: v for k, v in g.items() if k != "params"} for g in groups]
-    return [{}]
-
-
-def _remap_groups(groups, owner):
-    """Param groups over the tensors the optimizer actually updates: fp32 masters in fp16/bf16 at stage 0, the
-    rank's flat shards at ZeRO stages (one group per user group, its hyperparameters kept)."""
-    if owner.stage > 0:
-        return owner.store.shard_groups(_hyperparameters(groups))
-    precision = owner.precision
-    if groups and isinstance(groups[0], dict):
-        return [{**g, "params": [precision.master_of(p) for p in g["params"] if p.requires_grad]} for g in groups]
-    return [precision.master_of(p) for p in groups if p.requires_grad]
-
-
 def _make_optimizer(cfg, client, groups, owner, device, rank):
     opt_cfg = getattr(cfg, "optimizer", None)
-    trains = bool(owner.precision.params if owner.stage == 0 else owner.store.params)
     if client is not None:
         if opt_cfg is not None and rank == 0:
             warnings.warn(f"a client optimizer ({type(client).__name__}) was passed to initialize(); the config's "
                           f"'optimizer' section ({opt_cfg.type}) is ignored")
         if isinstance(client, torch.optim.Optimizer):
-            _point_at_owned(client, owner, groups)
+            owner.adopt_client_optimizer(client, groups)
             return client
         if callable(client):
-            return client(_remap_groups(groups, owner))
+            return client(owner.optimizer_groups(groups))
         raise TypeError(f"optimizer must be a torch.optim.Optimizer or a callable taking parameters; "
                         f"got {type(client).__name__}")
-    if not trains:
-        return None  # nothing to train (a frozen model used for eval)
-    if opt_cfg is None:
-        return None
+    if not owner.trains or opt_cfg is None:
+        return None  # nothing to train (a frozen model used for eval), or nothing to train it with
     # with offload_optimizer the states live on the host: the CPU kernels step them
-    target = torch.device("cpu") if owner.stage > 0 and owner.store.offload else device
-    return build_optimizer(opt_cfg, _remap_groups(groups, owner), target)
-
-
-def _point_at_owned(optimizer, owner, groups):
-    """Re-target a client optimizer built on the model's params at what the owner updates: the fp32 masters at
-    stage 0 (its state moves too), the flat shards at ZeRO stages (a fresh optimizer only)."""
-    if owner.stage == 0:
-        precision = owner.precision
-        if precision.masters is precision.params:
-            return
-        for g in optimizer.param_groups:
-            g["params"] = [precision.master_of(p) for p in g["params"]]
-        old_state = dict(optimizer.state)
-        optimizer.state.clear()
-        for p, s in old_state.items():
-            optimizer.state[precision.master_of(p)] = s
-        return
-    if len(optimizer.state):
-        raise ValueError(f"the client optimizer ({type(optimizer).__name__}) already has state; under ZeRO stage "
-                         f"{owner.stage} it steps flat partitions, so pass an optimizer that has not stepped yet")
-    sharded = owner.store.shard_groups(_hyperparameters(groups))
-    for g, s in zip(optimizer.param_groups, sharded):
-        g["params"] = s["params"]
+    return build_optimizer(opt_cfg, owner.optimizer_groups(groups), owner.optimizer_device or device)
 
 
 def _make_scheduler(cfg, client, optimizer, rank):

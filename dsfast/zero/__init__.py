@@ -1,6 +1,13 @@
 """ZeRO: partitioned optimizer states (stage 1), gradients (stage 2) and parameters (stage 3), with CPU offload.
 
 Files, one job each:
+  state_owner.py       StateOwner: what every stage's owner provides the engine and checkpoints; memory counting
+  owners.py            build_owner (the one place a stage picks its owner); what ZeRO owners offer the optimizer
+  replicated.py        stage 0's owner: every rank holds everything (precision strategy + all-reduce)
+  mixed_precision.py   stage 0's fp32 / fp16 / bf16 strategy (fp32 masters, where the 16-bit copies go)
+  grad_buffers.py      flat gradient buckets (param.grad are slices of them in fp32) of stages 0 and 1
+  grad_sync.py         stage 0's bucketed all-reduce during backward (stage 1 reduce-scatters through it)
+  shm_reduce.py        the same-host /dev/shm table and stage 0's reduction through it
   partition.py         pure partition maths (bucket plans, each rank's slices, the model-state memory formulas)
   flat_shards.py       parameter buckets and each rank's fp32 master shards (the storage stages 1-2 share)
   decide.py            every stage's step decision: overflow (element-wise), global norm, clip coefficient

@@ -1,15 +1,13 @@
-"""engine.save_16bit_model: the whole model's weights in the model dtype, gathered from the partitions.
+"""Whole-model state dicts of a stage-3 module without holding the model: gathered one parameter at a time, or
+loaded slice by slice.
 
-Parameters are gathered one at a time (a collective: every rank calls it) and copied to host memory on rank 0,
-which writes the file: `*.safetensors` in the safetensors format (dsfast.checkpoint's writer), anything else with
-torch.save, as DeepSpeed does.
+gathered_state_dict: parameters gathered one at a time (a collective: every rank calls it) and copied to host
+memory on rank 0 (what engine.save_16bit_model, dsfast.checkpoint and DeepSpeed's consolidated 16-bit state dict
+write). load_partitioned_state_dict: each rank keeps its own slice of whole tensors.
 """
-import os
-
 import torch
 import torch.distributed as dist
 
-from ..checkpoint.safetensors_io import write_file
 from .partitioned_param import gather, record_of
 
 
@@ -43,21 +41,6 @@ def gathered_state_dict(module, on_rank0_only=True, exclude_frozen=False):
                         sd_names.add(full)
                         out[full] = b.detach().to("cpu", copy=True)
     return out
-
-
-def save_16bit_model(module, save_dir, save_filename, exclude_frozen=False):
-    sd = gathered_state_dict(module, exclude_frozen=exclude_frozen)
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    if rank == 0:
-        os.makedirs(save_dir, exist_ok=True)
-        path = os.path.join(save_dir, save_filename)
-        if save_filename.endswith(".safetensors"):
-            write_file(path, sd)
-        else:
-            torch.save(sd, path)
-    if dist.is_initialized():
-        dist.barrier()
-    return True
 
 
 @torch.no_grad()

@@ -14,18 +14,20 @@ import torch
 import torch.distributed as dist
 
 from ..comm.flat_collectives import reduce_scatter_flat
-from ..engine.grad_buffers import GradBuffers
-from ..engine.grad_sync import AllReduceGradSync
-from ..engine.state_owner import DtypePolicy, SliceRecord
+from .grad_buffers import GradBuffers
+from .grad_sync import AllReduceGradSync
+from .state_owner import DtypePolicy, SliceRecord
 from .decide import decide
 from .flat_shards import FlatShards
+from .owners import ShardOptimizer
 from .shard_step import step_shards
 
 MAX_IN_FLIGHT = 2   # stage 2: staging buckets whose reduce-scatter may still be running
 
 
-class _ShardedBase:
+class _ShardedBase(ShardOptimizer):
     stage = None
+    partitions_params = False
 
     def __init__(self, store: FlatShards, precision: DtypePolicy, group=None):
         self.store = store

@@ -15,8 +15,8 @@ import torch
 
 import torch.distributed as dist
 
-from ..engine.shm_reduce import shm_allocator
-from ..engine.state_owner import DtypePolicy
+from .shm_reduce import shm_allocator
+from .state_owner import DtypePolicy
 from . import grad_buckets
 from .param_hooks import ParamCoordinator
 from .partition import owned_pieces
@@ -97,6 +97,7 @@ class Stage3Store:
 
 class Stage3(_ShardedBase):
     stage = 3
+    partitions_params = True
     reduces_every_micro_step = True   # the engine refuses no_sync()
 
     def __init__(self, store, precision, coordinator, group=None, reducer=None):
@@ -156,6 +157,10 @@ class Stage3(_ShardedBase):
 
     def prepare_step(self, names):
         self.refuse_stray_grads(names)
+
+    def empty_partition_cache(self):
+        for r in self.store.all_records:
+            r.release()
 
     def grad_shards(self):
         return self.store.grads

@@ -7,12 +7,13 @@ clip coefficient over the reduced buckets, then the optimizer applies them insid
 import torch
 
 from ..optim.amp_step import amp_step
-from ..zero.decide import decide
+from .decide import decide
 from .state_owner import SliceRecord
 
 
 class Replicated:
     stage = 0
+    partitions_params = False
 
     def __init__(self, precision, grad_sync):
         self.precision = precision
@@ -28,6 +29,34 @@ class Replicated:
 
     def bind_optimizer(self, optimizer):
         self._optimizer = optimizer
+
+    # ---- what the optimizer steps: the fp32 masters (the parameters themselves in fp32) ----------------------
+    @property
+    def trains(self):
+        return bool(self.precision.params)
+
+    optimizer_device = None   # the engine's device
+
+    def empty_partition_cache(self):
+        """Every rank holds whole parameters: nothing to give back."""
+
+    def optimizer_groups(self, groups):
+        master_of = self.precision.master_of
+        if groups and isinstance(groups[0], dict):
+            return [{**g, "params": [master_of(p) for p in g["params"] if p.requires_grad]} for g in groups]
+        return [master_of(p) for p in groups if p.requires_grad]
+
+    def adopt_client_optimizer(self, optimizer, groups):
+        """A client optimizer built on the model's params steps their fp32 masters (its state moves too)."""
+        precision = self.precision
+        if precision.masters is precision.params:
+            return
+        for g in optimizer.param_groups:
+            g["params"] = [precision.master_of(p) for p in g["params"]]
+        old_state = dict(optimizer.state)
+        optimizer.state.clear()
+        for p, s in old_state.items():
+            optimizer.state[precision.master_of(p)] = s
 
     def begin_backward(self, reduce):
         self.grad_sync.begin_backward(reduce)

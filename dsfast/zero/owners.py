@@ -1,0 +1,79 @@
+"""The one place a ZeRO stage picks its state owner, and what every owner offers the optimizer.
+
+    owner = build_owner(cfg, model, trainable, groups, bucket, world, rank, device)
+
+stage 0 replicated.Replicated (precision strategy + all-reduce), stages 1-2 sharded.py, stage 3 stage3.py. The
+engine and initialize() then talk to the owner through state_owner.StateOwner only; the optimizer is built over
+owner.optimizer_groups(groups) on owner.optimizer_device (the fp32 masters at stage 0, this rank's flat shards at
+ZeRO stages, on the host with offload_optimizer), and a client optimizer is re-pointed by
+owner.adopt_client_optimizer.
+"""
+import torch
+import torch.distributed as dist
+
+from .shm_reduce import shm_allocator
+
+
+def build_owner(cfg, model, trainable, groups, bucket, world, rank, device):
+    group_of = group_index(groups, trainable)
+    if cfg.zero_stage == 3:
+        from .stage3 import build_stage3_owner
+        return build_stage3_owner(model, trainable, group_of, cfg.precision, world, rank,
+                                  device or torch.device("cpu"), cfg.zero_optimization)
+    if cfg.zero_stage == 0:
+        from .grad_sync import build_grad_sync
+        from .mixed_precision import build_precision
+        from .replicated import Replicated
+        shared = shm_allocator(world) if trainable and dist.is_initialized() else None
+        precision = build_precision(cfg.precision, model, trainable, bucket, allocate=shared)
+        return Replicated(precision, build_grad_sync(0, precision.buffers, world, shared_table=shared))
+    from .sharded import build_sharded_owner
+    zero = cfg.zero_optimization
+    offload = zero.offload_optimizer_device == "cpu"
+    shared = (lambda: shm_allocator(world)) if trainable and dist.is_initialized() else None
+    return build_sharded_owner(cfg.zero_stage, trainable, group_of, cfg.precision, bucket, world, rank,
+                               offload=offload, pin_memory=bool(offload and zero.offload_optimizer.pin_memory),
+                               module=model, shared=shared)
+
+
+def group_index(groups, params):
+    """Param-group index of each param (0 when the groups are a plain list of params)."""
+    if not (groups and isinstance(groups[0], dict)):
+        return [0] * len(params)
+    where = {id(p): gi for gi, g in enumerate(groups) for p in g["params"]}
+    return [where[id(p)] for p in params]
+
+
+def hyperparameters(groups):
+    """Each param group without its params (one {} for a plain list)."""
+    if groups and isinstance(groups[0], dict):
+        return [{k: v for k, v in g.items() if k != "params"} for g in groups]
+    return [{}]
+
+
+class ShardOptimizer:
+    """What the ZeRO owners (stages 1-3) share towards the optimizer: it steps this rank's flat shards."""
+
+    def empty_partition_cache(self):
+        """Nothing is gathered outside a forward below stage 3."""
+
+    @property
+    def trains(self):
+        return bool(self.store.params)
+
+    @property
+    def optimizer_device(self):
+        return self.store.master_device
+
+    def optimizer_groups(self, groups):
+        """One group per user group over this rank's shards, its hyperparameters kept."""
+        return self.store.shard_groups(hyperparameters(groups))
+
+    def adopt_client_optimizer(self, optimizer, groups):
+        """A client optimizer built on the model's params steps the flat shards instead (a fresh one only)."""
+        if len(optimizer.state):
+            raise ValueError(f"the client optimizer ({type(optimizer).__name__}) already has state; under ZeRO "
+                             f"stage {self.stage} it steps flat partitions, so pass an optimizer that has not "
+                             "stepped yet")
+        for g, s in zip(optimizer.param_groups, self.optimizer_groups(groups)):
+            g["params"] = s["params"]
