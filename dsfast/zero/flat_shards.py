@@ -7,8 +7,9 @@ parameters (one per bucket, in the bucket's param group), so `optimizer.state[sh
 torch optimizer works. For an fp32 model whose masters stay on the parameters' device the shard IS the slice of
 the parameter bucket: no second fp32 copy exists (DeepSpeed keeps one).
 
-Placement (offload_optimizer.device = cpu): masters and states live on the host (pinned when asked and a GPU is
-present); on a CPU-only machine the host is the device, and the same code runs.
+Placement (placement.py): with offload_optimizer the masters and states live on the host (pinned when asked and a
+GPU is present), and where the host is distinct from the device the CPU optimizer writes the updated 16-bit
+values into host copies (host16) that go to the device after the step.
 """
 import torch
 import torch.distributed as dist
@@ -18,27 +19,28 @@ from .partition import owned_pieces, plan_buckets
 
 
 class FlatShards:
-    def __init__(self, params, group_of, model_dtype, bucket_elems, world, rank, offload=False, pin_memory=False,
-                 allocate=None):
+    def __init__(self, params, group_of, model_dtype, bucket_elems, world, rank, placement, allocate=None):
         """params: trainable parameters in model order (still fp32 when model_dtype is 16-bit: the masters are
         taken from them before the cast); group_of: param-group index per param. `allocate(numel, dtype, device)`
         (shm_reduce.SharedTable), when given, provides one storage for every parameter bucket: same-host ranks then
-        all-gather through shared memory (`table` is set when it did)."""
+        all-gather through shared memory (`table` is set when it did). placement: placement.Placement."""
         self.params = list(params)
         self.world, self.rank = world, rank
         self.model_dtype = model_dtype
         self.mixed = model_dtype != torch.float32
         self.device = self.params[0].device if self.params else torch.device("cpu")
-        self.offload = offload
-        self.master_device = torch.device("cpu") if offload else self.device
-        self.pin = bool(pin_memory and offload and self.device.type == "cuda")
+        self.placement = placement
+        self.offload = placement.offload_states
+        self.master_device = placement.states_device
+        self.pin = placement.pin
+        self.masters_are_params = placement.masters_alias(self.mixed)
         total = sum(p.numel() for p in self.params)
         # a bucket is never larger than the model (DeepSpeed allocates its 500M-element default regardless)
         bucket_elems = max(1, min(int(bucket_elems), total))
         kinds = [(str(p.device),) for p in self.params]
         self.plans = plan_buckets([p.numel() for p in self.params], group_of, kinds, bucket_elems, world)
         self.flats, self.masters, self.shards = [], [], []
-        self.host16 = []   # offload with a GPU: pinned host copies of the 16-bit slices the CPU optimizer writes
+        self.host16 = []   # offload, distinct host: host copies of the 16-bit slices the CPU optimizer writes
         self.table, self.offsets = None, []
         storage = allocate(sum(p.padded for p in self.plans), model_dtype, self.device) if allocate else None
         if storage is not None and getattr(allocate, "table", None) is not None:
@@ -66,7 +68,7 @@ class FlatShards:
                     p = self.params[e.param]
                     p.data = flat[e.offset:e.offset + e.numel].view(p.shape)
                 if master is None:
-                    master = flat[lo:hi] if self.master_device == self.device else \
+                    master = flat[lo:hi] if self.masters_are_params else \
                         flat[lo:hi].to(self.master_device, copy=True)
                     if self.pin:
                         master = master.pin_memory()
@@ -75,17 +77,12 @@ class FlatShards:
                 shard = torch.nn.Parameter(master, requires_grad=True)
                 shard._dsfast_bucket = plan.index
                 self.shards.append(shard)
-                self.host16.append(torch.empty(plan.shard, dtype=model_dtype, pin_memory=True)
-                                   if (self.mixed and self.offload and self.device.type == "cuda") else None)
+                self.host16.append(placement.host_empty(plan.shard, model_dtype)
+                                   if self.mixed and placement.copies_states else None)
         self.bucket_of = {}   # id(param) -> (plan, entry)
         for plan in self.plans:
             for e in plan.entries:
                 self.bucket_of[id(self.params[e.param])] = (plan, e)
-
-    @property
-    def masters_are_params(self):
-        """fp32 on the parameters' device: the shards are slices of the parameter buckets (no copy)."""
-        return not self.mixed and self.master_device == self.device
 
     def shard_groups(self, groups):
         """The optimizer's param groups over the shards: `groups` gives each group's hyperparameters (dicts

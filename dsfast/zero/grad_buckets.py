@@ -94,6 +94,7 @@ class _Buckets:
         self._arrived = {}    # bucket index -> set of param indices whose gradient arrived
         self._staging = {}    # bucket index -> private staging buffer
         self._late = {}       # bucket index -> gradients that came after the bucket was reduced (see add)
+        self.on_reduced = None   # called with a bucket once its shards hold this backward's reduced sum
 
     def begin(self):
         self._next = 0
@@ -144,6 +145,10 @@ class _Buckets:
     def _drain(self):
         pass
 
+    def _reduced(self, b):
+        if self.on_reduced is not None:
+            self.on_reduced(b)
+
     def in_flight_buffers(self):
         return list(self._staging.values()) + list(self._late.values())
 
@@ -170,6 +175,7 @@ class GlooBuckets(_Buckets):
         b, handle, out, _ = self._in_flight.pop(0)
         handle.wait()
         b.grad_flat.add_(out)
+        self._reduced(b)
 
     def _drain(self):
         while self._in_flight:
@@ -179,6 +185,7 @@ class GlooBuckets(_Buckets):
         out = torch.empty(b.shard_numel, dtype=buf.dtype, device=buf.device)
         reduce_scatter_flat(out, buf, group=self.group)
         b.grad_flat.add_(out)
+        self._reduced(b)
         self.collectives_launched += 1
 
     def in_flight_buffers(self):
@@ -230,6 +237,7 @@ class ShmBuckets(_Buckets):
         lo, hi = self.rank * b.shard_numel, (self.rank + 1) * b.shard_numel
         for q in range(self.world):
             b.grad_flat.add_(self._slot(b, q)[lo:hi])
+        self._reduced(b)
         self.collectives_launched += 1
         self._next += 1
 
@@ -245,6 +253,7 @@ class ShmBuckets(_Buckets):
         lo, hi = self.rank * b.shard_numel, (self.rank + 1) * b.shard_numel
         for q in range(self.world):
             b.grad_flat.add_(self._slot(b, q)[lo:hi])
+        self._reduced(b)
         self.collectives_launched += 1
 
     def memory(self):

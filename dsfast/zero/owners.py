@@ -11,15 +11,18 @@ owner.adopt_client_optimizer.
 import torch
 import torch.distributed as dist
 
+from .placement import placement_of
 from .shm_reduce import shm_allocator
 
 
 def build_owner(cfg, model, trainable, groups, bucket, world, rank, device):
     group_of = group_index(groups, trainable)
+    device = torch.device(device or "cpu")
+    placement = placement_of(cfg.zero_optimization, device)
     if cfg.zero_stage == 3:
         from .stage3 import build_stage3_owner
-        return build_stage3_owner(model, trainable, group_of, cfg.precision, world, rank,
-                                  device or torch.device("cpu"), cfg.zero_optimization)
+        return build_stage3_owner(model, trainable, group_of, cfg.precision, world, rank, placement,
+                                  cfg.zero_optimization)
     if cfg.zero_stage == 0:
         from .grad_sync import build_grad_sync
         from .mixed_precision import build_precision
@@ -28,11 +31,8 @@ def build_owner(cfg, model, trainable, groups, bucket, world, rank, device):
         precision = build_precision(cfg.precision, model, trainable, bucket, allocate=shared)
         return Replicated(precision, build_grad_sync(0, precision.buffers, world, shared_table=shared))
     from .sharded import build_sharded_owner
-    zero = cfg.zero_optimization
-    offload = zero.offload_optimizer_device == "cpu"
     shared = (lambda: shm_allocator(world)) if trainable and dist.is_initialized() else None
-    return build_sharded_owner(cfg.zero_stage, trainable, group_of, cfg.precision, bucket, world, rank,
-                               offload=offload, pin_memory=bool(offload and zero.offload_optimizer.pin_memory),
+    return build_sharded_owner(cfg.zero_stage, trainable, group_of, cfg.precision, bucket, world, rank, placement,
                                module=model, shared=shared)
 
 

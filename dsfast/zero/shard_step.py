@@ -17,12 +17,11 @@ def step_shards(store, optimizer, grads, decision):
     the model-dtype slices hold the new values afterwards (all-gather not included)."""
     shards = store.shards
     host_grads = [g if g.device == s.device else g.to(s.device, non_blocking=True) for g, s in zip(grads, shards)]
-    if store.offload and store.device.type == "cuda":
-        torch.cuda.current_stream().synchronize()   # the host copies must land before the CPU reads them
+    store.placement.synchronize()   # the host copies must land before the CPU reads them
     index = {id(s): i for i, s in enumerate(shards)}
     groups = [[index[id(s)] for s in group["params"]] for group in optimizer.param_groups]
     out16 = None
-    if store.mixed:   # offload with a GPU: the pinned host copies, then one copy to the device below
+    if store.mixed:   # offload to a distinct host: the host copies, then one copy to the device below
         out16 = [[store.host16[i] if store.host16[i] is not None else store.slice16(i) for i in ids]
                  for ids in groups]
     amp_step(optimizer, grads=[[host_grads[i] for i in ids] for ids in groups], out16=out16,

@@ -53,9 +53,19 @@ class _ShardedBase(ShardOptimizer):
             self.store.all_gather(self.group)
         return applied, decision.norm
 
+    _host_grads = None
+
     def update_grads(self):
-        """The gradient shards the update reads (host copies when they were made during backward)."""
-        return self.grad_shards()
+        """The gradient shards the update reads: where the placement offloads to a distinct host, host copies
+        (made here at step time; stages 2 and 3 make theirs as each reduction completes)."""
+        grads = self.grad_shards()
+        if not self.store.placement.copies_states:
+            return grads
+        if self._host_grads is None:
+            self._host_grads = [self.store.placement.host_empty(g.numel(), g.dtype) for g in grads]
+        for h, g in zip(self._host_grads, grads):
+            h.copy_(g, non_blocking=True)
+        return self._host_grads
 
     def after_checkpoint_load(self):
         self.store.write_back()
@@ -163,6 +173,7 @@ class _ShardedBase(ShardOptimizer):
         cats = {"params": list(self.store.flats), "masters": [] if self.store.masters_are_params
                 else list(self.store.masters), "optimizer_states": [], "grads": [], "comm_buffers": []}
         cats["comm_buffers"] += [h for h in self.store.host16 if h is not None]
+        cats["comm_buffers"] += self._host_grads or []
         if self._optimizer is not None:
             for shard in self.store.shards:
                 cats["optimizer_states"] += [t for t in self._optimizer.state.get(shard, {}).values()
@@ -281,10 +292,10 @@ class ShardedGradients(_ShardedBase):
         super().__init__(store, precision, group)
         dev, dt = store.device, store.model_dtype
         self.shard_grads = [torch.zeros(plan.shard, dtype=dt, device=dev) for plan in store.plans]
-        # offload with a GPU: each shard is copied to pinned host memory as soon as its last reduce-scatter of the
-        # accumulation window lands, while the rest of backward runs (the CPU optimizer reads these)
-        self.host_grads = [torch.empty(plan.shard, dtype=dt, pin_memory=True) for plan in store.plans] \
-            if store.offload and dev.type == "cuda" else None
+        # offload, distinct host: each shard is copied to (pinned) host memory as soon as its last reduce-scatter
+        # of the accumulation window lands, while the rest of backward runs (the CPU optimizer reads these)
+        self.host_grads = [store.placement.host_empty(plan.shard, dt) for plan in store.plans] \
+            if store.placement.copies_states else None
         self._boundary = True
         self.collectives_launched = 0
         self._staging = {}     # bucket index -> staging buffer (full bucket size) while it is being filled
@@ -388,8 +399,8 @@ class ShardedGradients(_ShardedBase):
         return cats
 
 
-def build_sharded_owner(stage, params, group_of, precision_name, bucket_elems, world, rank, offload=False,
-                        pin_memory=False, group=None, module=None, shared=None):
+def build_sharded_owner(stage, params, group_of, precision_name, bucket_elems, world, rank, placement,
+                        group=None, module=None, shared=None):
     """Flatten `params` into partitioned buckets and return the stage's owner. For fp16/bf16 the module is cast
     after the fp32 values were captured for the masters. `shared()`, when given, makes a shm_reduce.SharedTable
     allocator (same-host CPU ranks): parameter buckets (both stages) and stage 1's gradient buckets then live in
@@ -404,7 +415,7 @@ def build_sharded_owner(stage, params, group_of, precision_name, bucket_elems, w
             p.data = v
     if stage not in (1, 2):
         raise NotImplementedError(f"ZeRO stage {stage} is not implemented by the sharded owners (stages 1, 2)")
-    store = FlatShards(params, group_of, dtype, bucket_elems, world, rank, offload, pin_memory,
+    store = FlatShards(params, group_of, dtype, bucket_elems, world, rank, placement,
                        allocate=shared() if shared else None)
     if stage == 1:
         return ShardedOptimizerState(store, policy, group, allocate=shared() if shared else None)

@@ -33,22 +33,25 @@ STAGE3_BUCKET_ELEMS = 1 << 22
 class Stage3Store:
     """The trained parameters' shards, in the shape stage 1/2's step and records read (one plan per param)."""
 
-    def __init__(self, params, group_of, records, all_records, model_dtype, device, offload, pin, masters_fp32):
+    def __init__(self, params, group_of, records, all_records, model_dtype, placement, masters_fp32):
         self.params = list(params)
         self.records = list(records)
         self.all_records = list(all_records)
         self.model_dtype = model_dtype
         self.mixed = model_dtype != torch.float32
-        self.device = torch.device(device)
+        self.placement = placement
+        self.device = placement.device
         self.world = records[0].world if records else 1
         self.rank = records[0].rank if records else 0
-        self.offload = offload
-        self.master_device = torch.device("cpu") if offload else self.device
-        shard_devices = {r.shard_device for r in self.records}
-        self.masters_are_params = not self.mixed and shard_devices <= {self.master_device}
+        self.offload = placement.offload_states
+        self.master_device = placement.states_device
+        self.masters_are_params = placement.masters_alias(self.mixed, params_offloaded=placement.offload_params)
         self.plans = [r.plan(i, g, i) for i, (r, g) in enumerate(zip(self.records, group_of))]
-        pin_masters = bool(pin and offload and torch.cuda.is_available())
+        pin_masters = placement.pin
         self.masters, self.shards, self.host16, self.grads = [], [], [], []
+        # offload to a distinct host: each gradient shard's host copy, made as its reduction completes (views of
+        # one host buffer per gradient bucket, bucket_host, when there are buckets)
+        self.host_grads = self.bucket_host = None
         for r, m32 in zip(self.records, masters_fp32):
             master = r.shard if self.masters_are_params else \
                 m32.to(self.master_device, dtype=torch.float32, copy=True)
@@ -58,8 +61,9 @@ class Stage3Store:
             shard = torch.nn.Parameter(master, requires_grad=True)
             shard._dsfast_bucket = len(self.shards)
             self.shards.append(shard)
-            self.host16.append(torch.empty(r.shard_numel, dtype=model_dtype, pin_memory=True)
-                               if self.mixed and offload and r.shard.device.type == "cuda" else None)
+            # the CPU optimizer writes 16-bit values into host copies when the shards stay on the device
+            self.host16.append(placement.host_empty(r.shard_numel, model_dtype)
+                               if self.mixed and placement.copies_states and not placement.offload_params else None)
             self.grads.append(torch.zeros(r.shard_numel, dtype=model_dtype, device=self.device))
         self.bucket_of = {id(p): (plan, plan.entries[0]) for p, plan in zip(self.params, self.plans)}
         self.shared = None   # shared_params.SharedParams when same-host ranks gather through /dev/shm
@@ -106,8 +110,12 @@ class Stage3(_ShardedBase):
         self.coordinator = coordinator
         self.reducer = reducer
         self._in_backward = False
+        self._boundary = True
+        self._arrived = set()   # one rank, host copies: params whose gradient came in this backward
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in store.params]
         self._index = {id(p): i for i, p in enumerate(store.params)}
+        if store.host_grads is not None and reducer is not None:
+            reducer.on_reduced = self._bucket_to_host
 
     def _shape_of(self, param):
         return record_of(param).shape   # the parameter itself is empty while released
@@ -117,6 +125,9 @@ class Stage3(_ShardedBase):
         return self.reducer.collectives_launched if self.reducer is not None else 0
 
     def begin_backward(self, reduce):
+        # stage 3 reduces at every micro-step; the host copies are made in the boundary's backward only
+        self._boundary = reduce
+        self._arrived.clear()
         self._in_backward = True
         self.coordinator.begin_backward()
         if self.reducer is not None:
@@ -132,6 +143,9 @@ class Stage3(_ShardedBase):
         flat = grad.reshape(-1)
         if self.reducer is None:
             self.store.grads[i][:rec.numel].add_(flat)
+            if self.store.host_grads is not None and self._boundary:
+                self.store.host_grads[i].copy_(self.store.grads[i], non_blocking=True)
+                self._arrived.add(i)
         else:
             self.reducer.add(i, rec, flat)
         param.grad = None
@@ -144,6 +158,10 @@ class Stage3(_ShardedBase):
         self.coordinator.end_backward()
         if self.reducer is not None:
             self.reducer.end()
+        elif self.store.host_grads is not None and self._boundary:   # gradients that came in earlier micro-steps
+            for i, (h, g) in enumerate(zip(self.store.host_grads, self.store.grads)):
+                if i not in self._arrived:
+                    h.copy_(g, non_blocking=True)
         for r in self.store.all_records:   # frozen parameters, ones whose gradient never came
             r.backward_hold = False
             r.release()
@@ -154,6 +172,14 @@ class Stage3(_ShardedBase):
         i = self._index.get(id(param))
         if i is not None and not self.store.masters_are_params:
             self.store.masters[i].copy_(self.store.records[i].shard)
+
+    def _bucket_to_host(self, bucket):
+        """A bucket's reduced gradient shards to the host as soon as they are final (offload, distinct host)."""
+        if self._boundary:
+            self.store.bucket_host[bucket.index].copy_(bucket.grad_flat, non_blocking=True)
+
+    def update_grads(self):
+        return self.store.host_grads if self.store.host_grads is not None else self.store.grads
 
     def prepare_step(self, names):
         self.refuse_stray_grads(names)
@@ -187,6 +213,7 @@ class Stage3(_ShardedBase):
     def memory_tensors(self):
         cats = super().memory_tensors()
         cats["grads"] = list(self.store.grads)
+        cats["comm_buffers"] += self.store.bucket_host or self.store.host_grads or []   # host copies of grads
         cats["gathered"] = [r.full for r in self.store.all_records if r.full is not None]
         if self.reducer is not None:
             cats["comm_buffers"] += self.reducer.in_flight_buffers()
@@ -206,16 +233,14 @@ def _unique_params(model):
 
 
 @torch.no_grad()
-def build_stage3_owner(model, params, group_of, precision_name, world, rank, device, zero_cfg, group=None):
+def build_stage3_owner(model, params, group_of, precision_name, world, rank, placement, zero_cfg, group=None):
     """Partition every parameter of `model` not partitioned yet (zero.Init partitions them as they are built)
     and return the stage 3 owner. params: trainable parameters in model order; group_of: their group indices."""
     dtype = _DTYPES[precision_name]
     policy = DtypePolicy(precision_name, None if dtype == torch.float32 else dtype)
-    offload_opt = zero_cfg.offload_optimizer_device == "cpu"
-    offload_param = zero_cfg.offload_param_device == "cpu"
-    pin_param = bool(offload_param and zero_cfg.offload_param.pin_memory)
-    pin_opt = bool(offload_opt and zero_cfg.offload_optimizer.pin_memory)
-    shard_device = torch.device("cpu") if offload_param else torch.device(device)
+    device = placement.device
+    pin_param = bool(placement.offload_params and zero_cfg.offload_param.pin_memory)
+    shard_device = placement.params_device
     records = []
     for p in _unique_params(model):
         rec = record_of(p)
@@ -232,7 +257,7 @@ def build_stage3_owner(model, params, group_of, precision_name, world, rank, dev
             r.cast(dtype)
     persistent = _persistent(records, int(zero_cfg.param_persistence_threshold),
                              int(zero_cfg.model_persistence_threshold))
-    store = Stage3Store(params, group_of, trained, records, dtype, device, offload_opt, pin_opt, masters_fp32)
+    store = Stage3Store(params, group_of, trained, records, dtype, placement, masters_fp32)
     reducer = None
     if world > 1:
         allocate = _shm_allocator(records, device, world, group)
@@ -245,12 +270,20 @@ def build_stage3_owner(model, params, group_of, precision_name, world, rank, dev
             for b in buckets:   # the gradient shards the step reads are views of the buckets' flat shards
                 for i, rec in b.members:
                     store.grads[i] = b.grad_view(i, rec)
+            if placement.copies_states:   # and their host copies, of the same layout
+                store.bucket_host = [placement.host_empty(b.shard_numel, dtype) for b in buckets]
+                store.host_grads = list(store.grads)
+                for b, host in zip(buckets, store.bucket_host):
+                    for i, rec in b.members:
+                        store.host_grads[i] = host[b.offsets[i]:b.offsets[i] + rec.shard_numel]
             if allocate is not None:
                 reducer = grad_buckets.ShmBuckets(buckets, world, rank, group, allocate, shared=store.shared)
                 if not reducer.ok:
                     reducer = None
             if reducer is None:
                 reducer = grad_buckets.GlooBuckets(buckets, world, rank, group)
+    if placement.copies_states and store.host_grads is None:   # one rank (or nothing reduced): one copy each
+        store.host_grads = [placement.host_empty(g.numel(), g.dtype) for g in store.grads]
     if store.shared is not None:
         store.shared.publish()   # every rank's shards visible before the first gather
     for r in persistent:

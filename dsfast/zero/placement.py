@@ -1,0 +1,76 @@
+"""Where a ZeRO owner's tensors live: one policy, decided once from the config and handed to the storage.
+
+    device       the compute device: model-dtype parameters, gradients as autograd produces them, reductions
+    states       fp32 masters and optimizer states: the host with offload_optimizer, else the device
+    params       stage 3's parameter shards: the host with offload_param, else the device
+    pin          the host fp32 masters are page-locked (offload_optimizer.pin_memory, with a GPU); the staging
+                 buffers of the copies always are, with a GPU
+    distinct     host memory is not the device's: offloaded tensors need copies (gradient shards to the host as
+                 their reduction completes, updated 16-bit values back), a stream sync before the CPU reads them
+
+With a GPU `distinct` is true. On CPU ranks host and device are one memory, so offload changes nothing there, and the
+copies, their order and the buffers they read would run only on a GPU, that is, never in CI. The test placement
+(DSFAST_TEST_PLACEMENT=distinct-host) makes them distinct CPU buffers: every offload copy then runs on CPU ranks,
+with the same code a GPU runs (the stream sync is the only no-op).
+"""
+import os
+from dataclasses import dataclass
+
+import torch
+
+TEST_PLACEMENT_ENV = "DSFAST_TEST_PLACEMENT"
+HOST = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: torch.device
+    offload_states: bool = False
+    offload_params: bool = False
+    pin: bool = False
+    distinct: bool = False
+
+    @property
+    def states_device(self):
+        return HOST if self.offload_states else self.device
+
+    @property
+    def params_device(self):
+        return HOST if self.offload_params else self.device
+
+    @property
+    def copies_states(self):
+        """Gradient shards go to the host and updated 16-bit values come back (offload_optimizer, distinct)."""
+        return self.offload_states and self.distinct
+
+    def masters_alias(self, mixed, params_offloaded=False):
+        """An fp32 model's masters may be its parameter shards themselves: one copy, when both sit on one side."""
+        return not mixed and (not self.distinct or self.offload_states == params_offloaded)
+
+    def host_empty(self, numel, dtype):
+        """A staging buffer on the host that the device copies into or out of (pinned where a GPU does so)."""
+        return torch.empty(numel, dtype=dtype, device=HOST, pin_memory=self.device.type == "cuda")
+
+    def host_copy(self, t):
+        """A host copy of `t` (a distinct buffer even on CPU ranks); pinned where a GPU copies from it."""
+        out = self.host_empty(t.numel(), t.dtype).view(t.shape)
+        return out.copy_(t)
+
+    def synchronize(self):
+        """The device's queued copies to the host have landed (the CPU reads them next)."""
+        if self.distinct and self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+
+def placement_of(zero_cfg, device):
+    """The placement for a `zero_optimization` config section on `device` (the engine's device)."""
+    device = torch.device(device)
+    states = zero_cfg.offload_optimizer_device == "cpu"
+    params = zero_cfg.offload_param_device == "cpu"
+    gpu = device.type == "cuda"
+    test = os.environ.get(TEST_PLACEMENT_ENV, "")
+    if test not in ("", "distinct-host"):
+        raise ValueError(f"{TEST_PLACEMENT_ENV}={test!r}: valid values are 'distinct-host' (CPU test placement: "
+                         "host buffers apart from the device's) or unset")
+    pin = gpu and states and bool(zero_cfg.offload_optimizer.pin_memory)
+    return Placement(device, states, params, pin, distinct=gpu or test == "distinct-host")
