@@ -16,6 +16,7 @@ from .autocast import autocast_plan
 from .deepspeed_api import DeepSpeedQueries
 from .monitor import Monitor
 from .progress import Progress
+from .state_offload import StateOffload
 from ..zero.state_owner import memory_breakdown
 
 
@@ -23,7 +24,7 @@ class NoOptimizerError(RuntimeError):
     """backward()/step() on an engine built without anything to optimize."""
 
 
-class Engine(DeepSpeedQueries, torch.nn.Module):
+class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
     """What `dsfast.initialize` returns. DeepSpeed's names: engine(batch), backward, step, ..."""
 
     def __init__(self, module, config, device, owner, optimizer, lr_scheduler, loss_scaler,
@@ -147,6 +148,7 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
     def forward(self, *inputs, **kwargs):
         """module(*inputs, **kwargs). Under fp16/bf16, fp32 tensors in the inputs are cast to the model's dtype
         (whatever fp16.auto_cast says: DeepSpeed would fail with a dtype mismatch; integer inputs are untouched)."""
+        self.require_states("forward")
         if self._precision.dtype is not None:
             inputs, kwargs = _cast_floats((inputs, kwargs), self._precision.dtype)
         self._progress.start("fwd")
@@ -170,6 +172,7 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
 
         Gradients are all-reduced only at the accumulation boundary, in buckets, while backward runs."""
         self._require_optimizer("backward")
+        self.require_states("backward")
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise ValueError(f"engine.backward expects a scalar loss tensor; got "
                              f"{type(loss).__name__ if not torch.is_tensor(loss) else tuple(loss.shape)}")
@@ -205,6 +208,7 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
     def step(self, lr_kwargs=None):
         """At the accumulation boundary: unscale, clip, skip on overflow, optimizer + scheduler step."""
         self._require_optimizer("step")
+        self.require_states("step")
         self._step_applied = False
         if self.is_gradient_accumulation_boundary():
             self._progress.start("step")
@@ -293,7 +297,8 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
     def memory_breakdown(self):
         """Bytes this rank holds per category (params, masters, grads, optimizer_states, comm_buffers) and per
         device ("host" for CPU memory), counted from the tensors themselves; "total" sums them."""
-        return memory_breakdown(self._owner.memory_tensors())
+        offloaded = self.offloaded_tensors()   # offload_states(): the host copies
+        return memory_breakdown({**self._owner.memory_tensors(), **({"offloaded": offloaded} if offloaded else {})})
 
     def zero_grad(self, set_to_none=True):
         """Drop accumulated gradients (the engine also does this after every optimizer step)."""

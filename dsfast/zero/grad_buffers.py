@@ -48,6 +48,8 @@ class GradBuffers:
         self.masters = {}    # id(param) -> fp32 master whose .grad is the param's slice (half precision)
         self._receipts = {}  # id(param) -> (16-bit grad last absorbed, its version counter), half precision
         if layout is not None:
+            if not self.params:   # nothing trained (an engine used for inference only)
+                return
             d = self.params[0].dtype if grads_are_views else accum_dtype
             total = sum(padded for _, padded in layout)
             if allocate is not None and len({(p.dtype, p.device) for p in self.params}) == 1:
