@@ -50,6 +50,12 @@ def _loss(engine, slope):
     return engine(torch.ones(1, 1)).float().sum() * slope
 
 
+def _other_loss(engine, slope):
+    """The same loss through the module itself, not the engine: its backward is nobody's engine backward."""
+    x = torch.ones(1, 1, dtype=engine.module.weight.dtype)
+    return engine.module(x).float().sum() * slope
+
+
 CLEARS = {
     "module.zero_grad()": lambda model, opt: model.zero_grad(),
     "zero_grad(set_to_none=False)": lambda model, opt: model.zero_grad(set_to_none=False),
@@ -64,7 +70,7 @@ CLEARS = {
 def test_gradients_cleared_by_the_user_do_not_leak_into_the_next_step(precision, clear, stage):
     model, engine, opt = _one_weight(precision, stage=stage)
     # another backward through the model (a GAN generator's loss through the discriminator) leaves gradient 64
-    _loss(engine, 64.0).backward()
+    _other_loss(engine, 64.0).backward()
     CLEARS[clear](model, opt)
     engine.backward(_loss(engine, 1.0))
     engine.step()
@@ -83,9 +89,9 @@ def test_gradients_cleared_between_backward_and_step_are_not_applied(precision):
 
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_plain_loss_backward_then_step_is_refused_with_the_fix(precision, stage):
+def test_a_backward_that_is_not_the_engines_is_refused_at_step_with_the_fix(precision, stage):
     model, engine, _ = _one_weight(precision, stage=stage)
-    _loss(engine, 1.0).backward()
+    _other_loss(engine, 1.0).backward()
     with pytest.raises(RuntimeError, match=r"\(weight\).*engine.backward\(loss\) instead of loss.backward\(\)"):
         engine.step()
     assert _weight(engine) == 0.0
@@ -93,6 +99,52 @@ def test_plain_loss_backward_then_step_is_refused_with_the_fix(precision, stage)
     engine.backward(_loss(engine, 1.0))
     engine.step()
     assert _weight(engine) == -1.0
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("gas", [1, 2])
+def test_plain_loss_backward_as_deepspeed_0_19_8(precision, gas, stage):
+    # DeepSpeed 0.19.8 (#7665): loss.backward() on the engine's outputs is engine.backward(loss) at ZeRO stages 1-3
+    # and in bf16 at stage 0; fp16 needs engine.scale(loss).backward(); stage 0 in fp32/fp16 refuses it (dsfast at
+    # step(), see the test above).
+    model, engine, _ = _one_weight(precision, gas=gas, stage=stage)
+    supported = stage > 0 or precision == "bf16"
+    for _micro in range(gas):
+        loss = _loss(engine, 2.0)
+        if not supported:
+            loss.backward()
+            for _ in range(gas - 1):   # the refusal comes at the boundary's step
+                engine.step()
+            with pytest.raises(RuntimeError, match="engine.backward\\(loss\\) instead of loss.backward"):
+                engine.step()
+            return
+        if precision == "fp16":
+            before = None if model.weight.grad is None else model.weight.grad.clone()
+            with pytest.raises(RuntimeError, match="engine.scale\\(loss\\).backward\\(\\)"):
+                loss.backward()
+            after = model.weight.grad   # refused before any gradient was deposited
+            assert (after is None and before is None) or torch.equal(after, before)
+            loss = engine.scale(_loss(engine, 2.0))
+        loss.backward()
+        engine.step()
+    assert engine.global_steps == 1 and engine.was_step_applied()
+    assert _weight(engine) == -2.0   # exactly as engine.backward: gradient 2 averaged over the gas micro-steps
+    # and it goes on training through engine.backward alike
+    engine.backward(_loss(engine, 1.0))
+    for _micro in range(gas - 1):
+        engine.step()
+        engine.backward(_loss(engine, 1.0))
+    engine.step()
+    assert _weight(engine) == -3.0
+
+
+def test_out_backward_with_a_gradient_is_a_plain_backward_too():
+    _, engine, _ = _one_weight("bf16", stage=2)
+    out = engine(torch.ones(1, 1))
+    out.backward(torch.full_like(out, 4.0))
+    engine.step()
+    assert _weight(engine) == -4.0
 
 
 @pytest.mark.parametrize("stage", STAGES)

@@ -112,11 +112,23 @@ def test_a_client_optimizer_that_already_stepped_is_refused():
         dsfast.initialize(model=model, optimizer=opt, config=cfg, dist_init_required=False)
 
 
-def test_plain_loss_backward_is_refused_at_stage2():
-    engine = _train(_cfg(2), steps=0)
-    engine(torch.randn(4, 16)).sum().backward()
-    with pytest.raises(RuntimeError, match="engine.backward\\(loss\\) instead of loss.backward\\(\\)"):
-        engine.step()
+@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_plain_loss_backward_trains_as_engine_backward(stage, precision):
+    # DeepSpeed 0.19.8 (#7665): at ZeRO stages loss.backward() does what engine.backward(loss) does
+    def run(plain):
+        engine = _train(_cfg(stage, precision, gas=2), steps=0)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(6):
+            x, y = torch.randn(4, 16, generator=g), torch.randn(4, 8, generator=g)
+            loss = torch.nn.functional.mse_loss(engine(x).float(), y)
+            loss.backward() if plain else engine.backward(loss)
+            engine.step()
+        return [safe_get_full_fp32_param(p) for p in engine.module.parameters()], engine.global_steps
+    (got, steps), (want, want_steps) = run(True), run(False)
+    assert steps == want_steps == 3
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
 
 
 def test_buckets_are_never_larger_than_the_model():

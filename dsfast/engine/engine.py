@@ -15,6 +15,7 @@ import torch
 from .autocast import autocast_plan
 from .deepspeed_api import DeepSpeedQueries
 from .monitor import Monitor
+from .plain_backward import PlainBackward, engine_backward_running
 from .progress import Progress
 from .state_offload import StateOffload
 from ..zero.state_owner import memory_breakdown
@@ -63,6 +64,7 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         self._param_names = {id(p): n for n, p in module.named_parameters()}
         self._progress = Progress(config.steps_per_print, rank, bool(config.wall_clock_breakdown), self._device)
         self.monitor = Monitor(config, rank)
+        self._plain_backward = PlainBackward(self)
         self._flops_profile = None
         if config.flops_profiler.enabled:
             from ..profiling.flops_profiler.profiler import EngineProfile
@@ -156,6 +158,7 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
             self._flops_profile.before_forward()
         with self._autocast.forward_context():
             out = self.module(*inputs, **kwargs)
+        self._plain_backward.watch(out)   # a plain loss.backward() works as DeepSpeed 0.19.8's (plain_backward.py)
         if self._flops_profile is not None:
             self._flops_profile.after_forward()
         self._progress.stop("fwd")
@@ -186,11 +189,22 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         reduce = self.is_gradient_accumulation_boundary() and not self._no_sync
         self._owner.begin_backward(reduce)
         try:
-            scaled.backward(retain_graph=retain_graph)
+            with engine_backward_running():
+                scaled.backward(retain_graph=retain_graph)
         finally:
             self._owner.end_backward()
         self._progress.stop("bwd")
         return loss
+
+    def scale(self, loss):
+        """The loss times the fp16 loss scale, for `engine.scale(loss).backward()` (DeepSpeed 0.19.8): a plain
+        backward then divides by the gradient accumulation steps itself. Other precisions: the loss unchanged."""
+        self._require_optimizer("scale")
+        if not torch.is_tensor(loss) or loss.numel() != 1 or loss.grad_fn is None:
+            raise ValueError("engine.scale(loss) needs a scalar loss tensor with a grad_fn; for non-scalar outputs "
+                             "call out.backward(grad)")
+        self._plain_backward.scaled = True
+        return loss.float() * self.loss_scale if self._scales_loss else loss
 
     @contextlib.contextmanager
     def no_sync(self):

@@ -7,7 +7,8 @@ reduce and accumulate 16-bit gradients at ZeRO stages (fp32 buckets at stage 0),
 distance of the parameters (2e-2 bf16, 5e-3 fp16: measured here well below) and to identical parameters on both
 ranks. Then the decisions that used to differ between stages: an fp16 overflow on one rank skips the step on every
 rank at every stage, and a finite bf16 gradient of ~1e22 (its square overflows fp32) is applied at every stage,
-clipped to the same parameters. Last, the offloaded runs again under the test placement that keeps host and device
+clipped to the same parameters. A plain loss.backward() (DeepSpeed 0.19.8's output hooks) trains as
+engine.backward(loss) does at stages 1-3. Last, the offloaded runs again under the test placement that keeps host and device
 memory apart on CPU ranks (zero/placement.py): every offload copy runs, and the results are bitwise the same.
 """
 import functools
@@ -39,6 +40,8 @@ HUGE = {s: f"huge{s}:{s}:bf16:0:1:1.0:3:plain:config:0:huge" for s in range(4)}
 
 
 DISTINCT = {k: t for k, t in MATRIX.items() if k[1] and k[2] in ("config", "torch_adam", "fused_adam")}
+PLAIN = {(s, prec): f"plain{s}{prec}:{s}:{prec}:0:2:0.05:{STEPS}:plain:config:-1:inf:plain"
+         for s in (1, 2, 3) for prec in PRECISIONS}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +55,7 @@ def distinct(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("matrix") / "out.pt"
-    texts = list(MATRIX.values()) + list(SKIP.values()) + list(HUGE.values())
+    texts = list(MATRIX.values()) + list(SKIP.values()) + list(HUGE.values()) + list(PLAIN.values())
     launch(os.path.join(HERE, "worker_zero.py"), [out, *texts], nprocs=2, timeout=600)
     return torch.load(out)
 
@@ -129,3 +132,13 @@ def test_offload_copies_between_distinct_buffers_change_no_bit(ranks, distinct, 
         for n in w["params"]:
             assert torch.equal(g["params"][n], w["params"][n]), n
         assert sum(g["memory"]["comm_buffers"].values()) > 0   # the host copies existed
+
+
+@pytest.mark.parametrize("stage,precision", sorted(PLAIN))
+def test_plain_loss_backward_trains_as_engine_backward(ranks, stage, precision):
+    got, want = ranks[PLAIN[(stage, precision)]], ranks[MATRIX[(stage, False, "config", precision)]]
+    tol = 1e-6 if precision == "fp32" else 1e-2   # the 1/GAS is applied to the output's gradient, not the loss
+    for g, w in zip(got, want):
+        assert g["skipped"] == w["skipped"] == 0
+        for n in w["params"]:
+            torch.testing.assert_close(g["params"][n], w["params"][n], atol=tol, rtol=tol)

@@ -1,6 +1,6 @@
 """Runs shared by the ZeRO workers (2 and 4 gloo ranks) and their one-process stage-0 references.
 
-A run is "name:stage:precision:offload:gas:clip:steps:model:optimizer:inject_rank[:inject]", model "plain" (dp_common's
+A run is "name:stage:precision:offload:gas:clip:steps:model:optimizer:inject_rank[:inject[:backward]]", model "plain" (dp_common's
 MLP: 1928 parameters, not divisible by 4 x 16, so partitions are padded and parameters straddle shards) or
 "fancy" (a frozen first layer, a tied weight, two param groups: weight decay 0.1 on matrices, 0 on biases and
 norms, and a larger lr on the second group); optimizer "config" (AdamW from the config: CPUAdam) or "adam" (the
@@ -8,7 +8,8 @@ config's "Adam" with adam_w_mode false) or "sgd" (SGD with momentum from the con
 same with nesterov) or "client" (a torch.optim.AdamW instance) or "torch_adam" (a torch.optim.Adam instance) or
 "fused_adam" (a dsfast FusedAdam(adam_w_mode=False) instance: on CPU tensors its reference kernel, through the
 same step call a GPU makes). inject: "inf" (default: the loss times inf on inject_rank at step 1) or "huge" (times
-1e22: finite gradients whose squares overflow fp32).
+1e22: finite gradients whose squares overflow fp32). backward: "engine" (default: engine.backward(loss)) or "plain"
+(loss.backward(), DeepSpeed 0.19.8's hooks on the engine's outputs).
 """
 import torch
 
@@ -38,7 +39,7 @@ def parse(run):
     f = run.split(":")
     return dict(name=f[0], stage=int(f[1]), precision=f[2], offload=f[3] == "1", gas=int(f[4]), clip=float(f[5]),
                 steps=int(f[6]), model=f[7], optimizer=f[8], inject_rank=int(f[9]),
-                inject=f[10] if len(f) > 10 else "inf")
+                inject=f[10] if len(f) > 10 else "inf", backward=f[11] if len(f) > 11 else "engine")
 
 
 def build(spec):
@@ -112,7 +113,10 @@ def run_steps(engine, spec, rank, world, first=0, after_step=None):
             loss = torch.nn.functional.mse_loss(engine(x[lo:lo + MICRO]).float(), y[lo:lo + MICRO])
             if step == 1 and rank == spec["inject_rank"]:
                 loss = loss * (1e22 if spec.get("inject") == "huge" else float("inf"))
-            engine.backward(loss)
+            if spec.get("backward") == "plain":
+                (engine.scale(loss) if spec["precision"] == "fp16" else loss).backward()
+            else:
+                engine.backward(loss)
             engine.step()
             total += float(loss.detach())
         losses.append(total / gas)
