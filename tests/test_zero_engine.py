@@ -171,3 +171,28 @@ def test_memory_breakdown_config_prints_the_model_states_at_each_progress_line(c
     _train(cfg, steps=4)
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "model states" in ln]
     assert len(lines) == 2 and "host" in lines[0] and "MiB" in lines[0]
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_communication_data_type_fp32_reduces_bf16_gradients_in_fp32(stage):
+    # DeepSpeed's communication_data_type: a bf16 model's gradients reduced and accumulated in fp32 at ZeRO stages
+    # (by default in bf16): with one rank that is exactly what stage 0's fp32 buckets do
+    cfg = _cfg(stage, "bf16", gas=2)
+    cfg["communication_data_type"] = "fp32"
+    got = _train(cfg)
+    ref = _train(_cfg(0, "bf16", gas=2))
+    default = _train(_cfg(stage, "bf16", gas=2))
+    for a, b in zip(got.module.parameters(), ref.module.parameters()):
+        torch.testing.assert_close(safe_get_full_fp32_param(a), safe_get_full_fp32_param(b), atol=1e-6, rtol=1e-6)
+    assert max(float((safe_get_full_fp32_param(a) - safe_get_full_fp32_param(b)).abs().max())
+               for a, b in zip(default.module.parameters(), ref.module.parameters())) > 1e-5   # bf16 reductions differ
+    grads = got.memory_breakdown()["grads"]
+    numel = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in got.module.parameters())
+    assert sum(grads.values()) >= 4 * numel   # fp32 gradients: 4 bytes per parameter
+
+
+def test_communication_data_type_must_be_the_models_or_fp32():
+    cfg = _cfg(2, "fp16")
+    cfg["communication_data_type"] = "bf16"
+    with pytest.raises(ValueError, match="communication_data_type='bf16' with a fp16 model at ZeRO stage 2.*'fp32'"):
+        _train(cfg, steps=0)

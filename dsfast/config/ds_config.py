@@ -272,8 +272,14 @@ class DsConfig(StrictModel):
             notes += getattr(self, name).ignored(name)
         if self.data_types.grad_accum_dtype is not None:
             notes.append("data_types.grad_accum_dtype is ignored; gradients accumulate in the parameters' dtype")
-        if self.communication_data_type is not None:
-            notes.append("communication_data_type is ignored; gradients are all-reduced in their own dtype")
+        if self.communication_data_type is not None and self.zero_stage == 0 and self.precision != "fp32" \
+                and self.communication_data_type != "fp32":
+            notes.append(f"communication_data_type={self.communication_data_type!r} is ignored at ZeRO stage 0: its "
+                         "buckets reduce and accumulate 16-bit gradients in fp32")
+        elif self.communication_data_type is not None and self.zero_stage == 0 and self.precision == "fp32" \
+                and self.communication_data_type != "fp32":
+            notes.append(f"communication_data_type={self.communication_data_type!r} is ignored for an fp32 model at "
+                         "ZeRO stage 0: gradients are all-reduced in fp32")
         if self.seq_parallel_communication_data_type is not None:
             notes.append("seq_parallel_communication_data_type is ignored; dsfast has no sequence parallelism")
         for flag, why in (("dump_state", "no state dump"),

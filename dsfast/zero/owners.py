@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .placement import placement_of
+from .precision import precision_policy
 from .shm_reduce import shm_allocator
 
 
@@ -19,9 +20,10 @@ def build_owner(cfg, model, trainable, groups, bucket, world, rank, device):
     group_of = group_index(groups, trainable)
     device = torch.device(device or "cpu")
     placement = placement_of(cfg.zero_optimization, device)
+    policy = precision_policy(cfg.precision, cfg.zero_stage, cfg.communication_data_type)
     if cfg.zero_stage == 3:
         from .stage3 import build_stage3_owner
-        return build_stage3_owner(model, trainable, group_of, cfg.precision, world, rank, placement,
+        return build_stage3_owner(model, trainable, group_of, policy, world, rank, placement,
                                   cfg.zero_optimization)
     if cfg.zero_stage == 0:
         from .grad_sync import build_grad_sync
@@ -32,7 +34,7 @@ def build_owner(cfg, model, trainable, groups, bucket, world, rank, device):
         return Replicated(precision, build_grad_sync(0, precision.buffers, world, shared_table=shared))
     from .sharded import build_sharded_owner
     shared = (lambda: shm_allocator(world)) if trainable and dist.is_initialized() else None
-    return build_sharded_owner(cfg.zero_stage, trainable, group_of, cfg.precision, bucket, world, rank, placement,
+    return build_sharded_owner(cfg.zero_stage, trainable, group_of, policy, bucket, world, rank, placement,
                                module=model, shared=shared)
 
 

@@ -16,7 +16,8 @@ import torch.distributed as dist
 from ..comm.flat_collectives import reduce_scatter_flat
 from .grad_buffers import GradBuffers
 from .grad_sync import AllReduceGradSync
-from .state_owner import DtypePolicy, SliceRecord
+from .precision import PrecisionPolicy
+from .state_owner import SliceRecord
 from .decide import decide
 from .flat_shards import FlatShards
 from .owners import ShardOptimizer
@@ -29,7 +30,7 @@ class _ShardedBase(ShardOptimizer):
     stage = None
     partitions_params = False
 
-    def __init__(self, store: FlatShards, precision: DtypePolicy, group=None):
+    def __init__(self, store: FlatShards, precision: PrecisionPolicy, group=None):
         self.store = store
         self.precision = precision
         self.group = group
@@ -246,7 +247,11 @@ class ShardedOptimizerState(_ShardedBase):
     def __init__(self, store, precision, group=None, allocate=None):
         super().__init__(store, precision, group)
         layout = [([store.params[e.param] for e in plan.entries], plan.padded) for plan in store.plans]
-        self.buffers = GradBuffers(store.params, 0, grads_are_views=True, layout=layout, allocate=allocate)
+        # param.grad are views of the buckets when gradients are reduced in the parameters' dtype; else each
+        # gradient is added into its slice of reduce-dtype buckets as it arrives (communication_data_type fp32)
+        views = precision.reduce_dtype == precision.param_dtype
+        self.buffers = GradBuffers(store.params, 0, grads_are_views=views, accum_dtype=precision.reduce_dtype,
+                                   layout=layout, allocate=allocate)
         table = getattr(allocate, "table", None) if self.buffers.storage is not None else None
         if table is not None:
             self.sync = _ShmReduceScatterSync(self.buffers, store.plans, self.world, self.rank, table, group)
@@ -290,7 +295,7 @@ class ShardedGradients(_ShardedBase):
 
     def __init__(self, store, precision, group=None):
         super().__init__(store, precision, group)
-        dev, dt = store.device, store.model_dtype
+        dev, dt = store.device, precision.reduce_dtype   # the gradient shards accumulate in the reduce dtype
         self.shard_grads = [torch.zeros(plan.shard, dtype=dt, device=dev) for plan in store.plans]
         # offload, distinct host: each shard is copied to (pinned) host memory as soon as its last reduce-scatter
         # of the accumulation window lands, while the rest of backward runs (the CPU optimizer reads these)
@@ -317,7 +322,7 @@ class ShardedGradients(_ShardedBase):
     def _buffer(self, i):
         buf = self._staging.get(i)
         if buf is None:
-            buf = self._staging[i] = torch.zeros(self.store.plans[i].padded, dtype=self.store.model_dtype,
+            buf = self._staging[i] = torch.zeros(self.store.plans[i].padded, dtype=self.precision.reduce_dtype,
                                                  device=self.store.device)
         return buf
 
@@ -399,14 +404,13 @@ class ShardedGradients(_ShardedBase):
         return cats
 
 
-def build_sharded_owner(stage, params, group_of, precision_name, bucket_elems, world, rank, placement,
+def build_sharded_owner(stage, params, group_of, policy, bucket_elems, world, rank, placement,
                         group=None, module=None, shared=None):
     """Flatten `params` into partitioned buckets and return the stage's owner. For fp16/bf16 the module is cast
     after the fp32 values were captured for the masters. `shared()`, when given, makes a shm_reduce.SharedTable
     allocator (same-host CPU ranks): parameter buckets (both stages) and stage 1's gradient buckets then live in
     shared memory and are gathered / reduced there."""
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision_name]
-    policy = DtypePolicy(precision_name, None if dtype == torch.float32 else dtype)
+    dtype = policy.param_dtype
     if dtype != torch.float32:
         fp32 = [p.detach().float().clone() for p in params]
         if module is not None:

@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 
 from .shm_reduce import shm_allocator
-from .state_owner import DtypePolicy
 from . import grad_buckets
 from .param_hooks import ParamCoordinator
 from .partition import owned_pieces
@@ -24,7 +23,6 @@ from .partitioned_param import DS_PARAM_ATTRS, PartitionedParam, gather, record_
 from .shared_params import SharedParams, shareable
 from .sharded import _ShardedBase
 
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # gradient bucket cap (elements; a smaller zero_optimization.reduce_bucket_size wins): big enough that a small
 # model's backward is a handful of reductions, small enough to bound the staging buffers of a large one
 STAGE3_BUCKET_ELEMS = 1 << 22
@@ -33,7 +31,8 @@ STAGE3_BUCKET_ELEMS = 1 << 22
 class Stage3Store:
     """The trained parameters' shards, in the shape stage 1/2's step and records read (one plan per param)."""
 
-    def __init__(self, params, group_of, records, all_records, model_dtype, placement, masters_fp32):
+    def __init__(self, params, group_of, records, all_records, model_dtype, placement, masters_fp32,
+                 grad_dtype=None):
         self.params = list(params)
         self.records = list(records)
         self.all_records = list(all_records)
@@ -64,7 +63,7 @@ class Stage3Store:
             # the CPU optimizer writes 16-bit values into host copies when the shards stay on the device
             self.host16.append(placement.host_empty(r.shard_numel, model_dtype)
                                if self.mixed and placement.copies_states and not placement.offload_params else None)
-            self.grads.append(torch.zeros(r.shard_numel, dtype=model_dtype, device=self.device))
+            self.grads.append(torch.zeros(r.shard_numel, dtype=grad_dtype or model_dtype, device=self.device))
         self.bucket_of = {id(p): (plan, plan.entries[0]) for p, plan in zip(self.params, self.plans)}
         self.shared = None   # shared_params.SharedParams when same-host ranks gather through /dev/shm
 
@@ -233,11 +232,10 @@ def _unique_params(model):
 
 
 @torch.no_grad()
-def build_stage3_owner(model, params, group_of, precision_name, world, rank, placement, zero_cfg, group=None):
+def build_stage3_owner(model, params, group_of, policy, world, rank, placement, zero_cfg, group=None):
     """Partition every parameter of `model` not partitioned yet (zero.Init partitions them as they are built)
     and return the stage 3 owner. params: trainable parameters in model order; group_of: their group indices."""
-    dtype = _DTYPES[precision_name]
-    policy = DtypePolicy(precision_name, None if dtype == torch.float32 else dtype)
+    dtype = policy.param_dtype
     device = placement.device
     pin_param = bool(placement.offload_params and zero_cfg.offload_param.pin_memory)
     shard_device = placement.params_device
@@ -257,7 +255,7 @@ def build_stage3_owner(model, params, group_of, precision_name, world, rank, pla
             r.cast(dtype)
     persistent = _persistent(records, int(zero_cfg.param_persistence_threshold),
                              int(zero_cfg.model_persistence_threshold))
-    store = Stage3Store(params, group_of, trained, records, dtype, placement, masters_fp32)
+    store = Stage3Store(params, group_of, trained, records, dtype, placement, masters_fp32, policy.reduce_dtype)
     reducer = None
     if world > 1:
         allocate = _shm_allocator(records, device, world, group)
@@ -265,13 +263,13 @@ def build_stage3_owner(model, params, group_of, precision_name, world, rank, pla
             shared = SharedParams(records, allocate)
             store.shared = shared if shared.ok else None
         bucket = max(1, min(int(zero_cfg.reduce_bucket_size), STAGE3_BUCKET_ELEMS))
-        buckets = grad_buckets.plan(trained, bucket, world, dtype, torch.device(device))
+        buckets = grad_buckets.plan(trained, bucket, world, policy.reduce_dtype, torch.device(device))
         if buckets:
             for b in buckets:   # the gradient shards the step reads are views of the buckets' flat shards
                 for i, rec in b.members:
                     store.grads[i] = b.grad_view(i, rec)
             if placement.copies_states:   # and their host copies, of the same layout
-                store.bucket_host = [placement.host_empty(b.shard_numel, dtype) for b in buckets]
+                store.bucket_host = [placement.host_empty(b.shard_numel, policy.reduce_dtype) for b in buckets]
                 store.host_grads = list(store.grads)
                 for b, host in zip(buckets, store.bucket_host):
                     for i, rec in b.members:

@@ -12,12 +12,6 @@ import torch
 
 
 @dataclass(frozen=True)
-class DtypePolicy:
-    name: str                 # fp32 | fp16 | bf16
-    dtype: object             # the model's dtype, or None for fp32
-
-
-@dataclass(frozen=True)
 class SliceRecord:
     """Where a piece of a parameter lives (the checkpoint manifest): elements [start, stop) of the flattened
     parameter are at opt_param.view(-1)[opt_offset : opt_offset + stop - start], and so are the same elements of
@@ -32,7 +26,7 @@ class SliceRecord:
 
 class StateOwner(Protocol):
     stage: int                      # the ZeRO stage (0-3), for messages and DeepSpeed's queries
-    precision: "DtypePolicy"        # .name (fp32 | fp16 | bf16), .dtype (None for fp32)
+    precision: object               # .name (fp32 | fp16 | bf16), .dtype (None for fp32): precision.PrecisionPolicy
     post_reduce_factor: float       # what reduced gradients are multiplied by (1/world for a SUM reduction)
     partitions_params: bool         # no rank holds whole parameters between uses (stage 3)
     trains: bool                    # something to optimize

@@ -40,6 +40,8 @@ HUGE = {s: f"huge{s}:{s}:bf16:0:1:1.0:3:plain:config:0:huge" for s in range(4)}
 
 
 DISTINCT = {k: t for k, t in MATRIX.items() if k[1] and k[2] in ("config", "torch_adam", "fused_adam")}
+COMM32 = {(s, o): f"comm{s}{int(o)}:{s}:bf16:{int(o)}:2:0.05:{STEPS}:plain:config:-1:inf:engine:fp32"
+          for s, o in PLACEMENTS if s > 0}
 PLAIN = {(s, prec): f"plain{s}{prec}:{s}:{prec}:0:2:0.05:{STEPS}:plain:config:-1:inf:plain"
          for s in (1, 2, 3) for prec in PRECISIONS}
 
@@ -55,7 +57,7 @@ def distinct(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("matrix") / "out.pt"
-    texts = list(MATRIX.values()) + list(SKIP.values()) + list(HUGE.values()) + list(PLAIN.values())
+    texts = list(MATRIX.values()) + list(SKIP.values()) + list(HUGE.values()) + list(PLAIN.values()) + list(COMM32.values())
     launch(os.path.join(HERE, "worker_zero.py"), [out, *texts], nprocs=2, timeout=600)
     return torch.load(out)
 
@@ -142,3 +144,16 @@ def test_plain_loss_backward_trains_as_engine_backward(ranks, stage, precision):
         assert g["skipped"] == w["skipped"] == 0
         for n in w["params"]:
             torch.testing.assert_close(g["params"][n], w["params"][n], atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("stage,offload", sorted(COMM32))
+def test_bf16_reduced_in_fp32_is_much_closer_to_stage0(ranks, stage, offload):
+    # communication_data_type fp32: the reduce-scatters (gloo or /dev/shm) and the accumulation run in fp32, as
+    # stage 0's buckets do; only the summation order (and the bf16 forward it feeds) differs from the reference
+    got = ranks[COMM32[(stage, offload)]]
+    _, want = reference("config", "bf16")
+    for r in got[1:]:
+        for n in want:
+            assert torch.equal(r["params"][n], got[0]["params"][n]), n
+    bf16_reduced = _distance(ranks[MATRIX[(stage, offload, "config", "bf16")]], want)
+    assert _distance(got, want) < min(1e-3, bf16_reduced / 2), (_distance(got, want), bf16_reduced)

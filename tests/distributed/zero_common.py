@@ -1,6 +1,6 @@
 """Runs shared by the ZeRO workers (2 and 4 gloo ranks) and their one-process stage-0 references.
 
-A run is "name:stage:precision:offload:gas:clip:steps:model:optimizer:inject_rank[:inject[:backward]]", model "plain" (dp_common's
+A run is "name:stage:precision:offload:gas:clip:steps:model:optimizer:inject_rank[:inject[:backward[:comm]]]", model "plain" (dp_common's
 MLP: 1928 parameters, not divisible by 4 x 16, so partitions are padded and parameters straddle shards) or
 "fancy" (a frozen first layer, a tied weight, two param groups: weight decay 0.1 on matrices, 0 on biases and
 norms, and a larger lr on the second group); optimizer "config" (AdamW from the config: CPUAdam) or "adam" (the
@@ -9,7 +9,8 @@ same with nesterov) or "client" (a torch.optim.AdamW instance) or "torch_adam" (
 "fused_adam" (a dsfast FusedAdam(adam_w_mode=False) instance: on CPU tensors its reference kernel, through the
 same step call a GPU makes). inject: "inf" (default: the loss times inf on inject_rank at step 1) or "huge" (times
 1e22: finite gradients whose squares overflow fp32). backward: "engine" (default: engine.backward(loss)) or "plain"
-(loss.backward(), DeepSpeed 0.19.8's hooks on the engine's outputs).
+(loss.backward(), DeepSpeed 0.19.8's hooks on the engine's outputs). comm: the config's communication_data_type
+("-" or absent: not set).
 """
 import torch
 
@@ -39,7 +40,8 @@ def parse(run):
     f = run.split(":")
     return dict(name=f[0], stage=int(f[1]), precision=f[2], offload=f[3] == "1", gas=int(f[4]), clip=float(f[5]),
                 steps=int(f[6]), model=f[7], optimizer=f[8], inject_rank=int(f[9]),
-                inject=f[10] if len(f) > 10 else "inf", backward=f[11] if len(f) > 11 else "engine")
+                inject=f[10] if len(f) > 10 else "inf", backward=f[11] if len(f) > 11 else "engine",
+                comm=f[12] if len(f) > 12 and f[12] != "-" else None)
 
 
 def build(spec):
@@ -66,6 +68,8 @@ def config(spec, world):
                                                       "nesterov": spec["optimizer"] == "nesterov"}}
     if spec["offload"]:
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if spec.get("comm"):
+        cfg["communication_data_type"] = spec["comm"]
     if spec["precision"] == "bf16":
         cfg["bf16"] = {"enabled": True, "check_grad_overflow": spec["inject_rank"] >= 0}
     if spec["precision"] == "fp16":
