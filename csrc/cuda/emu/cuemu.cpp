@@ -413,17 +413,17 @@ uint64_t warp_op(const char* file, int line, WarpOp op, unsigned mask, uint64_t 
   const unsigned me = 1u << t->lane;
   const int lanes_here = std::min(32, (int)b.threads.size() - t->warp * 32);
   const unsigned existing = lanes_here == 32 ? 0xffffffffu : ((1u << lanes_here) - 1);
-  const std::string at = where(file, line) + ": " + op_name(op) + " in " + b.kernel() + ", " + b.name(*t) + ": ";
-  if (!(mask & me)) fail_here(t, at + "the mask " + hex(mask) + " does not name the calling lane " + std::to_string(t->lane));
+  auto at = [&] { return where(file, line) + ": " + op_name(op) + " in " + b.kernel() + ", " + b.name(*t) + ": "; };
+  if (!(mask & me)) fail_here(t, at() + "the mask " + hex(mask) + " does not name the calling lane " + std::to_string(t->lane));
   if (mask & ~existing)
-    fail_here(t, at + "the mask " + hex(mask) + " names lanes that do not exist in this warp (" + hex(mask & ~existing) + ")");
+    fail_here(t, at() + "the mask " + hex(mask) + " names lanes that do not exist in this warp (" + hex(mask & ~existing) + ")");
   if (width <= 0 || width > 32 || (width & (width - 1)))
-    fail_here(t, at + "width " + std::to_string(width) + " is not a power of two up to 32");
+    fail_here(t, at() + "width " + std::to_string(width) + " is not a power of two up to 32");
   for (int l = 0; l < 32; ++l)
     if (mask & (1u << l)) {
       const Thread& o = b.threads[t->warp * 32 + l];
       if (o.state == Thread::kExited)
-        fail_here(t, at + "the mask " + hex(mask) + " names lane " + std::to_string(l) + " (" + b.name(o) +
+        fail_here(t, at() + "the mask " + hex(mask) + " names lane " + std::to_string(l) + " (" + b.name(o) +
                          "), which has exited");
     }
   std::vector<WarpGroup>& gs = b.groups[t->warp];
@@ -432,7 +432,7 @@ uint64_t warp_op(const char* file, int line, WarpOp op, unsigned mask, uint64_t 
     if (x.mask & mask) {
       if (x.mask != mask || x.op != op || std::strcmp(x.file, file) != 0 || x.line != line) {
         int other = __builtin_ctz(x.arrived);
-        fail_here(t, at + "lanes of warp " + std::to_string(t->warp) + " wait at different warp operations: lane " +
+        fail_here(t, at() + "lanes of warp " + std::to_string(t->warp) + " wait at different warp operations: lane " +
                          std::to_string(t->lane) + " here with mask " + hex(mask) + ", lane " + std::to_string(other) +
                          " at " + op_name(x.op) + " at " + where(x.file, x.line) + " with mask " + hex(x.mask));
       }
