@@ -15,6 +15,7 @@ import importlib.util
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,26 @@ def test_kernels_match_reference_in_other_orders(op, order, seed):
             assert float(flag) == 1.0
     finally:
         op.set_order("forward", 0, workers=0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("DSFAST_CUDA_EMU_SANITIZE") != "1" or os.environ.get("DSFAST_CUDA_EMU_LIB"),
+                    reason="on demand (about 3 minutes of CPU): DSFAST_CUDA_EMU_SANITIZE=1 runs this file again on "
+                           "an ASan + UBSan build of the emulated kernels")
+def test_the_same_run_under_asan_and_ubsan(tmp_path):
+    import shutil
+    out = _cuda_emu.build(tmp_path / "asan", sanitize=True, jobs=min(2, os.cpu_count() or 1))
+    r = subprocess.run([str(out / "dsfast_cuda_emu_selftest")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and "all passed" in r.stdout, r.stdout
+    cxx = shutil.which("g++") or "g++"
+    libasan = subprocess.run([cxx, "-print-file-name=libasan.so"], stdout=subprocess.PIPE, text=True).stdout.strip()
+    # python itself is not instrumented: the runtime is preloaded; torch's own allocations are not leaks of ours
+    env = dict(os.environ, DSFAST_CUDA_EMU_LIB=str(out / "libdsfast_cuda_emu.so"), LD_PRELOAD=libasan,
+               ASAN_OPTIONS="detect_leaks=0:abort_on_error=1", UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
+               PYTHONPATH=str(ROOT))
+    env.pop("DSFAST_CUDA_EMU_SANITIZE")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], cwd=ROOT, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=3600)
+    assert r.returncode == 0, r.stdout[-6000:]
+    assert "Sanitizer" not in r.stdout and "runtime error" not in r.stdout, r.stdout[-6000:]

@@ -237,14 +237,12 @@ void to_scheduler(Thread* t) {
 #endif
 }
 
-// Record an error for the block and never come back (the fiber is abandoned).
-[[noreturn]] void fail_here(Thread* t, const std::string& msg) {
-  Block* b = t->block;
-  if (b->error.empty()) b->error = msg;
-  t->state = Thread::kExited;  // not resumed again
-  to_scheduler(t);
-  std::abort();
-}
+// An error inside a CUDA thread unwinds its fiber (so that nothing on its stack leaks) up to
+// cuemu_fiber_main, which records it for the block and leaves.
+struct Abort {
+  std::string msg;
+};
+[[noreturn]] void fail_here(Thread*, const std::string& msg) { throw Abort{msg}; }
 
 void init_thread_stack(Thread& t) {
 #if CUEMU_ASAN
@@ -543,22 +541,43 @@ void run(const LaunchSpec& spec) {
 
 using namespace cuemu;
 
+namespace {
+// Runs the kernel body in CUDA thread t; returns an error message, or "" when it ended cleanly.
+std::string run_thread(Thread* t) {
+  try {
+    t->block->launch->spec.entry(t->block->launch->spec.ctx);
+  } catch (const Abort& a) {
+    return a.msg;
+  } catch (const std::exception& e) {
+    return std::string("exception in ") + t->block->kernel() + ": " + e.what();
+  }
+  Block& b = *t->block;
+  // A thread leaving while others wait for it: at a block barrier, or named by a warp mask.
+  if (b.at_barrier > 0)
+    return where(b.bar_file, b.bar_line) + ": " + bar_name(b.bar_kind) + " in " + b.kernel() + " waits for " +
+           b.name(*t) + ", which has exited: every thread of the block must reach the barrier";
+  for (const WarpGroup& g : b.groups[t->warp])
+    if (g.mask & (1u << t->lane))
+      return where(g.file, g.line) + ": " + op_name(g.op) + " in " + b.kernel() + ": the mask " + hex(g.mask) +
+             " names lane " + std::to_string(t->lane) + " (" + b.name(*t) + "), which has exited";
+  return std::string();
+}
+}  // namespace
+
 extern "C" [[noreturn]] void cuemu_fiber_main(Thread* t) {
 #if CUEMU_ASAN
   __sanitizer_finish_switch_fiber(nullptr, &t->block->sched_stack_bottom, &t->block->sched_stack_size);
 #endif
-  t->block->launch->spec.entry(t->block->launch->spec.ctx);
-  Block& b = *t->block;
-  // A thread leaving while others wait for it: at a block barrier, or named by a warp mask.
-  if (b.at_barrier > 0)
-    fail_here(t, where(b.bar_file, b.bar_line) + ": " + bar_name(b.bar_kind) + " in " + b.kernel() + " waits for " +
-                     b.name(*t) + ", which has exited: every thread of the block must reach the barrier");
-  for (const WarpGroup& g : b.groups[t->warp])
-    if (g.mask & (1u << t->lane))
-      fail_here(t, where(g.file, g.line) + ": " + op_name(g.op) + " in " + b.kernel() + ": the mask " + hex(g.mask) +
-                       " names lane " + std::to_string(t->lane) + " (" + b.name(*t) + "), which has exited");
+  {
+    std::string err = run_thread(t);
+    Block& b = *t->block;
+    if (!err.empty()) {
+      if (b.error.empty()) b.error = std::move(err);
+    } else {
+      ++b.exited;
+    }
+  }  // nothing left on this stack to destroy
   t->state = Thread::kExited;
-  ++b.exited;
   to_scheduler(t);
   std::abort();  // never resumed
 }
