@@ -64,7 +64,7 @@ def run_tests(lib, timeout):
     t0 = time.time()
     r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=timeout)
-    failed = re.search(r"^FAILED (\S+)", r.stdout, re.M)
+    failed = re.search(r"^(?:FAILED|ERROR) (\S+)", r.stdout, re.M)  # ERROR: the sentinel check after the test
     err = re.search(r"^E +(.+)$", r.stdout, re.M)
     return r.returncode, (failed[1].split("::")[-1] if failed else ""), (err[1].strip() if err else ""), \
         time.time() - t0, r.stdout
