@@ -58,18 +58,28 @@ REGISTERS_PER_SM = 65536
 
 
 def ptxas_resources(text):
-    """Per (kernel, arch) entry of nvcc --resource-usage / -Xptxas -v output: registers and spill bytes."""
-    entries, cur = [], None
+    """Per (kernel, arch) entry of nvcc --resource-usage / -Xptxas -v output: registers and spill bytes.
+    A spill line belongs to the function its "Function properties for" line names: an entry, or a
+    device function it calls (e.g. __internal_accurate_pow), whose spills count against that entry."""
+    entries, cur, props = [], None, None
     for line in text.splitlines():
         m = re.search(r"Compiling entry function '(\w+)' for '(sm_\d+a?)'", line)
         if m:
             name = next((k for k in KERNEL_THREADS if k in m[1]), m[1])
-            cur = {"kernel": name, "symbol": m[1], "arch": m[2], "registers": None, "spill": None}
+            cur = {"kernel": name, "symbol": m[1], "arch": m[2], "registers": None, "spill": None, "callee_spill": {}}
             entries.append(cur)
+            props = None
+            continue
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            props = m[1]
             continue
         m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
         if m and cur is not None:
-            cur["spill"] = int(m[1]) + int(m[2])
+            if props == cur["symbol"]:
+                cur["spill"] = int(m[1]) + int(m[2])
+            elif props is not None and int(m[1]) + int(m[2]):
+                cur["callee_spill"][props] = int(m[1]) + int(m[2])
         m = re.search(r"Used (\d+) registers", line)
         if m and cur is not None:
             cur["registers"] = int(m[1])
@@ -99,6 +109,8 @@ def resource_problems(entries):
                             f"{KERNEL_THREADS[e['kernel']]}-thread launch allows")
         if e["spill"]:
             problems.append(f"{where}: {e['spill']} bytes of register spills")
+        for fn, n in e["callee_spill"].items():
+            problems.append(f"{where}: {n} bytes of register spills in {fn}, which it calls")
     return problems
 
 
@@ -111,6 +123,8 @@ ptxas info    : Compiling entry function '_ZN6dsfast4cuda19multi_tensor_kernelEv
 ptxas info    : Function properties for _ZN6dsfast4cuda19multi_tensor_kernelEv
     16 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads
 ptxas info    : Used 128 registers, used 1 barriers
+ptxas info    : Function properties for __internal_accurate_pow
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Compiling entry function '_Z10new_kernelv' for 'sm_80'
 ptxas info    : Used 8 registers
 ptxas info    : Compiling entry function '_ZN6dsfast4cuda17per_tensor_kernelEv' for 'sm_80'

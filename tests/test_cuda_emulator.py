@@ -176,9 +176,12 @@ def test_the_same_run_under_asan_and_ubsan(tmp_path):
                        text=True, timeout=300)
     assert r.returncode == 0 and "all passed" in r.stdout, r.stdout
     cxx = shutil.which("g++") or "g++"
-    libasan = subprocess.run([cxx, "-print-file-name=libasan.so"], stdout=subprocess.PIPE, text=True).stdout.strip()
-    # python itself is not instrumented: the runtime is preloaded; torch's own allocations are not leaks of ours
-    env = dict(os.environ, DSFAST_CUDA_EMU_LIB=str(out / "libdsfast_cuda_emu.so"), LD_PRELOAD=libasan,
+    lib = {n: subprocess.run([cxx, f"-print-file-name={n}"], stdout=subprocess.PIPE, text=True).stdout.strip()
+           for n in ("libasan.so", "libstdc++.so")}
+    # python itself is not instrumented: the ASan runtime is preloaded, with libstdc++ (python does not link it,
+    # and ASan's __cxa_throw interceptor needs it at start-up); torch's own allocations are not leaks of ours
+    env = dict(os.environ, DSFAST_CUDA_EMU_LIB=str(out / "libdsfast_cuda_emu.so"),
+               LD_PRELOAD=f"{lib['libasan.so']} {lib['libstdc++.so']}",
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1", UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
                PYTHONPATH=str(ROOT))
     env.pop("DSFAST_CUDA_EMU_SANITIZE")
