@@ -181,7 +181,7 @@ Launcher<P...> launcher(const char* file, int line, const char* name, void (*ker
 #define __syncthreads_or(p) ::cuemu::sync_block(__FILE__, __LINE__, ::cuemu::BarKind::kOr, (p) ? 1 : 0)
 #define __syncthreads_and(p) ::cuemu::sync_block(__FILE__, __LINE__, ::cuemu::BarKind::kAnd, (p) ? 1 : 0)
 #define __syncthreads_count(p) ::cuemu::sync_block(__FILE__, __LINE__, ::cuemu::BarKind::kCount, (p) ? 1 : 0)
-#define __syncwarp(...) ::cuemu::syncwarp_at(__FILE__, __LINE__, ##__VA_ARGS__)
+#define __syncwarp(...) ::cuemu::SyncwarpAt{__FILE__, __LINE__}(__VA_ARGS__)  // the mask is optional
 #define __shfl_sync(m, v, ...) ::cuemu::shfl(__FILE__, __LINE__, ::cuemu::WarpOp::kIdx, (m), (v), __VA_ARGS__)
 #define __shfl_up_sync(m, v, ...) ::cuemu::shfl(__FILE__, __LINE__, ::cuemu::WarpOp::kUp, (m), (v), __VA_ARGS__)
 #define __shfl_down_sync(m, v, ...) ::cuemu::shfl(__FILE__, __LINE__, ::cuemu::WarpOp::kDown, (m), (v), __VA_ARGS__)
@@ -192,9 +192,11 @@ Launcher<P...> launcher(const char* file, int line, const char* name, void (*ker
 #define __all_sync(m, p) ((int)::cuemu::warp_op(__FILE__, __LINE__, ::cuemu::WarpOp::kAll, (m), (p) ? 1 : 0, 0, 32))
 
 namespace cuemu {
-inline void syncwarp_at(const char* file, int line, unsigned mask = 0xffffffffu) {
-  warp_op(file, line, WarpOp::kSync, mask, 0, 0, 32);
-}
+struct SyncwarpAt {
+  const char* file;
+  int line;
+  void operator()(unsigned mask = 0xffffffffu) const { warp_op(file, line, WarpOp::kSync, mask, 0, 0, 32); }
+};
 }  // namespace cuemu
 
 // --- atomics (blocks run concurrently on OS threads: these are real atomics) ---------------------

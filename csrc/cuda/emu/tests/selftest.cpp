@@ -58,6 +58,8 @@ __global__ void warp_kernel(WarpOut* out) {
   o.any = __any_sync(0xffffffffu, t == 37);
   o.all = __all_sync(0xffffffffu, lane < 31);
   __syncwarp();
+  if (lane < 8) __syncwarp(0xffu);  // two groups with disjoint masks
+  else __syncwarp(0xffffff00u);
   if (lane < 16) o.dbl = __shfl_down_sync(0x0000ffffu, 0.5 * t, 1, 16);  // a sub-warp group
   else o.dbl = __shfl_down_sync(0xffff0000u, 0.5 * t, 1, 16);
   o.bar_or = __syncthreads_or(t == 70);
