@@ -94,6 +94,15 @@ class EmulatedOp:
         for name in ("dsfast_emu_adam", "dsfast_emu_sgd", "dsfast_emu_unscale_and_check", "dsfast_emu_l2_norm"):
             getattr(self.lib, name).restype = ctypes.c_char_p
         self.lib.dsfast_emu_set_order.argtypes = [ctypes.c_int, ctypes.c_uint64]
+        self.lib.dsfast_emu_launch_sizes.restype = ctypes.c_char_p
+
+    def launch_sizes(self):
+        """{kernel as the launch spelled it: the most threads per block it was launched with} so far."""
+        out = {}
+        for line in self.lib.dsfast_emu_launch_sizes().decode().splitlines():
+            name, threads = line.rsplit(" ", 1)
+            out[name] = int(threads)
+        return out
 
     def set_order(self, order="forward", seed=0, workers=0):
         self.lib.dsfast_emu_set_order(ORDERS[order], seed)

@@ -189,3 +189,18 @@ def test_the_same_run_under_asan_and_ubsan(tmp_path):
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=3600)
     assert r.returncode == 0, r.stdout[-6000:]
     assert "Sanitizer" not in r.stdout and "runtime error" not in r.stdout, r.stdout[-6000:]
+
+
+def test_launch_sizes_are_the_ones_the_register_check_assumes(op):
+    """tests/test_cuda_build.py checks each kernel's registers against its threads per block
+    (KERNEL_THREADS); the emulator sees the real launches, so the table is checked against them."""
+    from test_cuda_build import KERNEL_THREADS
+    ts = [gpu.rand(n, torch.float32, i) for i, n in enumerate((5, 70000))]
+    op.l2_norm(ts, True, None, None, 1.0)
+    op.unscale_and_check_(ts, torch.tensor(0.5), torch.zeros(()))
+    seen = op.launch_sizes()
+    for name, threads in seen.items():
+        kernel = [k for k in KERNEL_THREADS if k in name]
+        assert kernel, f"{name} is launched but has no entry in tests/test_cuda_build.py's KERNEL_THREADS"
+        assert threads <= KERNEL_THREADS[kernel[0]], (name, threads)
+    assert {k for k in KERNEL_THREADS if any(k in n for n in seen)} == set(KERNEL_THREADS), seen

@@ -41,6 +41,12 @@ extern "C" {
 void dsfast_emu_set_order(int order, uint64_t seed) { cuemu::set_order(static_cast<cuemu::Order>(order), seed); }
 void dsfast_emu_set_workers(int workers) { cuemu::set_workers(workers); }
 
+// "kernel threads" lines: each kernel launched so far and the most threads per block it was given.
+const char* dsfast_emu_launch_sizes() {
+  last_error = cuemu::launch_sizes();
+  return last_error.c_str();
+}
+
 const char* dsfast_emu_adam(int64_t n, const int64_t* numel, void* const* grads, int grad_dtype, void* const* params,
                             int param_dtype, void* const* exp_avgs, void* const* exp_avg_sqs, float* const* steps,
                             void* const* model_copies, int model_dtype, double lr, double beta1, double beta2,

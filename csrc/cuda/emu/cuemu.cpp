@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <map>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -163,6 +164,15 @@ struct Stacks {
   }
 };
 thread_local Stacks tl_stacks;
+
+std::mutex& sizes_mu() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, int>& sizes() {
+  static std::map<std::string, int> m;
+  return m;
+}
 
 }  // namespace
 
@@ -356,6 +366,13 @@ void run_block(Launch& L, uint3 bidx, uint64_t block_linear) {
 
 }  // namespace
 
+std::string launch_sizes() {
+  std::lock_guard<std::mutex> g(sizes_mu());
+  std::string out;
+  for (const auto& kv : sizes()) out += kv.first + " " + std::to_string(kv.second) + "\n";
+  return out;
+}
+
 void set_order(Order order, uint64_t seed) {
   cfg().order = order;
   cfg().seed = seed;
@@ -503,6 +520,11 @@ void run(const LaunchSpec& spec) {
   if (spec.smem > kMaxDynamicSmem)
     bad(std::to_string(spec.smem) + " bytes of dynamic shared memory exceed 48 KiB");
 
+  {
+    std::lock_guard<std::mutex> g(sizes_mu());
+    int& most = sizes()[spec.kernel];
+    most = std::max(most, int(bl.x * bl.y * bl.z));
+  }
   Launch L;
   L.spec = spec;
   L.nthreads = int(bl.x * bl.y * bl.z);

@@ -125,6 +125,8 @@ struct LaunchSpec {
   void* ctx;
 };
 void run(const LaunchSpec& spec);  // blocks until every block has finished; throws Error
+// "kernel threads\n" for every kernel launched so far: the most threads per block it was given.
+std::string launch_sizes();
 
 template <typename... P>
 struct Launcher {
