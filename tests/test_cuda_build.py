@@ -51,6 +51,95 @@ def test_registered_op_builds_every_cu_file():
     assert "bindings/cuda_optim.cpp" in spec.sources
 
 
+# Threads per block of every kernel's launch (csrc/cuda): the most registers a kernel may use is
+# what the SM's 64K registers give that many threads. A new kernel must be added here.
+KERNEL_THREADS = {"multi_tensor_kernel": 512, "per_tensor_kernel": 8 * 32, "total_kernel": 1024}
+REGISTERS_PER_SM = 65536
+
+
+def ptxas_resources(text):
+    """Per (kernel, arch) entry of nvcc --resource-usage / -Xptxas -v output: registers and spill bytes.
+    A spill line belongs to the function its "Function properties for" line names: an entry, or a
+    device function it calls (e.g. __internal_accurate_pow), whose spills count against that entry."""
+    entries, cur, props = [], None, None
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)' for '(sm_\d+a?)'", line)
+        if m:
+            name = next((k for k in KERNEL_THREADS if k in m[1]), m[1])
+            cur = {"kernel": name, "symbol": m[1], "arch": m[2], "registers": None, "spill": None, "callee_spill": {}}
+            entries.append(cur)
+            props = None
+            continue
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            props = m[1]
+            continue
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and cur is not None:
+            if props == cur["symbol"]:
+                cur["spill"] = int(m[1]) + int(m[2])
+            elif props is not None and int(m[1]) + int(m[2]):
+                cur["callee_spill"][props] = int(m[1]) + int(m[2])
+        m = re.search(r"Used (\d+) registers", line)
+        if m and cur is not None:
+            cur["registers"] = int(m[1])
+    return entries
+
+
+def register_limit(threads):
+    """Registers per thread that still let one block of `threads` threads launch (allocated per warp,
+    per thread in units of 8; at most 255)."""
+    warps = (threads + 31) // 32
+    return min(255, REGISTERS_PER_SM // (warps * 32) // 8 * 8)
+
+
+def resource_problems(entries):
+    problems = []
+    for e in entries:
+        where = f"{e['kernel']} ({e['arch']}, {e['symbol'][:80]})"
+        if e["kernel"] not in KERNEL_THREADS:
+            problems.append(f"{where}: no launch size known; add the kernel to KERNEL_THREADS")
+            continue
+        if e["registers"] is None or e["spill"] is None:
+            problems.append(f"{where}: ptxas printed no register/spill line")
+            continue
+        limit = register_limit(KERNEL_THREADS[e["kernel"]])
+        if e["registers"] > limit:
+            problems.append(f"{where}: {e['registers']} registers, more than the {limit} a "
+                            f"{KERNEL_THREADS[e['kernel']]}-thread launch allows")
+        if e["spill"]:
+            problems.append(f"{where}: {e['spill']} bytes of register spills")
+        for fn, n in e["callee_spill"].items():
+            problems.append(f"{where}: {n} bytes of register spills in {fn}, which it calls")
+    return problems
+
+
+def test_resource_check_fails_on_spills_and_too_many_registers():
+    fake = """ptxas info    : Compiling entry function '_ZN6dsfast4cuda12total_kernelEv' for 'sm_90'
+ptxas info    : Function properties for _ZN6dsfast4cuda12total_kernelEv
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 72 registers, used 1 barriers
+ptxas info    : Compiling entry function '_ZN6dsfast4cuda19multi_tensor_kernelEv' for 'sm_80'
+ptxas info    : Function properties for _ZN6dsfast4cuda19multi_tensor_kernelEv
+    16 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads
+ptxas info    : Used 128 registers, used 1 barriers
+ptxas info    : Function properties for __internal_accurate_pow
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Compiling entry function '_Z10new_kernelv' for 'sm_80'
+ptxas info    : Used 8 registers
+ptxas info    : Compiling entry function '_ZN6dsfast4cuda17per_tensor_kernelEv' for 'sm_80'
+ptxas info    : Function properties for _ZN6dsfast4cuda17per_tensor_kernelEv
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers
+"""
+    problems = resource_problems(ptxas_resources(fake))
+    assert len(problems) == 3, problems
+    assert "72 registers, more than the 64 a 1024-thread launch allows" in problems[0]
+    assert "16 bytes of register spills" in problems[1]
+    assert "add the kernel to KERNEL_THREADS" in problems[2]
+    assert [register_limit(t) for t in (1024, 512, 256, 96)] == [64, 128, 255, 255]
+
+
 @pytest.mark.slow
 @needs_nvcc
 @needs_cmake
@@ -60,8 +149,14 @@ def test_cmake_builds_every_kernel_for_sm80_and_sm90(tmp_path):
     env = dict(os.environ, CUDACXX=NVCC)  # cmake finds nvcc even when it is not on PATH
     out = _run(["cmake", "-S", str(ROOT), "-B", str(build)], ROOT, 300, env)
     assert "dsfast: building the CUDA kernels with" in out
-    _run(["cmake", "--build", str(build), "--target", "dsfast_cuda_kernels", "dsfast_cuda_plan_test", "-j2"],
-         ROOT, 600, env)
+    # -j1: ptxas's --resource-usage lines of one kernel must not interleave with another file's
+    usage = _run(["cmake", "--build", str(build), "--target", "dsfast_cuda_kernels", "-j1"], ROOT, 900, env)
+    kernels = ptxas_resources(usage)
+    assert {(k["kernel"], k["arch"]) for k in kernels} >= {(k, a) for k in KERNEL_THREADS for a in ("sm_80", "sm_90")}, \
+        "nvcc --resource-usage printed no line for some kernel:\n" + usage[-3000:]
+    problems = resource_problems(kernels)
+    assert not problems, "\n".join(problems)
+    _run(["cmake", "--build", str(build), "--target", "dsfast_cuda_plan_test", "-j2"], ROOT, 600, env)
     objects = sorted(o for o in build.rglob("*.cu.o") if "plan_test" not in str(o))
     assert sorted(o.name for o in objects) == sorted(p.name + ".o" for p in CUDA_DIR.glob("*.cu"))
     for obj in objects:

@@ -58,13 +58,14 @@ struct AdamFunctor {
     if (a.amp.found_inf != nullptr && *a.amp.found_inf != 0.0f) return;
     const int t = r.tensor;
     Body b;
+    // The coefficients first (pow is a call): fewer values live across it, so no spills.
+    const int64_t step = a.bias_correction ? (int64_t)*static_cast<const float*>(meta.addr[4][t]) : 1;
+    b.c = make_adam_coeffs(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.adamw, a.bias_correction, step);
     b.g = static_cast<const G*>(meta.addr[0][t]) + r.offset;
     b.p = static_cast<P*>(meta.addr[1][t]) + r.offset;
     b.m = static_cast<P*>(meta.addr[2][t]) + r.offset;
     b.v = static_cast<P*>(meta.addr[3][t]) + r.offset;
     b.out = kCopy ? static_cast<Out*>(meta.addr[kDepth - 1][t]) + r.offset : nullptr;
-    const int64_t step = a.bias_correction ? (int64_t)*static_cast<const float*>(meta.addr[4][t]) : 1;
-    b.c = make_adam_coeffs(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.adamw, a.bias_correction, step);
     float scale = 1.0f;
     if (a.amp.inv_scale != nullptr) scale *= *a.amp.inv_scale;
     if (a.amp.clip_coef != nullptr) scale *= *a.amp.clip_coef;

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "dtypes.cuh"
+#include "launch.cuh"
 
 namespace dsfast {
 namespace cuda {
@@ -143,7 +144,7 @@ void multi_tensor_apply(const TensorLists<Depth>& lists, const Args& args, cudaS
   using Meta = TensorListMeta<Depth>;
   static_assert(sizeof(Meta) + sizeof(Args) <= kParamBytes, "kernel parameters exceed the limit");
   plan_launches(lists, op_name, [&](const Meta& meta, int blocks) {
-    multi_tensor_kernel<Depth, Functor, Args><<<blocks, kBlockThreads, 0, stream>>>(meta, args);
+    DSFAST_LAUNCH((multi_tensor_kernel<Depth, Functor, Args>), blocks, kBlockThreads, 0, stream)(meta, args);
     check_cuda(cudaGetLastError(), op_name);
   });
 }

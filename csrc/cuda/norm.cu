@@ -165,11 +165,11 @@ void l2_norm(const L2NormParams& p, cudaStream_t stream) {
   });
   if (p.ntensors > 0) {
     const int64_t blocks = (p.ntensors + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    per_tensor_kernel<<<(unsigned)blocks, kWarpsPerBlock * 32, 0, stream>>>(w, p.ntensors);
+    DSFAST_LAUNCH(per_tensor_kernel, (unsigned)blocks, kWarpsPerBlock * 32, 0, stream)(w, p.ntensors);
     check_cuda(cudaGetLastError(), "dsfast l2_norm per-tensor reduction");
   }
   FinalArgs fa{p.ntensors, p.total, p.per_tensor, p.inv_scale, p.found_inf, p.clip_coef, p.max_norm};
-  total_kernel<<<1, 1024, 0, stream>>>(w, fa);
+  DSFAST_LAUNCH(total_kernel, 1, 1024, 0, stream)(w, fa);
   check_cuda(cudaGetLastError(), "dsfast l2_norm total");
 }
 

@@ -34,10 +34,41 @@ def op():
     return mod
 
 
+# Every tensor a kernel is given sits between GUARD sentinel elements on each side; the autouse
+# fixture `guards` checks after each test that no kernel wrote outside its tensor.
+GUARD = 16
+SENTINEL = -1234.5
+_guarded = []
+
+
+def guarded(values, misalign=False):
+    """A copy of `values` inside a larger allocation, between sentinels. misalign puts it one element
+    off the 16-byte alignment (the scalar path); otherwise 16-byte alignment, which the vector path
+    needs, is asserted."""
+    n, off = values.numel(), GUARD + (1 if misalign else 0)
+    buf = torch.full((off + n + GUARD,), SENTINEL, dtype=values.dtype, device=values.device)
+    t = buf[off:off + n]
+    t.copy_(values.reshape(-1))
+    if not misalign:
+        assert t.data_ptr() % 16 == 0, "an aligned tensor must be 16-byte aligned (the vector path)"
+    _guarded.append((buf, off, n))
+    return t
+
+
+@pytest.fixture(autouse=True)
+def guards():
+    _guarded.clear()
+    yield
+    for buf, off, n in _guarded:
+        s = torch.tensor(SENTINEL, dtype=buf.dtype, device=buf.device)
+        assert torch.equal(buf[:off], s.expand(off)), f"a kernel wrote before a tensor of {n} elements"
+        assert torch.equal(buf[off + n:], s.expand(GUARD)), f"a kernel wrote past the end of a tensor of {n} elements"
+    _guarded.clear()
+
+
 def rand(n, dtype, seed, misalign=False):
     g = torch.Generator(device=DEV).manual_seed(seed)
-    t = torch.randn(n + (1 if misalign else 0), generator=g, device=DEV).to(dtype)
-    return t[1:] if misalign else t  # a contiguous view one element off the allocation's alignment
+    return guarded(torch.randn(n, generator=g, device=DEV).to(dtype), misalign)
 
 
 def tol(dtype):
@@ -52,11 +83,11 @@ def adam_inputs(sizes, gdt, pdt, master, seed=0, misalign_every=4):
         mis = misalign_every and i % misalign_every == 1
         lists["g"].append(rand(n, gdt, seed + 10 * i, mis))
         lists["p"].append(rand(n, torch.float32 if master else pdt, seed + 10 * i + 1, mis))
-        lists["m"].append(rand(n, state_dt, seed + 10 * i + 2, mis) * 0.1)
-        lists["v"].append(rand(n, state_dt, seed + 10 * i + 3, mis).abs() * 0.01)
+        lists["m"].append(guarded(rand(n, state_dt, seed + 10 * i + 2, mis) * 0.1, mis))
+        lists["v"].append(guarded(rand(n, state_dt, seed + 10 * i + 3, mis).abs() * 0.01, mis))
         lists["s"].append(torch.tensor(float(i % 5 + 1), device=DEV))
         if master:
-            lists["c"].append(torch.empty(n, dtype=pdt, device=DEV))
+            lists["c"].append(guarded(torch.zeros(n, dtype=pdt, device=DEV), mis))
     return lists
 
 
@@ -175,6 +206,25 @@ def test_tensor_over_2_pow_31_elements(op):
         assert float(flag) == 1.0 and float(g[n - 2]) == 1.0
     finally:
         torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_inf_and_nan_in_tails_raise_the_flag(op, dtype):
+    """The only non-finite value is the last element: in the scalar tail after the vector body
+    (17, 65539), or anywhere in a misaligned tensor (the scalar walk)."""
+    for n, mis in ((17, False), (65539, False), (4097, True)):
+        for bad in (float("inf"), float("nan")):
+            g = rand(n, dtype, n, mis)
+            g[-1] = bad
+            expect = (g.float() * 0.5).to(dtype).float()
+            flag = torch.zeros((), device=DEV)
+            op.unscale_and_check_([rand(64, dtype, 1), g], torch.tensor(0.5, device=DEV), flag)
+            assert float(flag) == 1.0, (n, mis, bad)
+            torch.testing.assert_close(g[:-1].float(), expect[:-1], rtol=0, atol=0)
+            flag2 = torch.zeros((), device=DEV)
+            total, per, _ = op.l2_norm([rand(64, dtype, 2), g], True, None, flag2, 0.0)
+            assert float(flag2) == 1.0 and not torch.isfinite(total) and not torch.isfinite(per[1])
+            assert torch.isfinite(per[0])
 
 
 @pytest.mark.parametrize("kind", ["adam", "sgd"])
