@@ -93,14 +93,85 @@ def config_fields(model):
     return out
 
 
+# ------------------------------------------------------------------------------------------------ runtime defaults
+# What a config resolves to where DeepSpeed's defaults changed in 0.19.x: the clip (1.0 since 0.19.3), offload
+# pin_memory (true since 0.19.5), the process group's timeout (10 minutes, DEEPSPEED_TIMEOUT minutes).
+RUNTIME_CONFIGS = {
+    "omitted": {},
+    "clip 0": {"gradient_clipping": 0.0},
+    "clip 0.25": {"gradient_clipping": 0.25},
+    "offload sections": {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                               "offload_param": {"device": "cpu"}}},
+    "offload sections unpinned": {"zero_optimization": {"stage": 3,
+                                                        "offload_optimizer": {"device": "cpu", "pin_memory": False},
+                                                        "offload_param": {"device": "cpu", "pin_memory": False}}},
+    "deprecated cpu_offload": {"zero_optimization": {"stage": 2, "cpu_offload": True}},
+}
+TIMEOUT_ENVS = (None, "3", "45")     # DEEPSPEED_TIMEOUT unset / set
+
+
+def runtime_trace(clip, pins, timeout_s):
+    """clip(config) -> float; pins(config) -> [optimizer pin, param pin] (None: no section);
+    timeout_s(DEEPSPEED_TIMEOUT or None) -> seconds."""
+    base = {"train_batch_size": 1}
+    return {"gradient_clipping": {k: clip({**base, **c}) for k, c in RUNTIME_CONFIGS.items()},
+            "offload_pin_memory": {k: pins({**base, **c}) for k, c in RUNTIME_CONFIGS.items()},
+            "pg_timeout_s": {str(env): timeout_s(env) for env in TIMEOUT_ENVS}}
+
+
+def _with_env(name, value, fn):
+    import os
+    old = os.environ.pop(name, None)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        return fn()
+    finally:
+        os.environ.pop(name, None)
+        if old is not None:
+            os.environ[name] = old
+
+
+def dsfast_runtime_defaults():
+    from dsfast.comm.init import default_timeout
+    from dsfast.config import load_config
+
+    def pins(cfg):
+        z = load_config(cfg, log_ignored=False).zero_optimization
+        return [s.pin_memory if s is not None else None for s in (z.offload_optimizer, z.offload_param)]
+    env = {k: v for k, v in __import__("os").environ.items() if k != "DSFAST_TIMEOUT_S"}
+    return runtime_trace(lambda c: load_config(c, log_ignored=False).gradient_clipping, pins,
+                         lambda v: default_timeout({**env, **({"DEEPSPEED_TIMEOUT": v} if v else {})})
+                         .total_seconds())
+
+
 # ------------------------------------------------------------------------------------------------ DeepSpeed's side
 def deepspeed_traces(kind):
     """DeepSpeed's traces of one kind of case (needs deepspeed importable; DS_ACCELERATOR=cpu without a GPU)."""
     return {"loss_scaler": _deepspeed_loss_scaler, "lr_schedules": _deepspeed_lr_schedules,
-            "config_defaults": _deepspeed_config_defaults}[kind]()
+            "config_defaults": _deepspeed_config_defaults, "runtime_defaults": _deepspeed_runtime_defaults}[kind]()
 
 
-KINDS = ("loss_scaler", "lr_schedules", "config_defaults")
+KINDS = ("loss_scaler", "lr_schedules", "config_defaults", "runtime_defaults")
+
+
+def _deepspeed_runtime_defaults():
+    import importlib
+
+    import deepspeed.constants
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    def pins(cfg):
+        z = DeepSpeedConfig(cfg).zero_config
+        return [s.pin_memory if s is not None else None for s in (z.offload_optimizer, z.offload_param)]
+
+    def timeout_s(env):   # DeepSpeed reads DEEPSPEED_TIMEOUT when deepspeed.constants is imported
+        return _with_env("DEEPSPEED_TIMEOUT", env, lambda: importlib.reload(deepspeed.constants)
+                         .default_pg_timeout.total_seconds())
+    try:
+        return runtime_trace(lambda c: float(DeepSpeedConfig(c).gradient_clipping), pins, timeout_s)
+    finally:
+        importlib.reload(deepspeed.constants)
 
 
 def _deepspeed_loss_scaler():

@@ -40,7 +40,8 @@ class DsConfig(StrictModel):
     # --- optimization ---
     optimizer: Optional[OptimizerConfig] = None
     scheduler: Optional[SchedulerConfig] = None
-    gradient_clipping: float = Field(0.0, ge=0)       # 0 disables clipping; else max global L2 norm
+    # max global L2 norm; 0 disables clipping. DeepSpeed's default is 1.0 since 0.19.3 (0.0 before)
+    gradient_clipping: float = Field(1.0, ge=0)
     prescale_gradients: bool = False                  # divide grads before the all-reduce instead of after
     gradient_predivide_factor: float = Field(1.0, gt=0)
     zero_allow_untested_optimizer: bool = False
