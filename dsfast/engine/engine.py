@@ -17,6 +17,7 @@ from .deepspeed_api import DeepSpeedQueries
 from .monitor import Monitor
 from .progress import Progress
 from .state_owner import memory_breakdown
+from ..utils.timer import ThroughputTimer
 
 
 class NoOptimizerError(RuntimeError):
@@ -62,6 +63,9 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
         self._param_names = {id(p): n for n, p in module.named_parameters()}
         self._progress = Progress(config.steps_per_print, rank, bool(config.wall_clock_breakdown), self._device)
         self.monitor = Monitor(config, rank)
+        # DeepSpeed's engine.tput_timer (programs call update_epoch_count()); silent: Progress prints samples/s
+        self.tput_timer = ThroughputTimer(config.timers.throughput, batch_size=config.train_batch_size,
+                                          steps_per_output=config.steps_per_print)
         self._flops_profile = None
         if config.flops_profiler.enabled:
             from ..profiling.flops_profiler.profiler import EngineProfile
@@ -144,6 +148,7 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
         if self._precision.dtype is not None:
             inputs, kwargs = _cast_floats((inputs, kwargs), self._precision.dtype)
         self._progress.start("fwd")
+        self.tput_timer.start()
         if self._flops_profile is not None:
             self._flops_profile.before_forward()
         with self._autocast.forward_context():
@@ -200,7 +205,8 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
         """At the accumulation boundary: unscale, clip, skip on overflow, optimizer + scheduler step."""
         self._require_optimizer("step")
         self._step_applied = False
-        if self.is_gradient_accumulation_boundary():
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
             self._progress.start("step")
             self._take_model_step(lr_kwargs)
             self._progress.stop("step")
@@ -214,6 +220,7 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
                 total = self.memory_breakdown()["total"]
                 print(f"[dsfast] step {self.global_steps} | model states (rank 0) "
                       + ", ".join(f"{d} {b / 2**20:.1f} MiB" for d, b in total.items()), flush=True)
+        self.tput_timer.stop(global_step=boundary)
         self.micro_steps += 1
 
     def _take_model_step(self, lr_kwargs):
