@@ -119,6 +119,24 @@ def runtime_trace(clip, pins, timeout_s):
             "pg_timeout_s": {str(env): timeout_s(env) for env in TIMEOUT_ENVS}}
 
 
+# When the dynamic loss scale grows: a deliberate difference (dsfast doubles after `scale_window` clean steps, as
+# DeepSpeed documents; DeepSpeed 0.19.8 one step later). 'O' overflow, '.' clean; hysteresis 1.
+GROWTH_PATTERNS = (".......", "O.......")
+GROWTH_ARGS = dict(init_scale=2.0 ** 8, scale_window=3, min_scale=1)
+
+
+def growth_trace(make):
+    """make() -> a scaler with GROWTH_ARGS and hysteresis 1; its scale after each step of each pattern."""
+    out = {}
+    for pattern in GROWTH_PATTERNS:
+        scaler = make()
+        out[pattern] = []
+        for ch in pattern:
+            scaler.update_scale(ch == "O")
+            out[pattern].append(float(scaler.loss_scale))
+    return out
+
+
 def _with_env(name, value, fn):
     import os
     old = os.environ.pop(name, None)
@@ -145,6 +163,11 @@ def dsfast_runtime_defaults():
                          .total_seconds())
 
 
+def dsfast_growth():
+    from dsfast.precision.loss_scaler import DynamicLossScaler
+    return growth_trace(lambda: DynamicLossScaler(hysteresis=1, **GROWTH_ARGS))
+
+
 # ------------------------------------------------------------------------------------------------ DeepSpeed's side
 def deepspeed_traces(kind):
     """DeepSpeed's traces of one kind of case (needs deepspeed importable; DS_ACCELERATOR=cpu without a GPU)."""
@@ -168,10 +191,15 @@ def _deepspeed_runtime_defaults():
     def timeout_s(env):   # DeepSpeed reads DEEPSPEED_TIMEOUT when deepspeed.constants is imported
         return _with_env("DEEPSPEED_TIMEOUT", env, lambda: importlib.reload(deepspeed.constants)
                          .default_pg_timeout.total_seconds())
+    from deepspeed.runtime.fp16 import loss_scaler
+    loss_scaler.dist.get_rank = lambda: 0     # its overflow logging asks deepspeed.comm for the rank
     try:
-        return runtime_trace(lambda c: float(DeepSpeedConfig(c).gradient_clipping), pins, timeout_s)
+        trace = runtime_trace(lambda c: float(DeepSpeedConfig(c).gradient_clipping), pins, timeout_s)
     finally:
         importlib.reload(deepspeed.constants)
+    trace["loss_scale_growth"] = growth_trace(lambda: loss_scaler.DynamicLossScaler(
+        delayed_shift=1, consecutive_hysteresis=False, **GROWTH_ARGS))
+    return trace
 
 
 def _deepspeed_loss_scaler():

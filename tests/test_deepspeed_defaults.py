@@ -10,19 +10,24 @@ import pytest
 import torch
 
 import dsfast
-from _deepspeed_cases import GOLDEN_DEEPSPEED, deepspeed_traces, dsfast_runtime_defaults, load_golden
+from _deepspeed_cases import (GOLDEN_DEEPSPEED, deepspeed_traces, dsfast_growth, dsfast_runtime_defaults,
+                               load_golden)
 from dsfast.comm.init import _timeout, default_timeout
 from dsfast.config import load_config
 
 
+def _ours_like_theirs(theirs):
+    return {k: v for k, v in theirs.items() if k != "loss_scale_growth"}
+
+
 def test_runtime_defaults_match_deepspeed_recorded():
-    assert dsfast_runtime_defaults() == load_golden("runtime_defaults")
+    assert dsfast_runtime_defaults() == _ours_like_theirs(load_golden("runtime_defaults"))
 
 
 def test_runtime_defaults_match_deepspeed_when_installed():
     deepspeed = pytest.importorskip("deepspeed")
     theirs = deepspeed_traces("runtime_defaults")
-    assert dsfast_runtime_defaults() == theirs
+    assert dsfast_runtime_defaults() == _ours_like_theirs(theirs)
     if deepspeed.__version__ == GOLDEN_DEEPSPEED:
         assert theirs == load_golden("runtime_defaults"), "stale golden: rerun tests/data/make_deepspeed_goldens.py"
 
@@ -100,3 +105,13 @@ def test_a_bad_timeout_variable_is_an_error_naming_it(env):
     (name, value), = env.items()
     with pytest.raises(ValueError, match=rf"{name}='{value}': must be a (whole )?number of (minutes|seconds) > 0"):
         default_timeout(env)
+
+
+# ------------------------------------------------------------------------------------------------ loss scale growth
+def test_the_dynamic_scale_grows_one_step_earlier_than_deepspeed_as_documented():
+    # a deliberate difference (README): after loss_scale_window clean steps, as DeepSpeed's docs say; DeepSpeed
+    # 0.19.8 itself doubles one step later. Everything else of the scaler matches (test_loss_scaler.py's traces).
+    theirs, ours = load_golden("runtime_defaults")["loss_scale_growth"], dsfast_growth()
+    assert ours["......."] == [256.0, 256.0, 512.0, 512.0, 512.0, 1024.0, 1024.0]
+    for pattern, scales in theirs.items():
+        assert ours[pattern][:-1] == scales[1:], pattern
