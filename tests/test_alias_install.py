@@ -150,3 +150,15 @@ def test_an_unwritable_environment_says_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setattr(alias_install.os, "makedirs", refuse)
     with pytest.raises(AliasError, match=r"cannot write into .*Permission denied.*virtualenv, or with --target"):
         install(str(tmp_path / "t"))
+
+
+def test_pip_uninstall_removes_it_too(tmp_path):
+    # the RECORD lists every file the alias wrote, so pip can take it away as any distribution
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": REPO}
+    r = _run(venv / "bin" / "python", env, "-m", "dsfast.launcher", "alias", "install")
+    assert r.returncode == 0, r.stderr
+    r = _run(venv / "bin" / "python", env, "-m", "pip", "uninstall", "-y", "deepspeed")
+    assert r.returncode == 0 and f"Successfully uninstalled deepspeed-{VERSION}" in r.stdout, r.stdout + r.stderr
+    assert not [p for p in _listing(venv) if "deepspeed" in p.lower()]
