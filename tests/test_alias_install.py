@@ -162,3 +162,17 @@ def test_pip_uninstall_removes_it_too(tmp_path):
     r = _run(venv / "bin" / "python", env, "-m", "pip", "uninstall", "-y", "deepspeed")
     assert r.returncode == 0 and f"Successfully uninstalled deepspeed-{VERSION}" in r.stdout, r.stdout + r.stderr
     assert not [p for p in _listing(venv) if "deepspeed" in p.lower()]
+
+
+def test_lightning_s_deepspeed_strategy_accepts_the_alias(tmp_path):
+    # Lightning is not a test dependency: this runs where it is installed (checked with lightning 2.6.6; its
+    # training itself needs CUDA GPUs, as with DeepSpeed). Without the alias its constructor refuses.
+    pytest.importorskip("lightning")
+    code = ("import logging, deepspeed\n"
+            "from lightning.pytorch.strategies import DeepSpeedStrategy\n"
+            "DeepSpeedStrategy(stage=3, logging_level=logging.ERROR)\n"
+            "print(deepspeed.__name__, deepspeed.utils.logging.logger.level)\n")
+    install(str(tmp_path / "alias"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "alias"), REPO])})
+    assert r.returncode == 0 and r.stdout.split() == ["dsfast", "40"], r.stderr[-3000:]
