@@ -4,6 +4,7 @@ trainer.test(ckpt_path=...)) loads the trained weights at every ZeRO stage and p
 Before: its stale fp32 masters were copied over the module just loaded (the weights stayed the initial ones), and
 with no trainable parameters in bf16 the copy failed on empty lists. Exact: the loaded module must equal the saved
 one bit for bit, and the engine's masters (safe_get_full_fp32_param) must follow it."""
+import argparse
 import warnings
 
 import pytest
@@ -72,7 +73,8 @@ def test_lightning_s_inference_engine_loads_a_bf16_checkpoint(tmp_path, saved_st
     # stage 3), with model_parameters=[] and no optimizer, then loads the training checkpoint
     saved = _trained_and_saved(tmp_path, saved_stage, "bf16")
     model = _model()
-    engine, opt, _, _ = dsfast.initialize(model=model, model_parameters=[], dist_init_required=False,
+    engine, opt, _, _ = dsfast.initialize(args=argparse.Namespace(device_rank=0), model=model, optimizer=None,
+                                          lr_scheduler=None, model_parameters=[], dist_init_required=False,
                                           config={"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}})
     assert opt is None
     with warnings.catch_warnings():
