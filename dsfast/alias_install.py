@@ -28,8 +28,8 @@ INSTALLER = "dsfast alias"         # the dist-info's INSTALLER file: how ours is
 VERSION = f"{API_LEVEL}+dsfast.{__version__}"
 DIST_INFO = f"deepspeed-{VERSION}.dist-info"
 
-ALIAS_MODULE = f'''"""`deepspeed` is dsfast {__version__} here (DeepSpeed {API_LEVEL}'s API), written by `dsfast alias install`;
-`dsfast alias remove` (or `pip uninstall deepspeed`) takes it away."""
+ALIAS_MODULE = f'''"""`deepspeed` is dsfast {__version__} here (DeepSpeed {API_LEVEL}'s API),
+written by `dsfast alias install`; `dsfast alias remove` (or `pip uninstall deepspeed`) takes it away."""
 import sys
 
 import dsfast

@@ -12,6 +12,7 @@ Also the process group's timeout, which comes from the environment, not the conf
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from pydantic import BaseModel
@@ -27,9 +28,8 @@ DEFAULT_CHANGES = {
     "zero_optimization.offload_param.pin_memory": ("0.19.5", False),
 }
 
-# Where dsfast deliberately treats a key differently from DeepSpeed 0.19.8 (the README lists them too); said
-# after the origin, whoever set the value
-# after the origin, whoever set the value; (note, applies(config, set by the user))
+# Where dsfast deliberately treats a key differently from DeepSpeed 0.19.8 (the README lists them too), said after
+# the origin whoever set the value: path -> (note, applies(config, set by the user))
 DSFAST_CHOICES = {
     "fp16.loss_scale_window": ("the dynamic scale doubles after loss_scale_window overflow-free steps, as "
                                "documented (DeepSpeed 0.19.8 doubles one step later)",
@@ -133,7 +133,6 @@ def _batch_origins(cfg, raw: dict, autos: set) -> Dict[str, str]:
 def explain(data: dict, world_size: int = 1, source: Optional[str] = None, env=None) -> List[Tuple[str, Any, str]]:
     """[(dotted key, effective value, origin)] for a config mapping (the one the user wrote, "auto" allowed)."""
     from dsfast.comm.init import DEFAULT_TIMEOUT_MIN, default_timeout
-    import os
     autos = set(_auto_paths(data))
     stripped = _without(data, sorted(autos))
     placeholder = not any(k in stripped for k in BATCH)
