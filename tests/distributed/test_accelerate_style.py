@@ -5,6 +5,7 @@ whole weights saved by rank 0. The resumed run must match the uninterrupted one 
 Skipped where transformers and accelerate are not installed (test extras)."""
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -16,7 +17,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from dist_launch import REPO, launch  # noqa: E402
+from dist_launch import REPO, free_port, launch  # noqa: E402
 
 from dsfast.alias_install import install  # noqa: E402
 
@@ -43,3 +44,19 @@ def test_accelerate_trains_resumes_and_saves_at_stage(tmp_path, stage):
     assert saved["full"]["transformer.wte.weight"].shape == (128, 32)     # whole weights, also at stage 3
     assert set(saved["full"]) == set(saved["resume"])
     assert all(torch.equal(saved["full"][k], saved["resume"][k]) for k in saved["full"])
+
+
+def test_unmodified_accelerate_launch_use_deepspeed(tmp_path):
+    # `accelerate launch --use_deepspeed` imports deepspeed.launcher.runner and starts the ranks itself
+    install(str(tmp_path / "alias"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "alias"), REPO]), "DS_ACCELERATOR": "cpu",
+           "STAGE": "3", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--use_deepspeed", "--num_processes",
+           "2", "--num_machines", "1", "--zero_stage", "3", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(free_port()), PROGRAM, str(tmp_path / "out"), "full"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    result = json.loads(next(l for l in r.stdout.splitlines() if l.startswith("RESULT "))[7:])
+    assert result["engine"].startswith("dsfast") and len(result["losses"]) == 8, result
+    saved = safetensors_torch.load_file(tmp_path / "out" / "final-full" / "model.safetensors")
+    assert saved["transformer.wte.weight"].shape == (128, 32)
