@@ -142,9 +142,9 @@ def install(target=None, script_dir=None):
         record.append(f"{DIST_INFO}/RECORD,,")
         with open(os.path.join(target, DIST_INFO, "RECORD"), "w") as f:
             f.write("\n".join(record) + "\n")
-    except PermissionError as err:
-        raise AliasError(f"cannot write into {target} ({err.strerror}): run it with the permissions of this "
-                         "environment, in a virtualenv, or with --target DIR") from None
+    except OSError as err:       # no permission, a file where a directory should be, a full disk
+        raise AliasError(f"cannot write into {target} ({err.strerror or err}): run it with the permissions of this "
+                         "environment, in a virtualenv, or with --target DIR (a writable directory)") from None
     return sorted(files)
 
 

@@ -176,3 +176,12 @@ def test_lightning_s_deepspeed_strategy_accepts_the_alias(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "alias"), REPO])})
     assert r.returncode == 0 and r.stdout.split() == ["dsfast", "40"], r.stderr[-3000:]
+
+
+def test_a_target_that_is_a_file_and_a_bad_action_are_errors(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert alias_install.main(["install", "--target", str(tmp_path / "file")]) == 2
+    assert "dsfast alias: error: cannot write into" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        alias_install.main(["instal"])
+    assert info.value.code == 2 and "invalid choice: 'instal'" in capsys.readouterr().err
