@@ -168,14 +168,45 @@ def dsfast_growth():
     return growth_trace(lambda: DynamicLossScaler(hysteresis=1, **GROWTH_ARGS))
 
 
+# ------------------------------------------------------------------------------------------------ unmanaged accum.
+def unmanaged_trace(initialize, gathered_parameters):
+    """managed_gradient_accumulation=false in one process at stages 0-3 (tests/distributed/unmanaged_common.py):
+    the boundary answers seen outside step(), global_samples after each step, (global_steps, micro_steps), and
+    whether the weights equal plain PyTorch's (max abs difference <= 1e-6)."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "distributed"))
+    from unmanaged_common import reference, train
+    out = {}
+    for stage in (0, 1, 2, 3):
+        engine, seen, samples = train(initialize, stage)
+        params = list(engine.module.parameters())
+        with gathered_parameters(params):
+            diff = max(float((p.detach().float() - r).abs().max()) for p, r in zip(params, reference(world=1)))
+        out[str(stage)] = {"seen": seen, "samples": samples, "steps": [engine.global_steps, engine.micro_steps],
+                           "weights_as_torch": diff <= 1e-6}
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ DeepSpeed's side
 def deepspeed_traces(kind):
     """DeepSpeed's traces of one kind of case (needs deepspeed importable; DS_ACCELERATOR=cpu without a GPU)."""
     return {"loss_scaler": _deepspeed_loss_scaler, "lr_schedules": _deepspeed_lr_schedules,
-            "config_defaults": _deepspeed_config_defaults, "runtime_defaults": _deepspeed_runtime_defaults}[kind]()
+            "config_defaults": _deepspeed_config_defaults, "runtime_defaults": _deepspeed_runtime_defaults,
+            "unmanaged_accumulation": _deepspeed_unmanaged}[kind]()
 
 
-KINDS = ("loss_scaler", "lr_schedules", "config_defaults", "runtime_defaults")
+KINDS = ("loss_scaler", "lr_schedules", "config_defaults", "runtime_defaults", "unmanaged_accumulation")
+
+
+def _deepspeed_unmanaged():
+    import os
+
+    import deepspeed
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", "29517")):
+        os.environ.setdefault(key, value)
+    deepspeed.init_distributed(dist_backend="gloo")
+    return unmanaged_trace(lambda **kw: deepspeed.initialize(**kw), deepspeed.zero.GatheredParameters)
 
 
 def _deepspeed_runtime_defaults():
@@ -192,7 +223,7 @@ def _deepspeed_runtime_defaults():
         return _with_env("DEEPSPEED_TIMEOUT", env, lambda: importlib.reload(deepspeed.constants)
                          .default_pg_timeout.total_seconds())
     from deepspeed.runtime.fp16 import loss_scaler
-    loss_scaler.dist.get_rank = lambda: 0     # its overflow logging asks deepspeed.comm for the rank
+    loss_scaler.dist.get_rank = lambda *a, **k: 0     # its overflow logging asks deepspeed.comm for the rank
     try:
         trace = runtime_trace(lambda c: float(DeepSpeedConfig(c).gradient_clipping), pins, timeout_s)
     finally:
@@ -204,7 +235,7 @@ def _deepspeed_runtime_defaults():
 
 def _deepspeed_loss_scaler():
     from deepspeed.runtime.fp16 import loss_scaler
-    loss_scaler.dist.get_rank = lambda: 0     # its overflow logging asks deepspeed.comm for the rank
+    loss_scaler.dist.get_rank = lambda *a, **k: 0     # its overflow logging asks deepspeed.comm for the rank
     return {str(consecutive): loss_scale_trace(loss_scaler.DynamicLossScaler(
                 **LOSS_SCALE_ARGS, delayed_shift=HYSTERESIS, consecutive_hysteresis=consecutive))
             for consecutive in (False, True)}

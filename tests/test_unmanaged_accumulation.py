@@ -2,7 +2,8 @@
 step() is the boundary and applies an update whatever gradient_accumulation_steps says; backward() still divides
 the loss by it; is_gradient_accumulation_boundary() is True only inside step(); global_samples counts the
 micro-batches actually accumulated; set_gradient_accumulation_boundary() and step() inside no_sync() are refused,
-and so is overlap_comm below stage 2. The 2-rank runs are tests/distributed/test_unmanaged_accumulation_dp.py."""
+and so is overlap_comm below stage 2. Checked against DeepSpeed 0.19.8's recorded run of the same program too.
+The 2-rank runs are tests/distributed/test_unmanaged_accumulation_dp.py."""
 import os
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import dsfast
+from _deepspeed_cases import load_golden, unmanaged_trace
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "distributed"))
 from dp_common import MICRO  # noqa: E402
@@ -18,6 +20,11 @@ from unmanaged_common import COUNTS, config, reference, train  # noqa: E402
 
 def _init(**kw):
     return dsfast.initialize(dist_init_required=False, **kw)
+
+
+def test_the_same_runs_as_deepspeed_0_19_8_recorded():
+    # DeepSpeed 0.19.8 on CPU, the same program (tests/data/deepspeed_unmanaged_accumulation.json)
+    assert unmanaged_trace(_init, dsfast.zero.GatheredParameters) == load_golden("unmanaged_accumulation")
 
 
 @pytest.mark.parametrize("stage, precision, offload", [(0, "fp32", False), (1, "fp32", False), (2, "fp32", False),

@@ -18,7 +18,7 @@ LR = 0.1
 def config(stage, precision="fp32", offload=False, world=1):
     cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
            "train_batch_size": MICRO * GAS * world, "managed_gradient_accumulation": False,
-           "gradient_clipping": 0.0, "steps_per_print": 1000,
+           "gradient_clipping": 0.0, "steps_per_print": 1000, "zero_allow_untested_optimizer": True,
            "optimizer": {"type": "SGD", "params": {"lr": LR}},
            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
     if offload:
