@@ -71,6 +71,7 @@ def test_a_plain_loss_backward_is_still_refused_before_the_reduction(stage):
     model(torch.ones(2, 4)).sum().backward()
     with pytest.raises(RuntimeError, match=r"engine.backward\(loss\) instead of loss.backward\(\)"):
         engine.step()
+    assert not engine.is_gradient_accumulation_boundary()     # the failed step() left no boundary behind
 
 
 @pytest.mark.parametrize("stage, overlap, ok", [(0, True, False), (1, True, False), (1, None, True),

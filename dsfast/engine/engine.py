@@ -190,6 +190,7 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
             scale /= self.gradient_accumulation_steps()
         scaled = loss.float() * scale if (scale != 1.0 or loss.dtype != torch.float32) else loss
         if self._unmanaged:
+            self._in_step = False        # also after a step() that raised
             self._backwards_since_step += 1
             reduce = self._reduces_every_micro_step()
         else:
@@ -249,11 +250,11 @@ class Engine(DeepSpeedQueries, torch.nn.Module):
         if self._no_sync:
             raise RuntimeError("engine.step() inside engine.no_sync(): leave the block first (DeepSpeed refuses "
                                "it too); with managed_gradient_accumulation=false step() reduces the gradients")
-        self._in_step = True
         if not self._reduces_every_micro_step():
             self._owner.prepare_step(self._param_names)    # refuse stray gradients before they are reduced
             self._owner.begin_backward(True)               # a reduction with no backward: every bucket, now
             self._owner.end_backward()
+        self._in_step = True
 
     def _take_model_step(self, lr_kwargs):
         self._owner.prepare_step(self._param_names)
