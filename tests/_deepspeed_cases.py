@@ -93,19 +93,149 @@ def config_fields(model):
     return out
 
 
+# ------------------------------------------------------------------------------------------------ runtime defaults
+# What a config resolves to where DeepSpeed's defaults changed in 0.19.x: the clip (1.0 since 0.19.3), offload
+# pin_memory (true since 0.19.5), the process group's timeout (10 minutes, DEEPSPEED_TIMEOUT minutes).
+RUNTIME_CONFIGS = {
+    "omitted": {},
+    "clip 0": {"gradient_clipping": 0.0},
+    "clip 0.25": {"gradient_clipping": 0.25},
+    "offload sections": {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                               "offload_param": {"device": "cpu"}}},
+    "offload sections unpinned": {"zero_optimization": {"stage": 3,
+                                                        "offload_optimizer": {"device": "cpu", "pin_memory": False},
+                                                        "offload_param": {"device": "cpu", "pin_memory": False}}},
+    "deprecated cpu_offload": {"zero_optimization": {"stage": 2, "cpu_offload": True}},
+}
+TIMEOUT_ENVS = (None, "3", "45")     # DEEPSPEED_TIMEOUT unset / set
+
+
+def runtime_trace(clip, pins, timeout_s):
+    """clip(config) -> float; pins(config) -> [optimizer pin, param pin] (None: no section);
+    timeout_s(DEEPSPEED_TIMEOUT or None) -> seconds."""
+    base = {"train_batch_size": 1}
+    return {"gradient_clipping": {k: clip({**base, **c}) for k, c in RUNTIME_CONFIGS.items()},
+            "offload_pin_memory": {k: pins({**base, **c}) for k, c in RUNTIME_CONFIGS.items()},
+            "pg_timeout_s": {str(env): timeout_s(env) for env in TIMEOUT_ENVS}}
+
+
+# When the dynamic loss scale grows: a deliberate difference (dsfast doubles after `scale_window` clean steps, as
+# DeepSpeed documents; DeepSpeed 0.19.8 one step later). 'O' overflow, '.' clean; hysteresis 1.
+GROWTH_PATTERNS = (".......", "O.......")
+GROWTH_ARGS = dict(init_scale=2.0 ** 8, scale_window=3, min_scale=1)
+
+
+def growth_trace(make):
+    """make() -> a scaler with GROWTH_ARGS and hysteresis 1; its scale after each step of each pattern."""
+    out = {}
+    for pattern in GROWTH_PATTERNS:
+        scaler = make()
+        out[pattern] = []
+        for ch in pattern:
+            scaler.update_scale(ch == "O")
+            out[pattern].append(float(scaler.loss_scale))
+    return out
+
+
+def _with_env(name, value, fn):
+    import os
+    old = os.environ.pop(name, None)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        return fn()
+    finally:
+        os.environ.pop(name, None)
+        if old is not None:
+            os.environ[name] = old
+
+
+def dsfast_runtime_defaults():
+    from dsfast.comm.init import default_timeout
+    from dsfast.config import load_config
+
+    def pins(cfg):
+        z = load_config(cfg, log_ignored=False).zero_optimization
+        return [s.pin_memory if s is not None else None for s in (z.offload_optimizer, z.offload_param)]
+    env = {k: v for k, v in __import__("os").environ.items() if k != "DSFAST_TIMEOUT_S"}
+    return runtime_trace(lambda c: load_config(c, log_ignored=False).gradient_clipping, pins,
+                         lambda v: default_timeout({**env, **({"DEEPSPEED_TIMEOUT": v} if v else {})})
+                         .total_seconds())
+
+
+def dsfast_growth():
+    from dsfast.precision.loss_scaler import DynamicLossScaler
+    return growth_trace(lambda: DynamicLossScaler(hysteresis=1, **GROWTH_ARGS))
+
+
+# ------------------------------------------------------------------------------------------------ unmanaged accum.
+def unmanaged_trace(initialize, gathered_parameters):
+    """managed_gradient_accumulation=false in one process at stages 0-3 (tests/distributed/unmanaged_common.py):
+    the boundary answers seen outside step(), global_samples after each step, (global_steps, micro_steps), and
+    whether the weights equal plain PyTorch's (max abs difference <= 1e-6)."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "distributed"))
+    from unmanaged_common import reference, train
+    out = {}
+    for stage in (0, 1, 2, 3):
+        engine, seen, samples = train(initialize, stage)
+        params = list(engine.module.parameters())
+        with gathered_parameters(params):
+            diff = max(float((p.detach().float() - r).abs().max()) for p, r in zip(params, reference(world=1)))
+        out[str(stage)] = {"seen": seen, "samples": samples, "steps": [engine.global_steps, engine.micro_steps],
+                           "weights_as_torch": diff <= 1e-6}
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ DeepSpeed's side
 def deepspeed_traces(kind):
     """DeepSpeed's traces of one kind of case (needs deepspeed importable; DS_ACCELERATOR=cpu without a GPU)."""
     return {"loss_scaler": _deepspeed_loss_scaler, "lr_schedules": _deepspeed_lr_schedules,
-            "config_defaults": _deepspeed_config_defaults}[kind]()
+            "config_defaults": _deepspeed_config_defaults, "runtime_defaults": _deepspeed_runtime_defaults,
+            "unmanaged_accumulation": _deepspeed_unmanaged}[kind]()
 
 
-KINDS = ("loss_scaler", "lr_schedules", "config_defaults")
+KINDS = ("loss_scaler", "lr_schedules", "config_defaults", "runtime_defaults", "unmanaged_accumulation")
+
+
+def _deepspeed_unmanaged():
+    import os
+
+    import deepspeed
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", "29517")):
+        os.environ.setdefault(key, value)
+    deepspeed.init_distributed(dist_backend="gloo")
+    return unmanaged_trace(lambda **kw: deepspeed.initialize(**kw), deepspeed.zero.GatheredParameters)
+
+
+def _deepspeed_runtime_defaults():
+    import importlib
+
+    import deepspeed.constants
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    def pins(cfg):
+        z = DeepSpeedConfig(cfg).zero_config
+        return [s.pin_memory if s is not None else None for s in (z.offload_optimizer, z.offload_param)]
+
+    def timeout_s(env):   # DeepSpeed reads DEEPSPEED_TIMEOUT when deepspeed.constants is imported
+        return _with_env("DEEPSPEED_TIMEOUT", env, lambda: importlib.reload(deepspeed.constants)
+                         .default_pg_timeout.total_seconds())
+    from deepspeed.runtime.fp16 import loss_scaler
+    loss_scaler.dist.get_rank = lambda *a, **k: 0     # its overflow logging asks deepspeed.comm for the rank
+    try:
+        trace = runtime_trace(lambda c: float(DeepSpeedConfig(c).gradient_clipping), pins, timeout_s)
+    finally:
+        importlib.reload(deepspeed.constants)
+    trace["loss_scale_growth"] = growth_trace(lambda: loss_scaler.DynamicLossScaler(
+        delayed_shift=1, consecutive_hysteresis=False, **GROWTH_ARGS))
+    return trace
 
 
 def _deepspeed_loss_scaler():
     from deepspeed.runtime.fp16 import loss_scaler
-    loss_scaler.dist.get_rank = lambda: 0     # its overflow logging asks deepspeed.comm for the rank
+    loss_scaler.dist.get_rank = lambda *a, **k: 0     # its overflow logging asks deepspeed.comm for the rank
     return {str(consecutive): loss_scale_trace(loss_scaler.DynamicLossScaler(
                 **LOSS_SCALE_ARGS, delayed_shift=HYSTERESIS, consecutive_hysteresis=consecutive))
             for consecutive in (False, True)}

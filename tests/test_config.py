@@ -22,7 +22,7 @@ def problems(data, **kw):
 # ------------------------------------------------------------------------------------------------ defaults
 def test_defaults_match_deepspeed():
     c = cfg()
-    assert c.gradient_clipping == 0.0 and c.steps_per_print == 10
+    assert c.gradient_clipping == 1.0 and c.steps_per_print == 10     # 1.0 since DeepSpeed 0.19.3
     assert c.wall_clock_breakdown is False and c.prescale_gradients is False
     assert c.gradient_predivide_factor == 1.0 and c.dataloader_drop_last is False
     assert c.zero_allow_untested_optimizer is False and c.zero_force_ds_cpu_optimizer is True
@@ -57,9 +57,10 @@ def test_precision_helper_and_bfloat16_alias():
 def test_offload_defaults_validated_even_when_unused():
     from dsfast.config.zero import OffloadOptimizerConfig, OffloadParamConfig
     o = OffloadOptimizerConfig()
-    assert (o.device, o.buffer_count, o.pin_memory, o.ratio) == ("none", 4, False, 1.0)
+    assert (o.device, o.buffer_count, o.pin_memory, o.ratio) == ("none", 4, True, 1.0)   # pinned: 0.19.5
     p = OffloadParamConfig()
-    assert (p.device, p.buffer_count, p.buffer_size, p.max_in_cpu) == ("none", 5, 100_000_000, 1_000_000_000)
+    assert (p.device, p.buffer_count, p.buffer_size, p.max_in_cpu, p.pin_memory) == \
+        ("none", 5, 100_000_000, 1_000_000_000, True)
 
 
 @pytest.mark.parametrize("section", ["offload_optimizer", "offload_param"])
@@ -517,9 +518,9 @@ def test_remaining_deepspeed_top_level_keys():
             use_data_before_expert_parallelism=True, gradient_allreduce_op="mean", sequence_parallel_size=1,
             optimizer={"type": "sgd", "legacy_fusion": True})
     notes = "\n".join(c.ignored_settings())
-    for key in ("disable_python_gc", "managed_gradient_accumulation", "log_level",
-                "use_data_before_expert_parallelism", "optimizer.legacy_fusion"):
+    for key in ("disable_python_gc", "log_level", "use_data_before_expert_parallelism", "optimizer.legacy_fusion"):
         assert key in notes
+    assert "managed_gradient_accumulation" not in notes       # acted on (tests/test_unmanaged_accumulation.py)
     for bad, key in (({"gradient_allreduce_op": "sum"}, "gradient_allreduce_op"),
                      ({"sequence_parallel_size": 2}, "sequence_parallel_size"),
                      ({"expert_parallel": {"enabled": True}}, "expert_parallel"),

@@ -9,9 +9,6 @@ from _deepspeed_cases import CONFIG_PAIRS, GOLDEN_DEEPSPEED, config_fields, deep
 
 # Deliberate differences, each with its reason.
 KNOWN_DIFFERENCES = {
-    # REFERENCE.md §3.2 documents false (DeepSpeed <= 0.16); 0.19 defaults to true. Only matters for offload.
-    ("DeepSpeedZeroOffloadOptimizerConfig", "pin_memory"),
-    ("DeepSpeedZeroOffloadParamConfig", "pin_memory"),
     # ours maps the deprecated key onto gather_16bit_weights_on_model_save, so None means "not given"
     ("DeepSpeedZeroConfig", "stage3_gather_fp16_weights_on_model_save"),
     # DeepSpeed lists HF MoE classes by default; they only matter at stage 3

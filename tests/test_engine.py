@@ -21,8 +21,10 @@ def batch(i, n=MICRO):
 
 
 def config(**over):
+    # gradient_clipping 0: these tests compare with unclipped torch training (the 1.0 default is
+    # test_deepspeed_defaults.py's)
     cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 1, "steps_per_print": 1000,
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}}
+           "gradient_clipping": 0.0, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}}
     cfg.update(over)
     return cfg
 
@@ -215,7 +217,8 @@ def test_client_optimizer_object_wins_over_config_with_a_warning():
 def test_client_optimizer_is_retargeted_at_fp32_masters_in_bf16():
     model = make_model()
     client = torch.optim.SGD(model.parameters(), lr=0.5)
-    engine, opt, _, _ = init(model, optimizer=client, config={"train_batch_size": MICRO, "bf16": {"enabled": True}})
+    engine, opt, _, _ = init(model, optimizer=client, config={"train_batch_size": MICRO, "bf16": {"enabled": True},
+                                                          "gradient_clipping": 0.0})
     masters = engine._precision.masters
     assert [id(p) for p in opt.param_groups[0]["params"]] == [id(m) for m in masters]
     m0 = [m.detach().clone() for m in masters]

@@ -22,8 +22,11 @@ STAGES = [0, 1, 2, 3]
 
 
 def _cfg(precision, opt="SGD", lr=1.0, gas=1, stage=0):
+    # gradient_clipping 0: the expected weights are exact sums of unclipped gradients (DeepSpeed clips at 1.0 when
+    # the key is omitted, and a gradient of norm 1 is scaled by 1 / (1 + 1e-6))
     cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": gas, "steps_per_print": 1000,
-           "optimizer": {"type": opt, "params": {"lr": lr}}, "zero_optimization": {"stage": stage}}
+           "optimizer": {"type": opt, "params": {"lr": lr}}, "zero_optimization": {"stage": stage},
+           "gradient_clipping": 0.0}
     if precision == "bf16":
         cfg["bf16"] = {"enabled": True}
     if precision == "fp16":  # a power-of-two static scale keeps every gradient below exact

@@ -34,7 +34,7 @@ def test_build_from_config():
     assert isinstance(static, StaticLossScaler) and static.loss_scale == 128.0
     dyn = build_loss_scaler({"enabled": True})
     assert isinstance(dyn, DynamicLossScaler)
-    # The documented defaults, also when ZeRO would be on (DeepSpeed's ZeRO path uses 2**32 / hysteresis 1).
+    # The documented defaults, also when ZeRO would be on (as DeepSpeed 0.19.8 passes them to its ZeRO path).
     assert (dyn.loss_scale, dyn.hysteresis, dyn.scale_window, dyn.min_scale, dyn.consecutive_hysteresis) == \
         (65536.0, 2, 1000, 1.0, False)
     cfg = load_config({"train_batch_size": 1, "fp16": {"enabled": True, "initial_scale_power": 8,

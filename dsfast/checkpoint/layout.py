@@ -36,8 +36,16 @@ def checkpoint_layout(engine):
 
 @torch.no_grad()
 def engine_after_load(engine):
-    """Loaded fp32 masters -> the model's parameters (nothing to copy when they are the same tensors)."""
-    engine.state_owner.after_checkpoint_load()
+    """Loaded fp32 masters -> the model's parameters (nothing to copy when they are the same tensors).
+
+    An engine without an optimizer (evaluation, a reference model) loads no masters: its masters follow the module
+    just loaded instead, never the other way round (stale masters would overwrite the loaded weights). At stage 3
+    the partitions took the loaded slices already and the owner publishes them."""
+    owner = engine.state_owner
+    if engine.optimizer is None and not owner.partitions_params:
+        masters_from_module(engine, Layout(owner.checkpoint_layout(param_names(engine.module))))
+        return
+    owner.after_checkpoint_load()
 
 
 @torch.no_grad()

@@ -9,8 +9,10 @@ import torch.distributed as dist
 from .env import DEFAULT_MASTER_PORT, discover
 from .teardown import exit_timeout, register_exit_teardown
 
-# DeepSpeed waits 30 minutes by default; DSFAST_TIMEOUT_S overrides it for every collective.
-DEFAULT_TIMEOUT_S = 1800
+# The process group's timeout, as DeepSpeed 0.19.8 (deepspeed/constants.py default_pg_timeout): 10 minutes, or
+# DEEPSPEED_TIMEOUT whole minutes. dsfast's own DSFAST_TIMEOUT_S (seconds) wins over both; an explicit
+# init_distributed(timeout=...) over everything.
+DEFAULT_TIMEOUT_MIN = 10
 
 
 def default_backend():
@@ -18,9 +20,28 @@ def default_backend():
     return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
 
 
+def default_timeout(env=None):
+    """The timeout init_distributed gives the process group when the caller names none (see above)."""
+    env = os.environ if env is None else env
+    for name, unit, parse in (("DSFAST_TIMEOUT_S", "seconds", float), ("DEEPSPEED_TIMEOUT", "minutes", int)):
+        text = env.get(name)
+        if text is None:
+            continue
+        try:
+            value = parse(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0 or value != value or value == float("inf"):
+            kind = "a whole number" if parse is int else "a number"
+            raise ValueError(f"{name}={text!r}: must be {kind} of {unit} > 0 (the process group's timeout; "
+                             f"unset, it is {DEFAULT_TIMEOUT_MIN} minutes)")
+        return datetime.timedelta(**{unit: value})
+    return datetime.timedelta(minutes=DEFAULT_TIMEOUT_MIN)
+
+
 def _timeout(timeout):
     if timeout is None:
-        timeout = float(os.environ.get("DSFAST_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+        return default_timeout()
     if isinstance(timeout, (int, float)):
         timeout = datetime.timedelta(seconds=timeout)
     return timeout

@@ -1,7 +1,8 @@
 """Check a ds_config before launching: `python -m dsfast.config ds_config.json [--world-size N]`.
 
 Prints the resolved batch sizes, precision, ZeRO stage, optimizer and schedule, and every setting dsfast ignores;
-or the problems, one per line, and exit status 1. `--defaults` prints every key with its default instead.
+or the problems, one per line, and exit status 1. `--defaults` prints every key with its default instead;
+`--explain` every effective value with where it came from (explain.py).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pydantic import BaseModel
 from .base import _models_in
 from .ds_config import DsConfig
 from .errors import DsConfigError
-from .loader import load_config
+from .loader import load_config, read_json_file
 from .optimizer import AdamParams, SGDParams
 from .scheduler import SCHEDULER_PARAMS
 
@@ -41,6 +42,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("config", nargs="?", help="path to ds_config.json")
     parser.add_argument("--world-size", type=int, default=1, help="data-parallel world size (default 1)")
     parser.add_argument("--defaults", action="store_true", help="print every key with its default and bounds")
+    parser.add_argument("--explain", action="store_true",
+                        help="print every effective value with its origin: user, auto, derived, DeepSpeed 0.19.8's "
+                             "default (and the release that changed it), or dsfast's own choice")
     args = parser.parse_args(argv)
     if args.defaults:
         lines = _default_lines(DsConfig)
@@ -52,6 +56,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     if not args.config:
         parser.error("give a config file, or --defaults")
+    if args.explain:
+        return _explain(args.config, args.world_size)
     try:
         cfg = load_config(args.config, world_size=args.world_size, log_ignored=False)
     except DsConfigError as err:
@@ -73,6 +79,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"  scheduler={cfg.scheduler.type} {cfg.scheduler.params.model_dump()}")
     for note in cfg.ignored_settings():
         print(f"  note: {note}")
+    return 0
+
+
+def _explain(path: str, world_size: int) -> int:
+    from .explain import explain, format_explanation
+    try:
+        rows = explain(read_json_file(path), world_size=world_size, source=path)
+    except (DsConfigError, ValueError) as err:    # ValueError: a bad DEEPSPEED_TIMEOUT / DSFAST_TIMEOUT_S
+        print(err, file=sys.stderr)
+        return 1
+    print(f"{path} (world size {world_size}): every effective value and its origin")
+    print("\n".join(format_explanation(rows)))
     return 0
 
 

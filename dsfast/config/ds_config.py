@@ -40,7 +40,8 @@ class DsConfig(StrictModel):
     # --- optimization ---
     optimizer: Optional[OptimizerConfig] = None
     scheduler: Optional[SchedulerConfig] = None
-    gradient_clipping: float = Field(0.0, ge=0)       # 0 disables clipping; else max global L2 norm
+    # max global L2 norm; 0 disables clipping. DeepSpeed's default is 1.0 since 0.19.3 (0.0 before)
+    gradient_clipping: float = Field(1.0, ge=0)
     prescale_gradients: bool = False                  # divide grads before the all-reduce instead of after
     gradient_predivide_factor: float = Field(1.0, gt=0)
     zero_allow_untested_optimizer: bool = False
@@ -193,6 +194,16 @@ class DsConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _unmanaged_accumulation(self):
+        # DeepSpeed 0.19.8 refuses the pair: below stage 2 the reduction runs in step(), not during backward
+        if not self.managed_gradient_accumulation and self.zero_stage < 2 and \
+                self.zero_optimization.overlap_comm_resolved:
+            raise nested_error([(("managed_gradient_accumulation",),
+                                 f"false supports zero_optimization.overlap_comm only at ZeRO stage 2 or 3 (stage "
+                                 f"is {self.zero_stage}); set overlap_comm to false or use stage 2")])
+        return self
+
+    @model_validator(mode="after")
     def _batch(self, info: ValidationInfo):
         world = int((info.context or {}).get("world_size", 1))
         try:
@@ -289,8 +300,6 @@ class DsConfig(StrictModel):
                           ("log_level", 'configure the "dsfast" logger with the logging module')):
             if getattr(self, flag):
                 notes.append(f"{flag} is ignored ({why})")
-        if not self.managed_gradient_accumulation:
-            notes.append("managed_gradient_accumulation=false is ignored; the engine always accumulates")
         if self.optimizer is not None and self.optimizer.legacy_fusion:
             notes.append("optimizer.legacy_fusion is ignored (a DeepSpeed fp16 optimizer variant)")
         for key in UNSUPPORTED_FEATURES:

@@ -28,6 +28,13 @@ def _device(v):
     return v.lower()
 
 
+def _deprecated_pin(data) -> bool:
+    """pin_memory for an offload made from the deprecated cpu_offload / cpu_offload_param keys: the offload
+    sections' default (true), unless cpu_offload_use_pin_memory is given (DeepSpeed 0.19.8 ignores that key)."""
+    given = data.get("cpu_offload_use_pin_memory")
+    return True if given is None else bool(given)
+
+
 class _OffloadTarget(StrictModel):
     """Where an offload goes: `device` none | cpu | nvme, and the directory that nvme needs."""
     device: str = "none"
@@ -47,7 +54,7 @@ class _OffloadTarget(StrictModel):
 
 class OffloadOptimizerConfig(_OffloadTarget):
     buffer_count: int = Field(4, ge=0)
-    pin_memory: bool = False
+    pin_memory: bool = True          # DeepSpeed's default since 0.19.5 (false before); only CUDA pins
     pipeline_read: bool = False
     pipeline_write: bool = False
     fast_init: bool = False
@@ -60,7 +67,7 @@ class OffloadParamConfig(_OffloadTarget):
     buffer_count: int = Field(5, ge=0)
     buffer_size: int = Field(100_000_000, ge=0)
     max_in_cpu: int = Field(1_000_000_000, ge=0)
-    pin_memory: bool = False
+    pin_memory: bool = True          # DeepSpeed's default since 0.19.5 (false before); only CUDA pins
 
 
 class LeafModuleConfig(StrictModel):
@@ -151,16 +158,14 @@ class ZeroConfig(StrictModel):
                                   '"offload_optimizer": {"device": "cpu"}')
             logger.warning('zero_optimization.cpu_offload is deprecated; using "offload_optimizer": '
                            '{"device": "cpu"}')
-            data["offload_optimizer"] = {"device": "cpu",
-                                         "pin_memory": bool(data.get("cpu_offload_use_pin_memory") or False)}
+            data["offload_optimizer"] = {"device": "cpu", "pin_memory": _deprecated_pin(data)}
         if data.get("cpu_offload_param"):
             if data.get("offload_param") is not None:
                 raise plain_error('"cpu_offload_param" (deprecated) and "offload_param" are both set; keep only '
                                   '"offload_param": {"device": "cpu"}')
             logger.warning('zero_optimization.cpu_offload_param is deprecated; using "offload_param": '
                            '{"device": "cpu"}')
-            data["offload_param"] = {"device": "cpu",
-                                     "pin_memory": bool(data.get("cpu_offload_use_pin_memory") or False)}
+            data["offload_param"] = {"device": "cpu", "pin_memory": _deprecated_pin(data)}
         old = data.get("stage3_gather_fp16_weights_on_model_save")
         if old is not None:
             if "gather_16bit_weights_on_model_save" in data or "stage3_gather_16bit_weights_on_model_save" in data:

@@ -18,6 +18,7 @@ from .monitor import Monitor
 from .plain_backward import PlainBackward, engine_backward_running
 from .progress import Progress
 from .state_offload import StateOffload
+from ..utils.timer import ThroughputTimer
 from ..zero.state_owner import memory_breakdown
 
 
@@ -53,6 +54,11 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         self._global_grad_norm = None
         self._boundary_override = None
         self._no_sync = False
+        # managed_gradient_accumulation false (DeepSpeed 0.19.8): every step() is the boundary, the caller owns
+        # accumulation; stages 0-1 reduce in step(), stages 2-3 in every backward (as DeepSpeed's)
+        self._unmanaged = not config.managed_gradient_accumulation
+        self._in_step = False
+        self._backwards_since_step = 0
         self._clip = float(config.gradient_clipping or 0.0)
         precision = self._precision
         # torch_autocast: forward under torch.autocast, fp32 weights and gradients; float16 scales the loss
@@ -65,6 +71,9 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         self._progress = Progress(config.steps_per_print, rank, bool(config.wall_clock_breakdown), self._device)
         self.monitor = Monitor(config, rank)
         self._plain_backward = PlainBackward(self)
+        # DeepSpeed's engine.tput_timer (programs call update_epoch_count()); silent: Progress prints samples/s
+        self.tput_timer = ThroughputTimer(config.timers.throughput, batch_size=config.train_batch_size,
+                                          steps_per_output=config.steps_per_print)
         self._flops_profile = None
         if config.flops_profiler.enabled:
             from ..profiling.flops_profiler.profiler import EngineProfile
@@ -128,12 +137,17 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         return self._step_applied
 
     def is_gradient_accumulation_boundary(self):
+        if self._unmanaged:      # the caller's step() is the boundary: True only while it runs
+            return self._in_step
         if self._boundary_override is not None:
             return self._boundary_override
         return (self.micro_steps - self._cycle_origin + 1) % self.gradient_accumulation_steps() == 0
 
     def set_gradient_accumulation_boundary(self, is_boundary):
         """Force (True/False) or restore (None) the boundary decision, as DeepSpeed's method of the same name."""
+        if self._unmanaged:
+            raise RuntimeError("set_gradient_accumulation_boundary() does not apply with managed_gradient_accumulation"
+                               "=false: each engine.step() is the boundary (the caller owns accumulation)")
         self._boundary_override = is_boundary
 
     def __getattr__(self, name):
@@ -154,6 +168,7 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         if self._precision.dtype is not None:
             inputs, kwargs = _cast_floats((inputs, kwargs), self._precision.dtype)
         self._progress.start("fwd")
+        self.tput_timer.start()
         if self._flops_profile is not None:
             self._flops_profile.before_forward()
         with self._autocast.forward_context():
@@ -186,8 +201,7 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         if scale_wrt_gas:
             scale /= self.gradient_accumulation_steps()
         scaled = loss.float() * scale if (scale != 1.0 or loss.dtype != torch.float32) else loss
-        reduce = self.is_gradient_accumulation_boundary() and not self._no_sync
-        self._owner.begin_backward(reduce)
+        self._owner.begin_backward(self._backward_reduces())
         try:
             with engine_backward_running():
                 scaled.backward(retain_graph=retain_graph)
@@ -206,10 +220,22 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         self._plain_backward.scaled = True
         return loss.float() * self.loss_scale if self._scales_loss else loss
 
+    def _reduces_every_micro_step(self):
+        return bool(getattr(self._owner, "reduces_every_micro_step", False))
+
+    def _backward_reduces(self):
+        """Whether the backward starting now reduces (engine.backward and a plain loss.backward alike); counts it
+        for unmanaged accumulation."""
+        if self._unmanaged:
+            self._in_step = False        # also after a step() that raised
+            self._backwards_since_step += 1
+            return self._reduces_every_micro_step()
+        return self.is_gradient_accumulation_boundary() and not self._no_sync
+
     @contextlib.contextmanager
     def no_sync(self):
         """Accumulate gradients locally, skipping the all-reduce even at a boundary (like DDP.no_sync)."""
-        if getattr(self._owner, "reduces_every_micro_step", False):
+        if self._reduces_every_micro_step():
             raise RuntimeError(f"engine.no_sync() cannot be used with ZeRO stage {self._owner.stage}: gradients "
                                "are partitioned across ranks as they are produced (stages 0 and 1 accumulate "
                                "locally and can skip the reduction)")
@@ -224,7 +250,10 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         self._require_optimizer("step")
         self.require_states("step")
         self._step_applied = False
-        if self.is_gradient_accumulation_boundary():
+        if self._unmanaged:
+            self._unmanaged_boundary()
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
             self._progress.start("step")
             self._take_model_step(lr_kwargs)
             self._progress.stop("step")
@@ -238,7 +267,21 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
                 total = self.memory_breakdown()["total"]
                 print(f"[dsfast] step {self.global_steps} | model states (rank 0) "
                       + ", ".join(f"{d} {b / 2**20:.1f} MiB" for d, b in total.items()), flush=True)
+        self.tput_timer.stop(global_step=boundary)
+        self._in_step = False
         self.micro_steps += 1
+
+    def _unmanaged_boundary(self):
+        """managed_gradient_accumulation=false: this step() is the boundary. Stages 0-1 accumulated locally in
+        every backward; their one reduction runs now (stages 2-3 reduced in each backward)."""
+        if self._no_sync:
+            raise RuntimeError("engine.step() inside engine.no_sync(): leave the block first (DeepSpeed refuses "
+                               "it too); with managed_gradient_accumulation=false step() reduces the gradients")
+        if not self._reduces_every_micro_step():
+            self._owner.prepare_step(self._param_names)    # refuse stray gradients before they are reduced
+            self._owner.begin_backward(True)               # a reduction with no backward: every bucket, now
+            self._owner.end_backward()
+        self._in_step = True
 
     def _take_model_step(self, lr_kwargs):
         self._owner.prepare_step(self._param_names)
@@ -257,7 +300,12 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         self._step_applied = applied
         self._owner.zero_grads()
         self.global_steps += 1
-        self.global_samples += self.train_batch_size()
+        if self._unmanaged:     # the micro-batches actually accumulated, as DeepSpeed counts them
+            micro_samples = self.train_batch_size() // self.gradient_accumulation_steps()
+            self.global_samples += micro_samples * self._backwards_since_step
+            self._backwards_since_step = 0
+        else:
+            self.global_samples += self.train_batch_size()
 
     def _update_loss_scale(self, overflow):
         if not self._scales_loss or self.loss_scaler is None:

@@ -61,7 +61,7 @@ class PlainBackward:
                 "the loss: use engine.backward(loss), or engine.scale(loss).backward()")
         e.require_states("backward")
         self.active = True
-        e._owner.begin_backward(e.is_gradient_accumulation_boundary() and not e._no_sync)
+        e._owner.begin_backward(e._backward_reduces())
         torch.autograd.Variable._execution_engine.queue_callback(self._epilogue)
 
     def _epilogue(self):

@@ -5,6 +5,7 @@
     dsfast report [args]                         subcommand: dsfast.report:main(argv)
     dsfast consolidate [args]                    subcommand: dsfast.checkpoint.consolidate:main(argv)
     dsfast convert-deepspeed [args]              subcommand: dsfast.checkpoint.deepspeed_import:main(argv)
+    dsfast alias install|remove|status           subcommand: dsfast.alias_install:main(argv)
 
 Subcommand rule: a subcommand is recognised only as the FIRST argument and only when it is exactly one of the
 names above. Anything else is launcher mode. To launch a user script whose name is a subcommand, write it as a
@@ -27,6 +28,7 @@ SUBCOMMANDS = {
     "report": "dsfast.report:main",
     "consolidate": "dsfast.checkpoint.consolidate:main",
     "convert-deepspeed": "dsfast.checkpoint.deepspeed_import:main",
+    "alias": "dsfast.alias_install:main",
 }
 
 

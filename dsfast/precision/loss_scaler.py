@@ -101,9 +101,10 @@ class DynamicLossScaler(LossScalerBase):
     """fp16 dynamic loss scale: halve on overflow (after `hysteresis` overflows), double after `scale_window`
     clean steps, never below `min_scale`.
 
-    Defaults are the DOCUMENTED ds_config ones (2**16, hysteresis 2) whatever the ZeRO stage. DeepSpeed's ZeRO
-    path silently uses its constructor defaults (2**32, hysteresis 1) when the fp16 section names none of the
-    dynamic-scale keys; dsfast does not repeat that.
+    Defaults are the documented ds_config ones (2**16, hysteresis 2) whatever the ZeRO stage, as DeepSpeed 0.19.8's
+    engine passes them (older DeepSpeed releases' ZeRO path used 2**32 and hysteresis 1 when the fp16 section named
+    no dynamic-scale key). Deliberate difference: the scale doubles after `scale_window` overflow-free steps, as
+    DeepSpeed documents; DeepSpeed 0.19.8 doubles one step later (tests/test_deepspeed_defaults.py, recorded).
     """
 
     dynamic = True

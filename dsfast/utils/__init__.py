@@ -40,6 +40,7 @@ def safe_get_local_optimizer_state(param, optim_state_key):
     return _ask(param, "local_optimizer_state", optim_state_key)
 
 
+from . import logging  # noqa: E402  (deepspeed.utils.logging.logger: Lightning sets its level)
 from .log import log_dist, logger  # noqa: E402  (deepspeed.utils.logger / log_dist)
 from .on_device import OnDevice  # noqa: E402
 

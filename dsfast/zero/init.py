@@ -85,7 +85,8 @@ class Init:
         cfg = _read_config(config_dict_or_path if config_dict_or_path is not None else config)
         param_cfg = (cfg.get("zero_optimization") or {}).get("offload_param") or {}
         self.offload = remote_device == "cpu" or str(param_cfg.get("device", "none")).lower() == "cpu"
-        self.pin = bool(pin_memory or param_cfg.get("pin_memory", False))
+        # as DeepSpeed 0.19.8: an offload_param section's pin_memory (default true) replaces the argument
+        self.pin = bool(param_cfg.get("pin_memory", True)) if param_cfg else bool(pin_memory)
         self._patched = {}
         self._window = _Window()
         if module is not None and enabled:   # an existing module: partition it now

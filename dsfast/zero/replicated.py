@@ -87,7 +87,7 @@ class Replicated:
 
     @torch.no_grad()
     def after_checkpoint_load(self):
-        if self.precision.masters is not self.precision.params:
+        if self.precision.params and self.precision.masters is not self.precision.params:   # none: nothing trains
             torch._foreach_copy_(self.precision.params, self.precision.masters)
 
     def full_fp32_param(self, param):

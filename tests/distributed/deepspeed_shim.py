@@ -11,8 +11,9 @@ from dist_launch import REPO
 
 # deepspeed.<name> -> dsfast.<name>; add here what new programs import
 SUBMODULES = ("accelerator", "comm", "moe", "moe.utils", "moe.layer", "ops", "ops.adam", "optim", "utils",
-              "utils.zero_to_fp32", "runtime", "runtime.lr_schedules", "runtime.utils", "runtime.zero", "checkpointing", "zero", "profiling",
-              "profiling.flops_profiler")
+              "utils.zero_to_fp32", "utils.logging", "utils.timer", "compression", "compression.helper", "launcher",
+              "launcher.runner", "runtime", "runtime.lr_schedules", "runtime.utils", "runtime.zero", "checkpointing",
+              "zero", "profiling", "profiling.flops_profiler")
 
 SHIM = '''"""Test shim: `import deepspeed` is dsfast (written by tests/distributed/deepspeed_shim.py)."""
 import importlib as _importlib

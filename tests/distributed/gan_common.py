@@ -22,7 +22,8 @@ def gan_batch(step, n=GLOBAL):
 
 
 def gan_config(micro):
-    return {"train_micro_batch_size_per_gpu": micro, "steps_per_print": 1000,
+    # gradient_clipping 0: the plain-PyTorch reference below does not clip (DeepSpeed's default is 1.0)
+    return {"train_micro_batch_size_per_gpu": micro, "steps_per_print": 1000, "gradient_clipping": 0.0,
             "optimizer": {"type": "Adam", "params": {"lr": ADAM["lr"], "betas": list(ADAM["betas"])}}}
 
 

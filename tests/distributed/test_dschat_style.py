@@ -28,6 +28,7 @@ def test_dschat_style_stage3_program_saves_the_whole_trained_model(tmp_path):
     result = json.loads(out.read_text())
     log = outputs[0][1]
     assert result["engine_type"].startswith("dsfast"), result
+    assert (result["epochs"], result["timed_steps"]) == (2, 12), result        # engine.tput_timer
     assert result["n_params"] == sum(torch.Size(s).numel() for s in SHAPES.values()), result
     assert "offload_param=none, offload_optimizer=none, zero_init=1" in log, log   # the estimate table printed
     losses = result["losses"]

@@ -1,4 +1,5 @@
 """One rank of ZeRO stage 3 runs (see zero3_common.py for the run format); rank 0 saves every rank's records."""
+import io
 import os
 import sys
 
@@ -17,16 +18,23 @@ def run(text):
     memory = []
     losses, engine = train(dsfast.initialize, spec, rank, world,
                            on_step=lambda e: memory.append(e.memory_breakdown()))
+    placeholders, save_error = None, None
     try:
-        engine.module.state_dict()
+        sd = engine.module.state_dict()     # ranks > 0: DeepSpeed's placeholders, which refuse to be saved
         sd_error = None
-    except RuntimeError as err:
+        placeholders = {k: (type(v).__name__, v.numel()) for k, v in sd.items()}
+        try:
+            torch.save(sd, io.BytesIO())
+        except RuntimeError as err:
+            save_error = str(err)
+    except RuntimeError as err:             # rank 0, the rank that writes files: an error naming what to call
         sd_error = str(err)
     with dsfast.zero.GatheredParameters(list(engine.module.parameters())):
         module_sd = {k: v.float().clone() for k, v in engine.module.state_dict().items()}
         params = full_params(engine)   # frozen parameters (no fp32 master) are read whole inside the block
     record = {"losses": losses, "params": params, "skipped": engine.skipped_steps,
               "memory": memory, "norm": engine.get_global_grad_norm(), "sd_error": sd_error,
+              "placeholders": placeholders, "save_error": save_error,
               "numel": sum(p.ds_numel if hasattr(p, "ds_numel") else p._dsfast_z3.numel
                            for p in engine.module.parameters() if p.requires_grad),
               "module_sd": module_sd, "lrs": engine.get_lr(),

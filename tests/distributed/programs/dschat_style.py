@@ -13,6 +13,7 @@ import os
 import deepspeed
 import torch
 import torch.nn as nn
+from deepspeed.compression.helper import recursive_getattr, recursive_setattr
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_live
 
@@ -113,6 +114,8 @@ def main():
     with deepspeed.zero.Init(config_dict_or_path=ds_config, enabled=args.zero_stage == 3):
         model = TinyLM()
         ema = TinyLM()
+    # its LoRA helpers find and swap modules by dotted name (here a parameter-free one, so training is unchanged)
+    recursive_setattr(model, "block.1", type(recursive_getattr(model, "block.1"))())
     if rank == 0:
         estimate_zero3_model_states_mem_needs_all_live(model, num_gpus_per_node=2, num_nodes=1)
     n_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
@@ -133,6 +136,8 @@ def main():
         moving_average(engine, ema_engine, zero_stage=args.zero_stage)
         losses.append(get_all_reduce_mean(loss.detach().clone()).item())
         print_rank_0(f"step {step} loss {losses[-1]:.4f}", rank)
+        if (step + 1) % (args.steps // 2) == 0:      # two "epochs"; DeepSpeed-Chat counts them on the engine
+            engine.tput_timer.update_epoch_count()
 
     saved = save_zero_three_model(engine, rank, args.output_dir, zero_stage=args.zero_stage)
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), enabled=args.zero_stage == 3):
@@ -141,7 +146,8 @@ def main():
         torch.save(whole, os.path.join(args.output_dir, "reference.bin"))
         with open(args.out, "w") as f:
             json.dump({"losses": losses, "n_params": n_params, "saved": saved,
-                       "engine_type": type(engine).__module__}, f)
+                       "engine_type": type(engine).__module__, "epochs": engine.tput_timer.epoch_count,
+                       "timed_steps": engine.tput_timer.global_step_count}, f)
     torch.distributed.barrier()
 
 

@@ -1,0 +1,153 @@
+"""What frameworks and programs built on DeepSpeed reach for, in one process: deepspeed.launcher.runner
+(accelerate launch --use_deepspeed), deepspeed.utils.logging.logger (Lightning), deepspeed.compression.helper and
+engine.tput_timer (DeepSpeed-Chat), state_dict() placeholders of a ZeRO stage 3 model on ranks > 0 (accelerate's
+save at stage 3). Each checked against DeepSpeed 0.19.8's documented behaviour (its source, read)."""
+import copy
+import io
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import dsfast
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(code, **env):
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": REPO, **env})
+
+
+# ------------------------------------------------------------------------------------------------ launcher.runner
+@pytest.mark.parametrize("env, name", [({}, ".deepspeed_env"), ({"DS_ENV_FILE": "/tmp/my_env"}, "/tmp/my_env")])
+def test_launcher_runner_names_as_accelerate_imports_them(env, name):
+    r = _run("""
+        import sys, dsfast
+        sys.modules["deepspeed"] = dsfast
+        from deepspeed.launcher.runner import DEEPSPEED_ENVIRONMENT_NAME, DLTS_HOSTFILE, main
+        from dsfast.launcher.cli import main as dsfast_main
+        assert main is dsfast_main and DLTS_HOSTFILE == "/job/hostfile"
+        print(DEEPSPEED_ENVIRONMENT_NAME)
+    """, **env)
+    assert r.returncode == 0 and r.stdout.strip() == name, r.stderr
+
+
+# ------------------------------------------------------------------------------------------------ utils.logging
+def test_utils_logging_logger_is_the_program_logger_and_lightning_sets_its_level():
+    import dsfast.utils.logging as ds_logging
+    assert ds_logging.logger is dsfast.utils.logger and dsfast.utils.logging is ds_logging
+    before = ds_logging.logger.level
+    try:
+        ds_logging.logger.setLevel(logging.WARNING)      # what Lightning's DeepSpeedStrategy() does
+        assert ds_logging.get_current_level() == logging.WARNING
+        assert ds_logging.should_log_le("error") and not ds_logging.should_log_le("info")
+    finally:
+        ds_logging.logger.setLevel(before)
+    with pytest.raises(ValueError, match="'loud' is not a log level; use one of debug, info"):
+        ds_logging.should_log_le("loud")
+
+
+def test_deepspeed_utils_logging_as_an_attribute_after_import_deepspeed():
+    r = _run("""
+        import logging, sys, dsfast
+        sys.modules["deepspeed"] = dsfast
+        import deepspeed
+        deepspeed.utils.logging.logger.setLevel(logging.ERROR)
+        print(deepspeed.utils.logger.level)
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == str(logging.ERROR), r.stderr
+
+
+# ------------------------------------------------------------------------------------------------ compression.helper
+def test_recursive_getattr_and_setattr_walk_dotted_module_paths():
+    from dsfast.compression.helper import recursive_getattr, recursive_setattr
+    model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU()), torch.nn.Linear(3, 1))
+    assert recursive_getattr(model, "0.0") is model[0][0]
+    assert recursive_getattr(model, "1.weight") is model[1].weight
+    new = torch.nn.Linear(2, 3, bias=False)
+    recursive_setattr(model, "0.0", new)
+    assert model[0][0] is new
+    recursive_setattr(model, "extra", torch.nn.Identity())     # a top-level name
+    assert isinstance(model.extra, torch.nn.Identity)
+    with pytest.raises(AttributeError, match=r"'0.5.weight': '0' has no attribute '5'"):
+        recursive_getattr(model, "0.5.weight")
+    with pytest.raises(AttributeError, match=r"'missing.fc': 'Sequential' has no attribute 'missing'"):
+        recursive_setattr(model, "missing.fc.weight", new)
+
+
+# ------------------------------------------------------------------------------------------------ tput_timer
+def _engine(**extra):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "steps_per_print": 1000,
+           "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, **extra}
+    return dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg,
+                             dist_init_required=False)[0]
+
+
+def _micro_steps(engine, n):
+    for _ in range(n):
+        engine.backward(engine(torch.randn(2, 4)).sum())
+        engine.step()
+
+
+def test_engine_tput_timer_counts_micro_and_global_steps_and_epochs():
+    engine = _engine()
+    timer = engine.tput_timer
+    assert type(timer).__name__ == "ThroughputTimer" and timer.batch_size == engine.train_batch_size() == 4
+    assert timer.avg_samples_per_sec() == float("-inf")
+    _micro_steps(engine, 8)
+    assert (timer.micro_step_count, timer.global_step_count, timer.epoch_count) == (8, 4, 0)
+    assert timer.avg_samples_per_sec() > 0           # steps 3 and 4 were timed (start_step 2)
+    timer.update_epoch_count()                       # DeepSpeed-Chat calls it after each epoch
+    assert (timer.epoch_count, timer.micro_step_count, timer.global_step_count) == (1, 0, 4)
+
+
+def test_tput_timer_off_when_timers_throughput_is_disabled():
+    engine = _engine(timers={"throughput": {"enabled": False, "synchronized": False}})
+    _micro_steps(engine, 4)
+    assert (engine.tput_timer.micro_step_count, engine.tput_timer.global_step_count) == (0, 0)
+
+
+def test_throughput_timer_logs_every_steps_per_output_through_logging_fn():
+    from dsfast.utils.timer import ThroughputTimer
+    lines = []
+    timer = ThroughputTimer(None, batch_size=8, start_step=0, steps_per_output=2, logging_fn=lines.append)
+    for _ in range(4):
+        timer.start()
+        timer.stop(global_step=True)
+    assert len(lines) == 2 and lines[0].startswith("epoch=0/micro_step=2/global_step=2, RunningAvgSamplesPerSec=")
+    with pytest.raises(ValueError, match="monitor_memory=True"):
+        ThroughputTimer(None, batch_size=1, monitor_memory=True)
+
+
+# ------------------------------------------------------------------------------------------------ stage 3 state_dict
+def _stage3_engine():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    cfg = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000, "optimizer": {"type": "SGD",
+           "params": {"lr": 0.1}}, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    return dsfast.initialize(model=model, config=cfg, dist_init_required=False)[0]
+
+
+def test_stage3_state_dict_on_a_rank_above_0_gives_placeholders_that_refuse_to_be_saved(monkeypatch):
+    from dsfast.zero import param_hooks
+    engine = _stage3_engine()
+    with pytest.raises(RuntimeError, match=r"partitioned across ranks.*save_16bit_model"):
+        engine.module.state_dict()                      # rank 0, which writes files: refused, as before
+    monkeypatch.setattr(param_hooks, "_global_rank", lambda: 1)
+    sd = engine.module.state_dict()                     # what accelerate's save_pretrained(state_dict=None) takes
+    assert list(sd) == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    assert all(t.numel() == 0 and isinstance(t, param_hooks.PartitionedPlaceholder) for t in sd.values())
+    assert copy.deepcopy(sd)["0.weight"].numel() == 0
+    with pytest.raises(RuntimeError, match=r"saving a placeholder: .*parameter\(s\) 0.weight are partitioned"):
+        torch.save(sd, io.BytesIO())
+    with dsfast.zero.GatheredParameters(list(engine.module.parameters())):     # gathered: real tensors, any rank
+        whole = engine.module.state_dict()
+    assert whole["0.weight"].shape == (8, 4) and type(whole["0.weight"]) is torch.Tensor
+    torch.save(whole, io.BytesIO())
