@@ -13,6 +13,8 @@ cleared them (a GAN's generator loss through a discriminator engine is such a ba
 """
 import torch
 
+from ..utils.nested import nested_tensors
+
 _ENGINE_BACKWARDS = [0]   # engine.backward() calls in progress, in any engine: their graphs are theirs
 
 
@@ -41,7 +43,7 @@ class PlainBackward:
         """Hook every floating-point output that requires a gradient (tensors inside tuples, lists, dicts)."""
         if not torch.is_grad_enabled() or self.engine.optimizer is None:
             return
-        for t in _tensors(outputs):
+        for t in nested_tensors(outputs):
             if t.requires_grad and t.is_floating_point():
                 t.register_hook(self._on_output_grad)
 
@@ -67,14 +69,3 @@ class PlainBackward:
     def _epilogue(self):
         self.active = self.scaled = False
         self.engine._owner.end_backward()
-
-
-def _tensors(obj):
-    if torch.is_tensor(obj):
-        yield obj
-    elif isinstance(obj, (tuple, list)):
-        for o in obj:
-            yield from _tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors(o)

@@ -14,6 +14,7 @@ does the same with its ZeROOrderedDict). dsfast.zero.register_external_parameter
 """
 import torch
 
+from ..utils.nested import nested_tensors
 from .partitioned_param import gather, record_of
 from .prefetch import DEFAULT_BUCKET, DEFAULT_MAX_LIVE, Prefetcher
 
@@ -78,15 +79,6 @@ def _records(module):
     return out
 
 
-def _tensors(obj):
-    if torch.is_tensor(obj):
-        yield obj
-    elif isinstance(obj, (tuple, list)):
-        for o in obj:
-            yield from _tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors(o)
 
 
 class ParamCoordinator:
@@ -124,7 +116,7 @@ class ParamCoordinator:
             _ACTIVE.pop()
         recs = _records(module)
         if torch.is_grad_enabled():
-            for t in _tensors(output):
+            for t in nested_tensors(output):
                 if t.requires_grad and t.grad_fn is not None:
                     t.register_hook(lambda grad, m=module: self._pre_backward(m))
         for r in recs:
