@@ -29,7 +29,7 @@ def test_rank_major_staging_reduces_to_each_ranks_slices():
     for q in range(world):
         buf = torch.full((world * bucket.shard_numel,), float("nan"))   # every element must be written
         for i, rec in bucket.members:
-            grad_buckets.scatter_into(buf, bucket, i, rec, grads[q][i])
+            bucket.scatter_into(buf, i, rec, grads[q][i])
         bufs.append(buf)
     for r in range(world):   # what a reduce-scatter hands rank r
         chunk = sum(b[r * bucket.shard_numel:(r + 1) * bucket.shard_numel] for b in bufs)
@@ -44,8 +44,8 @@ def test_parameters_without_a_gradient_add_zeros():
     recs = _records([20, 30], world=2)
     bucket = grad_buckets.plan(recs, 10_000, 2, torch.float32, torch.device("cpu"))[0]
     buf = torch.full((2 * bucket.shard_numel,), 9.0)
-    grad_buckets.scatter_into(buf, bucket, 1, recs[1], torch.ones(30))
-    grad_buckets.zero_missing(buf, bucket, {1})
+    bucket.scatter_into(buf, 1, recs[1], torch.ones(30))
+    bucket.zero_missing(buf, {1})
     o = bucket.offsets[0]
     for r in range(2):
         base = r * bucket.shard_numel
@@ -61,3 +61,48 @@ def test_gradient_shards_are_views_of_the_bucket():
         v = bucket.grad_view(i, rec)
         assert v.numel() == rec.shard_numel and v.data_ptr() >= bucket.grad_flat.data_ptr()
         assert torch.equal(v, torch.ones(rec.shard_numel))
+
+
+def test_contiguous_buckets_reduce_to_each_ranks_slice_and_seal_their_padding():
+    # stage 2's layout: the plan's parameters back to back, padded; rank r's shard is its slice of the sum
+    from dsfast.zero.partition import plan_buckets
+    world, sizes = 3, [50, 3, 97]
+    plan = plan_buckets(sizes, [0] * 3, [("cpu",)] * 3, 10_000, world)[0]
+    bucket = grad_buckets.ContiguousBucket(plan, torch.zeros(plan.shard))
+    gen = torch.Generator().manual_seed(0)
+    grads = [[torch.randn(n, generator=gen) for n in sizes] for _ in range(world)]
+    bufs = []
+    for q in range(world):
+        buf = torch.full((plan.padded,), float("nan"))   # a reused slot: padding holds garbage until sealed
+        for i, e in bucket.members:
+            bucket.scatter_into(buf, i, e, grads[q][i])
+        bucket.seal(buf)
+        bufs.append(buf)
+    total = torch.zeros(plan.padded)
+    for i, e in bucket.members:
+        total[e.offset:e.offset + e.numel] = sum(g[i] for g in grads)
+    for r in range(world):
+        lo, hi = plan.shard_range(r)
+        assert torch.equal(sum(b[lo:hi] for b in bufs), total[lo:hi])
+    buf = torch.full((plan.padded,), 5.0)
+    bucket.zero_missing(buf, {bucket.members[0][0]})
+    e0 = bucket.members[0][1]
+    assert buf.sum().item() == 5.0 * e0.numel + 5.0 * (plan.padded - plan.numel)   # only the missing ones zeroed
+
+
+def test_one_rank_adds_gradients_straight_into_the_shards():
+    recs = _records([20, 30], world=1)
+    buckets = grad_buckets.plan(recs, 10_000, 1, torch.float32, torch.device("cpu"))
+    reducer = grad_buckets.reducer_for(buckets, 1, 0, None)
+    done = []
+    reducer.on_reduced = lambda b: done.append(b.index)
+    for micro in range(2):   # gradients accumulate across micro-steps
+        reducer.begin()
+        reducer.add(1, recs[1], torch.ones(30))
+        reducer.add(0, recs[0], torch.full((20,), 2.0))
+        reducer.add(0, recs[0], torch.full((20,), 1.0))   # reentrant checkpointing: the same gradient twice
+        reducer.end()
+    # each backward: reduced when complete, then again when the late (reentrant) gradient is added
+    assert type(reducer).__name__ == "LocalBuckets" and done == [0, 0, 0, 0]
+    assert torch.equal(buckets[0].grad_view(0, recs[0])[:20], torch.full((20,), 6.0))
+    assert torch.equal(buckets[0].grad_view(1, recs[1])[:30], torch.full((30,), 2.0))

@@ -1,15 +1,21 @@
-"""ZeRO stage 3's gradient reduction in buckets: one reduce-scatter for many parameters, not one each.
+"""The gradient reduction of ZeRO stages 2 and 3: each backward's gradients reduce-scattered in buckets into the
+shards that accumulate them, one reduce-scatter for many parameters.
 
-The trained parameters are cut into buckets in reverse model order (roughly the order backward produces their
-gradients) up to `bucket_elems` elements. A bucket's staging buffer is rank-major: chunk r (world chunks of
-`shard_numel` = the sum of its parameters' shard sizes) holds, back to back, rank r's slice of each parameter's
-padded gradient. So a plain reduce-scatter of the buffer hands rank r exactly its gradient shards, in the order of
-`grad_flat`, one flat buffer per bucket whose views are the owner's per-parameter gradient shards.
-A bucket is reduced when all of its parameters' gradients arrived and every earlier bucket was (in bucket order on
-every rank, whatever the arrival order: the same buckets meet in every collective).
+Two bucket layouts, one reduction over them:
+  ContiguousBucket  stage 2: a partition.BucketPlan, its parameters back to back and padded; rank r owns elements
+                    [r * shard, (r + 1) * shard) of the bucket (its flat_shards slice)
+  Bucket            stage 3: every parameter partitioned on its own (cut into buckets in reverse model order up to
+                    `bucket_elems` by plan()); the staging buffer is rank-major: chunk r holds, back to back, rank
+                    r's slice of each parameter's padded gradient, the order of `grad_flat`, whose views are the
+                    owner's per-parameter gradient shards
+Either way a plain reduce-scatter of the staging buffer hands rank r exactly its shard. A bucket is reduced when all
+of its parameters' gradients arrived and every earlier bucket was (in bucket order on every rank, whatever the
+arrival order: the same buckets meet in every collective); then `on_reduced(bucket)` runs (the offload copy to the
+host, where the placement asks for it).
 
-Two reductions:
-  GlooBuckets  an async reduce-scatter per bucket (at most MAX_IN_FLIGHT running)
+Three transports:
+  LocalBuckets one rank: gradients are added straight into the shards, nothing is staged or sent
+  GlooBuckets  an async reduce-scatter per bucket (at most MAX_IN_FLIGHT running), any backend
   ShmBuckets   same-host CPU ranks: the staging buffers are slots of a /dev/shm table [world, the slots'
                sizes] (row q = what rank q wrote; a slot fits the largest bucket that uses it). Reducing a bucket
                is a rendezvous, then rank r sums chunk r over every row into its shards. A slot is reused two
@@ -26,9 +32,12 @@ MAX_IN_FLIGHT = 2
 
 
 class Bucket:
+    """Stage 3's rank-major bucket over partitioned parameters (members: [(param index, record)])."""
+
     def __init__(self, index, members, world, dtype, device):
         self.index = index
-        self.members = members                     # [(param index, record)]
+        self.members = members
+        self.world = world
         self.offsets = {}                          # param index -> offset of its shard within a chunk
         off = 0
         for i, rec in members:
@@ -40,6 +49,60 @@ class Bucket:
     def grad_view(self, i, rec):
         o = self.offsets[i]
         return self.grad_flat[o:o + rec.shard_numel]
+
+    def scatter_into(self, buf, i, rec, flat, accumulate=False):
+        """Param i's gradient (flattened, numel elements) into the rank-major staging `buf` (added to what its
+        region holds when `accumulate`: padding stays as it is, zero)."""
+        o, s, n = self.offsets[i], rec.shard_numel, rec.numel
+        for r in range(rec.world):
+            dst = buf[r * self.shard_numel + o:r * self.shard_numel + o + s]
+            a, b = r * s, min((r + 1) * s, n)
+            if accumulate:
+                if a < b:
+                    dst[:b - a].add_(flat[a:b])
+            elif a < b:
+                dst[:b - a].copy_(flat[a:b])
+                if b - a < s:
+                    dst[b - a:].zero_()
+            else:
+                dst.zero_()
+
+    def zero_missing(self, buf, arrived):
+        """Regions of parameters whose gradient never came this backward (unused, frozen) add nothing."""
+        for i, rec in self.members:
+            if i not in arrived:
+                o = self.offsets[i]
+                for r in range(rec.world):
+                    buf[r * self.shard_numel + o:r * self.shard_numel + o + rec.shard_numel].zero_()
+
+    def seal(self, buf):
+        """Before the reduction: every region was written (copy_ zeroes each region's padding)."""
+
+
+class ContiguousBucket:
+    """Stage 2's bucket: a partition.BucketPlan (members: [(param index, Entry)]); grad_flat is this rank's
+    gradient shard of it."""
+
+    def __init__(self, plan, grad_flat):
+        self.index = plan.index
+        self.members = [(e.param, e) for e in plan.entries]
+        self.world = plan.world
+        self.numel = plan.numel
+        self.shard_numel = plan.shard
+        self.grad_flat = grad_flat
+
+    def scatter_into(self, buf, i, e, flat, accumulate=False):
+        dst = buf[e.offset:e.offset + e.numel]
+        dst.add_(flat) if accumulate else dst.copy_(flat)
+
+    def zero_missing(self, buf, arrived):
+        for i, e in self.members:
+            if i not in arrived:
+                buf[e.offset:e.offset + e.numel].zero_()
+
+    def seal(self, buf):
+        """The padding adds nothing (a reused shared-memory slot holds an earlier bucket's values there)."""
+        buf[self.numel:].zero_()
 
 
 def plan(records, bucket_elems, world, dtype, device):
@@ -57,34 +120,9 @@ def plan(records, bucket_elems, world, dtype, device):
     return out
 
 
-def scatter_into(buf, bucket, i, rec, flat, accumulate=False):
-    """Param i's gradient (flattened, numel elements) into the rank-major staging `buf` of its bucket (added to
-    what its region holds when `accumulate`: padding stays as it is, zero)."""
-    o, s, n = bucket.offsets[i], rec.shard_numel, rec.numel
-    for r in range(rec.world):
-        dst = buf[r * bucket.shard_numel + o:r * bucket.shard_numel + o + s]
-        a, b = r * s, min((r + 1) * s, n)
-        if accumulate:
-            if a < b:
-                dst[:b - a].add_(flat[a:b])
-        elif a < b:
-            dst[:b - a].copy_(flat[a:b])
-            if b - a < s:
-                dst[b - a:].zero_()
-        else:
-            dst.zero_()
-
-
-def zero_missing(buf, bucket, arrived):
-    """Regions of parameters whose gradient never came this backward (unused, frozen by the user) add nothing."""
-    for i, rec in bucket.members:
-        if i not in arrived:
-            o = bucket.offsets[i]
-            for r in range(rec.world):
-                buf[r * bucket.shard_numel + o:r * bucket.shard_numel + o + rec.shard_numel].zero_()
-
-
 class _Buckets:
+    in_place = False   # LocalBuckets: the staging buffer is the accumulating shard itself
+
     def __init__(self, buckets, world, rank, group):
         self.buckets = buckets
         self.world, self.rank, self.group = world, rank, group
@@ -112,11 +150,11 @@ class _Buckets:
             if b.index not in self._late:
                 self._late[b.index] = torch.zeros(self.world * b.shard_numel, dtype=b.grad_flat.dtype,
                                                   device=b.grad_flat.device)
-            scatter_into(self._late[b.index], b, i, rec, flat, accumulate=True)
+            b.scatter_into(self._late[b.index], i, rec, flat, accumulate=True)
             return
         got = self._arrived.setdefault(b.index, set())
         again = i in got
-        scatter_into(self._buffer(b), b, i, rec, flat, accumulate=again)
+        b.scatter_into(self._buffer(b), i, rec, flat, accumulate=again or self.in_place)
         if again:
             return
         got.add(i)
@@ -129,7 +167,8 @@ class _Buckets:
         whatever reached it), then wait for everything."""
         while self._next < len(self.buckets):
             b = self.buckets[self._next]
-            zero_missing(self._buffer(b), b, self._arrived.get(b.index, ()))
+            if not self.in_place:
+                b.zero_missing(self._buffer(b), self._arrived.get(b.index, ()))
             self._launch(b)
         self._drain()
         for index in sorted(self._late):   # the same on every rank: every rank runs the same backward graph
@@ -153,6 +192,35 @@ class _Buckets:
         return list(self._staging.values()) + list(self._late.values())
 
 
+class LocalBuckets(_Buckets):
+    """One rank: each gradient is added straight into its shard (the whole bucket); nothing to send."""
+    in_place = True
+
+    def _buffer(self, b):
+        return b.grad_flat
+
+    def _launch(self, b):
+        self._reduced(b)
+        self._next += 1
+
+    def _reduce_late(self, b, buf):
+        b.grad_flat.add_(buf)
+        self._reduced(b)
+
+
+def reducer_for(buckets, world, rank, group, allocate=None, shared=None):
+    """The transport for these buckets: LocalBuckets on one rank, ShmBuckets where `allocate` (a
+    shm_reduce.SharedTable) gives same-host ranks a shared table, else GlooBuckets. Every rank must call it alike
+    (the shared table is agreed on by a collective)."""
+    if world == 1:
+        return LocalBuckets(buckets, world, rank, group)
+    if allocate is not None and buckets:
+        reducer = ShmBuckets(buckets, world, rank, group, allocate, shared=shared)
+        if reducer.ok:
+            return reducer
+    return GlooBuckets(buckets, world, rank, group)
+
+
 class GlooBuckets(_Buckets):
     def __init__(self, buckets, world, rank, group):
         super().__init__(buckets, world, rank, group)
@@ -163,6 +231,7 @@ class GlooBuckets(_Buckets):
 
     def _launch(self, b):
         staging = self._staging.pop(b.index)
+        b.seal(staging)
         out = torch.empty(b.shard_numel, dtype=staging.dtype, device=staging.device)
         handle = reduce_scatter_flat(out, staging, group=self.group, async_op=True)
         self._in_flight.append((b, handle, out, staging))
@@ -206,7 +275,8 @@ class ShmBuckets(_Buckets):
         for b in buckets:
             sizes[b.index % self.slots] = max(sizes[b.index % self.slots], world * b.shard_numel)
         self.slot_offsets = [sum(sizes[:j]) for j in range(self.slots)]
-        row = allocate(sum(sizes), torch.float32, torch.device("cpu"))
+        # the table only exists for fp32 CPU gradients (SharedTable says no to anything else: then use gloo)
+        row = allocate(sum(sizes), buckets[0].grad_flat.dtype if buckets else torch.float32, torch.device("cpu"))
         self.table = allocate.table
         self.ok = self.table is not None and row.data_ptr() == self.table[rank].data_ptr()
 
@@ -233,6 +303,7 @@ class ShmBuckets(_Buckets):
         early = self._staging.pop(b.index, None)
         if early is not None:   # arrived before its slot was free
             self._slot(b, self.rank).copy_(early)
+        b.seal(self._slot(b, self.rank))
         rendezvous(self.group)   # every rank wrote this bucket (and reduced the one before)
         lo, hi = self.rank * b.shard_numel, (self.rank + 1) * b.shard_numel
         for q in range(self.world):

@@ -1,12 +1,11 @@
 """The state owners of ZeRO stages 1 and 2 (the engine only sequences them; see engine.py).
 
-  ShardedOptimizerState  stage 1: full gradient buckets in the model's dtype (param.grad are views of them); at
-                         the accumulation boundary each bucket is reduce-scattered in place as soon as it is
-                         complete (overlapping backward), so a rank's gradient shard is its slice of the bucket.
-  ShardedGradients       stage 2: no full gradient is kept. Each backward absorbs gradients into a bucket-sized
-                         staging buffer; a complete bucket is reduce-scattered into this rank's gradient shard
-                         (accumulated across micro-steps, as DeepSpeed does) and its staging buffer is released;
-                         at most MAX_IN_FLIGHT buckets are in flight.
+  ShardedOptimizerState  stage 1: full gradient buckets in the reduce dtype (param.grad are views of them when that
+                         is the model's); at the accumulation boundary each bucket is reduce-scattered in place as
+                         soon as it is complete (overlapping backward), so a rank's gradient shard is its slice.
+  ShardedGradients       stage 2: no full gradient is kept. Each backward's gradients go through stage 3's bucketed
+                         reduction (grad_buckets.py: gloo, /dev/shm or one rank) into this rank's gradient shards,
+                         which accumulate across micro-steps, as DeepSpeed's do.
 Both own the parameter buckets and fp32 master shards (flat_shards.FlatShards); the step is every stage's: the
 decision across ranks (decide.py), the update of the shards (shard_step.py), then the all-gather.
 """
@@ -14,16 +13,15 @@ import torch
 import torch.distributed as dist
 
 from ..comm.flat_collectives import reduce_scatter_flat
-from .grad_buffers import GradBuffers
-from .grad_sync import AllReduceGradSync
-from .precision import PrecisionPolicy
-from .state_owner import SliceRecord
+from . import grad_buckets
 from .decide import decide
 from .flat_shards import FlatShards
+from .grad_buffers import GradBuffers
+from .grad_sync import AllReduceGradSync
 from .owners import ShardOptimizer
+from .precision import PrecisionPolicy
 from .shard_step import step_shards
-
-MAX_IN_FLIGHT = 2   # stage 2: staging buckets whose reduce-scatter may still be running
+from .state_owner import SliceRecord
 
 
 class _ShardedBase(ShardOptimizer):
@@ -292,8 +290,10 @@ class ShardedOptimizerState(_ShardedBase):
 
 class ShardedGradients(_ShardedBase):
     stage = 2
+    reduces_every_micro_step = True   # the engine refuses no_sync() for it
 
-    def __init__(self, store, precision, group=None):
+    def __init__(self, store, precision, group=None, allocate=None):
+        """allocate: a shm_reduce.SharedTable for same-host ranks (the reduction then goes through /dev/shm)."""
         super().__init__(store, precision, group)
         dev, dt = store.device, precision.reduce_dtype   # the gradient shards accumulate in the reduce dtype
         self.shard_grads = [torch.zeros(plan.shard, dtype=dt, device=dev) for plan in store.plans]
@@ -301,30 +301,22 @@ class ShardedGradients(_ShardedBase):
         # of the accumulation window lands, while the rest of backward runs (the CPU optimizer reads these)
         self.host_grads = [store.placement.host_empty(plan.shard, dt) for plan in store.plans] \
             if store.placement.copies_states else None
+        buckets = [grad_buckets.ContiguousBucket(plan, g) for plan, g in zip(store.plans, self.shard_grads)]
+        self.reducer = grad_buckets.reducer_for(buckets, self.world, self.rank, group, allocate)
+        self.reducer.on_reduced = self._to_host
         self._boundary = True
-        self.collectives_launched = 0
-        self._staging = {}     # bucket index -> staging buffer (full bucket size) while it is being filled
-        self._arrived = {}     # bucket index -> number of its params whose gradient arrived this backward
-        self._in_flight = []   # (bucket index, handle, output, staging) in launch order
-        self._next = 0
         self._in_backward = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in store.params]
 
-    reduces_every_micro_step = True   # the engine refuses no_sync() for it
+    @property
+    def collectives_launched(self):
+        return self.reducer.collectives_launched
 
     def begin_backward(self, reduce):
         # stage 2 reduces at every micro-step, boundary or not: the partition accumulates (as DeepSpeed's)
         self._boundary = reduce
         self._in_backward = True
-        self._next = 0
-        self._arrived.clear()
-
-    def _buffer(self, i):
-        buf = self._staging.get(i)
-        if buf is None:
-            buf = self._staging[i] = torch.zeros(self.store.plans[i].padded, dtype=self.precision.reduce_dtype,
-                                                 device=self.store.device)
-        return buf
+        self.reducer.begin()
 
     @torch.no_grad()
     def _on_grad(self, param):
@@ -335,39 +327,12 @@ class ShardedGradients(_ShardedBase):
         if grad is None or not self._in_backward:
             return
         plan, e = self.store.bucket_of[id(param)]
-        self._buffer(plan.index)[e.offset:e.offset + e.numel].add_(grad.reshape(-1))
+        self.reducer.add(e.param, e, grad.reshape(-1))
         param.grad = None
-        self._arrived[plan.index] = self._arrived.get(plan.index, 0) + 1
-        while self._next < len(self.store.plans) and \
-                self._arrived.get(self._next, 0) == len(self.store.plans[self._next].entries):
-            self._launch(self._next)
 
-    def _launch(self, i):
-        plan = self.store.plans[i]
-        staging = self._buffer(i)
-        if self.world == 1:
-            self.shard_grads[i].add_(staging)
-            self._to_host(i)
-            del self._staging[i]
-        else:
-            out = torch.empty(plan.shard, dtype=staging.dtype, device=staging.device)
-            handle = reduce_scatter_flat(out, staging, group=self.group, async_op=True)
-            self._in_flight.append((i, handle, out))
-            del self._staging[i]   # the collective holds the buffer until it completes; then it is freed
-            self.collectives_launched += 1
-            while len(self._in_flight) > MAX_IN_FLIGHT:
-                self._finish_oldest()
-        self._next += 1
-
-    def _finish_oldest(self):
-        i, handle, out = self._in_flight.pop(0)
-        handle.wait()
-        self.shard_grads[i].add_(out)
-        self._to_host(i)
-
-    def _to_host(self, i):
+    def _to_host(self, bucket):
         if self.host_grads is not None and self._boundary:
-            self.host_grads[i].copy_(self.shard_grads[i], non_blocking=True)
+            self.host_grads[bucket.index].copy_(self.shard_grads[bucket.index], non_blocking=True)
 
     def update_grads(self):
         return self.host_grads if self.host_grads is not None else self.shard_grads
@@ -375,10 +340,7 @@ class ShardedGradients(_ShardedBase):
     @torch.no_grad()
     def end_backward(self):
         self._in_backward = False
-        while self._next < len(self.store.plans):   # buckets some of whose params got no gradient
-            self._launch(self._next)
-        while self._in_flight:
-            self._finish_oldest()
+        self.reducer.end()   # buckets some of whose params got no gradient, then everything in flight
 
     def prepare_step(self, names):
         self.refuse_stray_grads(names)
@@ -389,7 +351,6 @@ class ShardedGradients(_ShardedBase):
     def zero_grads(self):
         for g in self.shard_grads:
             g.zero_()
-        self._staging.clear()
 
     def detach(self):
         for h in self._hooks:
@@ -400,7 +361,7 @@ class ShardedGradients(_ShardedBase):
         cats = super().memory_tensors()
         cats["grads"] += self.shard_grads
         cats["comm_buffers"] += self.host_grads or []   # pinned staging of the device -> host copies
-        cats["comm_buffers"] += list(self._staging.values()) + [out for _, _, out in self._in_flight]
+        cats["comm_buffers"] += self.reducer.in_flight_buffers() + getattr(self.reducer, "memory", list)()
         return cats
 
 
@@ -423,4 +384,4 @@ def build_sharded_owner(stage, params, group_of, policy, bucket_elems, world, ra
                        allocate=shared() if shared else None)
     if stage == 1:
         return ShardedOptimizerState(store, policy, group, allocate=shared() if shared else None)
-    return ShardedGradients(store, policy, group)
+    return ShardedGradients(store, policy, group, allocate=shared() if shared else None)

@@ -103,17 +103,16 @@ class Stage3(_ShardedBase):
     partitions_params = True
     reduces_every_micro_step = True   # the engine refuses no_sync()
 
-    def __init__(self, store, precision, coordinator, group=None, reducer=None):
-        """reducer: grad_buckets.GlooBuckets / ShmBuckets over store.records (None on one rank)."""
+    def __init__(self, store, precision, coordinator, group, reducer):
+        """reducer: grad_buckets' reduction over store.records (grad_buckets.reducer_for)."""
         super().__init__(store, precision, group)
         self.coordinator = coordinator
         self.reducer = reducer
         self._in_backward = False
         self._boundary = True
-        self._arrived = set()   # one rank, host copies: params whose gradient came in this backward
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in store.params]
         self._index = {id(p): i for i, p in enumerate(store.params)}
-        if store.host_grads is not None and reducer is not None:
+        if store.host_grads is not None:
             reducer.on_reduced = self._bucket_to_host
 
     def _shape_of(self, param):
@@ -121,16 +120,14 @@ class Stage3(_ShardedBase):
 
     @property
     def collectives_launched(self):
-        return self.reducer.collectives_launched if self.reducer is not None else 0
+        return self.reducer.collectives_launched
 
     def begin_backward(self, reduce):
         # stage 3 reduces at every micro-step; the host copies are made in the boundary's backward only
         self._boundary = reduce
-        self._arrived.clear()
         self._in_backward = True
         self.coordinator.begin_backward()
-        if self.reducer is not None:
-            self.reducer.begin()
+        self.reducer.begin()
 
     @torch.no_grad()
     def _on_grad(self, param):
@@ -140,13 +137,7 @@ class Stage3(_ShardedBase):
         i = self._index[id(param)]
         rec = self.store.records[i]
         flat = grad.reshape(-1)
-        if self.reducer is None:
-            self.store.grads[i][:rec.numel].add_(flat)
-            if self.store.host_grads is not None and self._boundary:
-                self.store.host_grads[i].copy_(self.store.grads[i], non_blocking=True)
-                self._arrived.add(i)
-        else:
-            self.reducer.add(i, rec, flat)
+        self.reducer.add(i, rec, flat)
         param.grad = None
         rec.backward_hold = False
         rec.release()
@@ -155,12 +146,7 @@ class Stage3(_ShardedBase):
     def end_backward(self):
         self._in_backward = False
         self.coordinator.end_backward()
-        if self.reducer is not None:
-            self.reducer.end()
-        elif self.store.host_grads is not None and self._boundary:   # gradients that came in earlier micro-steps
-            for i, (h, g) in enumerate(zip(self.store.host_grads, self.store.grads)):
-                if i not in self._arrived:
-                    h.copy_(g, non_blocking=True)
+        self.reducer.end()
         for r in self.store.all_records:   # frozen parameters, ones whose gradient never came
             r.backward_hold = False
             r.release()
@@ -214,9 +200,8 @@ class Stage3(_ShardedBase):
         cats["grads"] = list(self.store.grads)
         cats["comm_buffers"] += self.store.bucket_host or self.store.host_grads or []   # host copies of grads
         cats["gathered"] = [r.full for r in self.store.all_records if r.full is not None]
-        if self.reducer is not None:
-            cats["comm_buffers"] += self.reducer.in_flight_buffers()
-            cats["comm_buffers"] += getattr(self.reducer, "memory", list)()
+        cats["comm_buffers"] += self.reducer.in_flight_buffers()
+        cats["comm_buffers"] += getattr(self.reducer, "memory", list)()
         if self.store.shared is not None:
             cats["comm_buffers"] += self.store.shared.memory()
         return cats
@@ -256,32 +241,22 @@ def build_stage3_owner(model, params, group_of, policy, world, rank, placement, 
     persistent = _persistent(records, int(zero_cfg.param_persistence_threshold),
                              int(zero_cfg.model_persistence_threshold))
     store = Stage3Store(params, group_of, trained, records, dtype, placement, masters_fp32, policy.reduce_dtype)
-    reducer = None
-    if world > 1:
-        allocate = _shm_allocator(records, device, world, group)
-        if allocate is not None:
-            shared = SharedParams(records, allocate)
-            store.shared = shared if shared.ok else None
-        bucket = max(1, min(int(zero_cfg.reduce_bucket_size), STAGE3_BUCKET_ELEMS))
-        buckets = grad_buckets.plan(trained, bucket, world, policy.reduce_dtype, torch.device(device))
-        if buckets:
-            for b in buckets:   # the gradient shards the step reads are views of the buckets' flat shards
-                for i, rec in b.members:
-                    store.grads[i] = b.grad_view(i, rec)
-            if placement.copies_states:   # and their host copies, of the same layout
-                store.bucket_host = [placement.host_empty(b.shard_numel, policy.reduce_dtype) for b in buckets]
-                store.host_grads = list(store.grads)
-                for b, host in zip(buckets, store.bucket_host):
-                    for i, rec in b.members:
-                        store.host_grads[i] = host[b.offsets[i]:b.offsets[i] + rec.shard_numel]
-            if allocate is not None:
-                reducer = grad_buckets.ShmBuckets(buckets, world, rank, group, allocate, shared=store.shared)
-                if not reducer.ok:
-                    reducer = None
-            if reducer is None:
-                reducer = grad_buckets.GlooBuckets(buckets, world, rank, group)
-    if placement.copies_states and store.host_grads is None:   # one rank (or nothing reduced): one copy each
-        store.host_grads = [placement.host_empty(g.numel(), g.dtype) for g in store.grads]
+    allocate = _shm_allocator(records, device, world, group) if world > 1 else None
+    if allocate is not None:
+        shared = SharedParams(records, allocate)
+        store.shared = shared if shared.ok else None
+    bucket = max(1, min(int(zero_cfg.reduce_bucket_size), STAGE3_BUCKET_ELEMS))
+    buckets = grad_buckets.plan(trained, bucket, world, policy.reduce_dtype, torch.device(device))
+    for b in buckets:   # the gradient shards the step reads are views of the buckets' flat shards
+        for i, rec in b.members:
+            store.grads[i] = b.grad_view(i, rec)
+    if placement.copies_states:   # and their host copies, of the same layout
+        store.bucket_host = [placement.host_empty(b.shard_numel, policy.reduce_dtype) for b in buckets]
+        store.host_grads = list(store.grads)
+        for b, host in zip(buckets, store.bucket_host):
+            for i, rec in b.members:
+                store.host_grads[i] = host[b.offsets[i]:b.offsets[i] + rec.shard_numel]
+    reducer = grad_buckets.reducer_for(buckets, world, rank, group, allocate, shared=store.shared)
     if store.shared is not None:
         store.shared.publish()   # every rank's shards visible before the first gather
     for r in persistent:
