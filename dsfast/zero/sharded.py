@@ -21,6 +21,7 @@ from .grad_sync import AllReduceGradSync
 from .owners import ShardOptimizer
 from .precision import PrecisionPolicy
 from .shard_step import step_shards
+from .shm_reduce import ShmBucketReduce
 from .state_owner import SliceRecord
 
 
@@ -207,36 +208,18 @@ class _ReduceScatterSync(AllReduceGradSync):
         self._next += 1
 
 
-class _ShmReduceScatterSync(_ReduceScatterSync):
-    """Same-host CPU ranks: the gradient buckets are rows of one /dev/shm table (shm_reduce.py); reducing a bucket
-    is a barrier, then this rank sums its own slice over every row into its row (half an all-reduce's work)."""
+class _ShmReduceScatterSync(ShmBucketReduce, _ReduceScatterSync):
+    """Same-host CPU ranks: stage 1's gradient buckets are rows of one /dev/shm table; this rank sums its own shard
+    over every row into its row (shm_reduce.ShmBucketReduce)."""
+    scatter = True
 
     def __init__(self, buffers, plans, world, rank, table, group=None):
         super().__init__(buffers, plans, world, rank, group)
         self.table = table
 
-    def _launch(self, bucket):
-        dist.barrier(group=self.group)   # every rank finished writing this bucket (and reducing the previous one)
+    def _chunk(self, bucket):
         lo, hi = self.plans[bucket.index].shard_range(self.rank)
-        lo, hi = bucket.offset + lo, bucket.offset + hi
-        self.table[self.rank, lo:hi].copy_(self.table[:, lo:hi].sum(dim=0))  # (out= would alias its input)
-        bucket.handle = _DONE
-        self.collectives_launched += 1
-        self._next += 1
-
-    def end_backward(self):
-        reduced = self._reduce
-        super().end_backward()
-        if reduced:
-            dist.barrier(group=self.group)  # no rank still reads our row when we next write or zero it
-
-
-class _Done:
-    def wait(self):
-        pass
-
-
-_DONE = _Done()
+        return bucket.offset + lo, bucket.offset + hi
 
 
 class ShardedOptimizerState(_ShardedBase):

@@ -84,24 +84,30 @@ class SharedTable:
         return self.table[self.rank]
 
 
-class ShmAllReduceGradSync(AllReduceGradSync):
-    """AllReduceGradSync whose bucket reduction runs through the shared table (synchronously, in the hook)."""
+class ShmBucketReduce:
+    """The same-host reduction of stages 0 and 1, mixed into their gradient sync (synchronously, in the hook): the
+    buckets are this rank's row of the table; reducing one is a barrier (every rank finished writing it, and
+    reducing the previous one), then this rank sums its `chunk` of columns over every row, into every row (stage
+    0: an all-reduce) or only into its own (stage 1: a reduce-scatter, half the writes). A last barrier at the end
+    of backward: no rank still reads a row its owner writes or zeroes next."""
 
-    def __init__(self, buffers, world_size, table, group=None):
-        super().__init__(buffers, world_size, group)
-        self.table = table
-        self.rank = dist.get_rank(group)
+    scatter = False
+
+    def _chunk(self, bucket):
+        """This rank's columns of `bucket` in the table (stage 0: a 1/world share of it)."""
+        n = bucket.flat.numel()
+        return bucket.offset + n * self.rank // self.world_size, bucket.offset + n * (self.rank + 1) // self.world_size
 
     def _launch(self, bucket):
-        # the barrier proves every rank finished writing this bucket and finished reducing the previous one
         dist.barrier(group=self.group)
-        n = bucket.flat.numel()
-        lo = bucket.offset + n * self.rank // self.world_size
-        hi = bucket.offset + n * (self.rank + 1) // self.world_size
+        lo, hi = self._chunk(bucket)
         if hi > lo:
             cols = self.table[:, lo:hi]
-            total = cols.sum(dim=0)
-            cols.copy_(total.expand_as(cols))
+            total = cols.sum(dim=0)   # (a sum into a row would alias its input)
+            if self.scatter:
+                self.table[self.rank, lo:hi].copy_(total)
+            else:
+                cols.copy_(total.expand_as(cols))
         bucket.handle = _DONE
         self._next += 1
         self.collectives_launched += 1
@@ -110,7 +116,16 @@ class ShmAllReduceGradSync(AllReduceGradSync):
         reduced = self._reduce
         super().end_backward()  # launches what is left (through _launch) and clears the handles
         if reduced:
-            dist.barrier(group=self.group)  # every chunk of every bucket is written on every row
+            dist.barrier(group=self.group)
+
+
+class ShmAllReduceGradSync(ShmBucketReduce, AllReduceGradSync):
+    """Stage 0: AllReduceGradSync whose bucket reduction runs through the shared table."""
+
+    def __init__(self, buffers, world_size, table, group=None):
+        super().__init__(buffers, world_size, group)
+        self.table = table
+        self.rank = dist.get_rank(group)
 
 
 class _Done:
