@@ -59,9 +59,9 @@ def test_load_checkpoint_resumes_a_deepspeed_run(stage, dtype):
     assert engine.global_steps == 2 and engine.get_lr() == [0.01]
     want = expected(stage, dtype)
     names = {id(p): n for n, p in engine.module.named_parameters()}
-    for p in engine._precision.params:
-        assert torch.equal(engine._precision.master_of(p), want[names[id(p)]])
-        state = engine.optimizer.state[engine._precision.master_of(p)]
+    for p in engine.state_owner.precision.params:
+        assert torch.equal(engine.state_owner.precision.master_of(p), want[names[id(p)]])
+        state = engine.optimizer.state[engine.state_owner.precision.master_of(p)]
         # DeepSpeed 0.19.8's stage-0 bf16 optimizer stores step 3 after 2 steps; dsfast loads what is stored
         assert float(state["step"]) == (3.0 if (stage, dtype) == (0, "bf16") else 2.0)
         assert state["exp_avg"].shape == p.shape

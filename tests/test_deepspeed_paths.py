@@ -156,7 +156,7 @@ def test_the_engine_answers_deepspeed_s_secondary_queries(tmp_path):
 
 def test_empty_partition_cache_gives_back_what_generation_left_gathered():
     e = _engine(3, zero_optimization={"stage": 3, "param_persistence_threshold": 0})
-    records = e._owner.store.all_records
+    records = e.state_owner.store.all_records
     with dsfast.zero.GatheredParameters(list(e.module.parameters())):
         pass
     for r in records:                    # as a generate() loop can leave them: gathered outside any forward

@@ -72,7 +72,7 @@ def test_eval_forward_under_no_grad_gathers_and_releases_without_gradients():
         out = engine(torch.randn(4, 16))
     assert out.shape == (4, 8)
     assert all(p.numel() == 0 for p in engine.module.parameters())
-    assert all(g.abs().sum() == 0 for g in engine._owner.grad_shards())
+    assert all(g.abs().sum() == 0 for g in engine.state_owner.grad_shards())
     for p, b in zip(engine.module.parameters(), before):
         assert torch.equal(safe_get_full_fp32_param(p), b)
 
@@ -126,7 +126,7 @@ def test_reinitializing_the_same_model_repartitions_it():
     want = [safe_get_full_fp32_param(p) for p in model.parameters()]
     second = dsfast.initialize(model=model, model_parameters=model.parameters(), config=_cfg3(),
                                dist_init_required=False)[0]
-    assert first._owner is not second._owner
+    assert first.state_owner is not second.state_owner
     for p, w in zip(model.parameters(), want):
         assert torch.equal(safe_get_full_fp32_param(p), w)
 

@@ -74,7 +74,7 @@ def _train_more(engine):
 def test_fp32_stage1_keeps_no_second_copy_of_the_weights():
     engine = _train(_cfg(1), steps=1)
     shard = engine.optimizer.param_groups[0]["params"][0]
-    flat = engine._owner.store.flats[0]
+    flat = engine.state_owner.store.flats[0]
     assert shard.data_ptr() == flat.data_ptr()   # the master IS the parameter bucket's slice
     assert engine.memory_breakdown()["masters"] == {}
 
@@ -134,7 +134,7 @@ def test_plain_loss_backward_trains_as_engine_backward(stage, precision):
 def test_buckets_are_never_larger_than_the_model():
     engine = _train(_cfg(2, reduce_bucket_size=500_000_000), steps=1)
     total = sum(p.numel() for p in engine.module.parameters())
-    assert sum(f.numel() for f in engine._owner.store.flats) < total + 64
+    assert sum(f.numel() for f in engine.state_owner.store.flats) < total + 64
 
 
 def test_rank_local_optimizer_state_dict_round_trip_continues_identically():
@@ -144,9 +144,9 @@ def test_rank_local_optimizer_state_dict_round_trip_continues_identically():
     fresh = _train(_cfg(2, "bf16"), steps=0)
     fresh.optimizer.load_state_dict(sd)
     with torch.no_grad():   # the model weights and masters as `a` has them
-        for p, q in zip(fresh._owner.store.masters, a._owner.store.masters):
+        for p, q in zip(fresh.state_owner.store.masters, a.state_owner.store.masters):
             p.copy_(q)
-        fresh._owner.after_checkpoint_load()
+        fresh.state_owner.after_checkpoint_load()
     for e in (b, fresh):
         torch.manual_seed(5)
         _train_more(e)

@@ -37,7 +37,6 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         self._device = torch.device(device)
         self._owner = owner
         self._precision = owner.precision
-        self._grad_sync = getattr(owner, "grad_sync", None) or getattr(owner, "sync", None) or owner
         owner.bind_optimizer(optimizer)
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler

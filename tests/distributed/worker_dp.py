@@ -49,13 +49,13 @@ def train(precision, gas, clip, steps, inject_rank, spare=False):
         record["skipped"].append(engine.skipped_steps)
         record["global_steps"].append(engine.global_steps)
         record["lr_iter"].append(getattr(sched, "last_batch_iteration", None))
-        masters = engine._precision.masters
+        masters = engine.state_owner.precision.masters
         record["params"].append([m.detach().float().clone() for m in masters])
         record["states"].append({k: v.clone() for m in masters for k, v in opt.state[m].items()
                                  if torch.is_tensor(v)} if masters and opt.state[masters[0]] else {})
     record["model_dtype"] = str(next(engine.module.parameters()).dtype)
-    record["collectives"] = engine._grad_sync.collectives_launched
-    record["sync"] = type(engine._grad_sync).__name__
+    record["collectives"] = engine.state_owner.grad_sync.collectives_launched
+    record["sync"] = type(engine.state_owner.grad_sync).__name__
     x, y = global_batch(99, MICRO * gas * world)
     for i in range(gas):  # a second backward in the boundary micro-step is accepted (GAN pattern)
         engine.backward(torch.nn.functional.mse_loss(engine(x[:MICRO]).float(), y[:MICRO]))
@@ -66,7 +66,7 @@ def train(precision, gas, clip, steps, inject_rank, spare=False):
         record["double_backward"] = "accepted"
     except RuntimeError as err:
         record["double_backward"] = str(err)
-    record["buckets"] = len(engine._precision.buffers.buckets)
+    record["buckets"] = len(engine.state_owner.precision.buffers.buckets)
     return gather_records(record)
 
 

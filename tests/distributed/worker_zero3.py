@@ -39,9 +39,9 @@ def run(text):
                            for p in engine.module.parameters() if p.requires_grad),
               "module_sd": module_sd, "lrs": engine.get_lr(),
               # which stage-3 path ran: the gradient reduction's class, whether gathers read /dev/shm
-              "path": (type(engine._owner.reducer).__name__, engine._owner.store.shared is not None),
-              "collectives": engine._owner.collectives_launched,
-              "prefetched": engine._owner.coordinator.prefetch_launches(),
+              "path": (type(engine.state_owner.reducer).__name__, engine.state_owner.store.shared is not None),
+              "collectives": engine.state_owner.collectives_launched,
+              "prefetched": engine.state_owner.coordinator.prefetch_launches(),
               "shapes": {n: tuple(p.shape) for n, p in engine.module.named_parameters()}}
     return gather_records(record)
 

@@ -43,8 +43,8 @@ def main():
     engine.backward(torch.nn.functional.mse_loss(engine(x), y))
     engine.step()
     record = {"kept": kept, "after_discard": after_discard, "master": master, "out": out,
-              "final": full_params(engine), "path": (type(engine._owner.reducer).__name__,
-                                                    engine._owner.store.shared is not None)}
+              "final": full_params(engine), "path": (type(engine.state_owner.reducer).__name__,
+                                                    engine.state_owner.store.shared is not None)}
     gathered = gather_records(record)
     if rank == 0:
         torch.save(gathered, sys.argv[1])
