@@ -9,6 +9,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from ..comm.data_parallel import data_parallel
 from ..zero.owners import build_owner
 from .data import build_dataloader
 from .engine import Engine
@@ -49,8 +50,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if dist.is_initialized():
         from dsfast.comm.teardown import register_exit_teardown
         register_exit_teardown()
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    dp = data_parallel()   # handed down as one object: the owner never reaches for the global group itself
+    world, rank = dp.world, dp.rank
 
     cfg = load_config(config=config, config_params=config_params, args=args, world_size=world)
     device = _pick_device(args)
@@ -63,7 +64,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     previous = getattr(model, "_dsfast_owner", None)
     if previous is not None:  # the model was given to initialize() before: its old hooks must not fire
         previous.detach()
-    owner = build_owner(cfg, model, trainable, groups, bucket, world, rank, device)
+    owner = build_owner(cfg, model, trainable, groups, bucket, dp, device)
     object.__setattr__(model, "_dsfast_owner", owner)
 
     opt = _make_optimizer(cfg, optimizer, groups, owner, device, rank)

@@ -1,6 +1,6 @@
 """The one place a ZeRO stage picks its state owner, and what every owner offers the optimizer.
 
-    owner = build_owner(cfg, model, trainable, groups, bucket, world, rank, device)
+    owner = build_owner(cfg, model, trainable, groups, bucket, dp, device)
 
 stage 0 replicated.Replicated (precision strategy + all-reduce), stages 1-2 sharded.py, stage 3 stage3.py. The
 engine and initialize() then talk to the owner through state_owner.StateOwner only; the optimizer is built over
@@ -9,33 +9,34 @@ ZeRO stages, on the host with offload_optimizer), and a client optimizer is re-p
 owner.adopt_client_optimizer.
 """
 import torch
-import torch.distributed as dist
 
 from .placement import placement_of
 from .precision import precision_policy
 from .shm_reduce import shm_allocator
 
 
-def build_owner(cfg, model, trainable, groups, bucket, world, rank, device):
+def build_owner(cfg, model, trainable, groups, bucket, dp, device):
+    """dp: the comm.data_parallel.DataParallel the engine trains over (its group, this rank, the world)."""
     group_of = group_index(groups, trainable)
+    world, rank, group = dp.world, dp.rank, dp.group
     device = torch.device(device or "cpu")
     placement = placement_of(cfg.zero_optimization, device)
     policy = precision_policy(cfg.precision, cfg.zero_stage, cfg.communication_data_type)
     if cfg.zero_stage == 3:
         from .stage3 import build_stage3_owner
         return build_stage3_owner(model, trainable, group_of, policy, world, rank, placement,
-                                  cfg.zero_optimization)
+                                  cfg.zero_optimization, group=group)
     if cfg.zero_stage == 0:
         from .grad_sync import build_grad_sync
         from .mixed_precision import build_precision
         from .replicated import Replicated
-        shared = shm_allocator(world) if trainable and dist.is_initialized() else None
+        shared = shm_allocator(world, group) if trainable and dp.distributed else None
         precision = build_precision(cfg.precision, model, trainable, bucket, allocate=shared)
-        return Replicated(precision, build_grad_sync(0, precision.buffers, world, shared_table=shared))
+        return Replicated(precision, build_grad_sync(0, precision.buffers, world, group, shared_table=shared))
     from .sharded import build_sharded_owner
-    shared = (lambda: shm_allocator(world)) if trainable and dist.is_initialized() else None
+    shared = (lambda: shm_allocator(world, group)) if trainable and dp.distributed else None
     return build_sharded_owner(cfg.zero_stage, trainable, group_of, policy, bucket, world, rank, placement,
-                               module=model, shared=shared)
+                               group=group, module=model, shared=shared)
 
 
 def group_index(groups, params):
