@@ -93,3 +93,33 @@ def test_distinct_host_trains_bitwise_as_the_cpu_placement(monkeypatch, stage, o
     if offload_param:   # the 16-bit shards live on the host: written directly, nothing to copy back
         assert all(h is None for h in store.host16)
     assert engine.memory_breakdown()["comm_buffers"]   # the host copies are counted
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_skipped_fp16_step_copies_nothing_back_from_the_host(monkeypatch, stage):
+    # fp16 overflows in its first steps (scale 2^16): the host copies the CPU optimizer did not write must not
+    # reach the parameters (they did, as uninitialised memory, before this was tested)
+    def run():
+        model = _model()
+        cfg = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1000, "gradient_clipping": 0.1,
+               "zero_optimization": {"stage": stage, "offload_optimizer": {"device": "cpu"}},
+               "fp16": {"enabled": True, "initial_scale_power": 8},
+               "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}}
+        engine = dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg,
+                                   dist_init_required=False)[0]
+        g = torch.Generator().manual_seed(1)
+        for step in range(4):
+            x, y = torch.randn(4, 16, generator=g), torch.randn(4, 8, generator=g)
+            loss = torch.nn.functional.mse_loss(engine(x).float(), y)
+            engine.backward(loss * float("inf") if step == 0 else loss)
+            engine.step()
+        from dsfast.utils import safe_get_full_fp32_param
+        return engine, [safe_get_full_fp32_param(p).clone() for p in engine.module.parameters()] + \
+            [p.detach().float().clone() for p in engine.module.parameters() if p.numel()]
+    monkeypatch.delenv(TEST_PLACEMENT_ENV, raising=False)
+    _, want = run()
+    monkeypatch.setenv(TEST_PLACEMENT_ENV, "distinct-host")
+    engine, got = run()
+    assert engine.skipped_steps == 1
+    for a, b in zip(got, want):
+        assert torch.isfinite(a).all() and torch.equal(a, b)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ..comm.flat_collectives import all_gather_flat
 from .partition import owned_pieces, plan_buckets
+from .shard_unit import ShardUnit
 
 
 class FlatShards:
@@ -39,8 +40,8 @@ class FlatShards:
         bucket_elems = max(1, min(int(bucket_elems), total))
         kinds = [(str(p.device),) for p in self.params]
         self.plans = plan_buckets([p.numel() for p in self.params], group_of, kinds, bucket_elems, world)
-        self.flats, self.masters, self.shards = [], [], []
-        self.host16 = []   # offload, distinct host: host copies of the 16-bit slices the CPU optimizer writes
+        self.flats = []   # the parameter buckets (model dtype, padded): what the all-gather fills
+        self.units = []   # one shard_unit.ShardUnit per bucket: this rank's slice of everything the bucket keeps
         self.table, self.offsets = None, []
         storage = allocate(sum(p.padded for p in self.plans), model_dtype, self.device) if allocate else None
         if storage is not None and getattr(allocate, "table", None) is not None:
@@ -73,41 +74,37 @@ class FlatShards:
                     if self.pin:
                         master = master.pin_memory()
                 self.flats.append(flat)
-                self.masters.append(master)
                 shard = torch.nn.Parameter(master, requires_grad=True)
                 shard._dsfast_bucket = plan.index
-                self.shards.append(shard)
-                self.host16.append(placement.host_empty(plan.shard, model_dtype)
-                                   if self.mixed and placement.copies_states else None)
+                # offload to a distinct host: the CPU optimizer writes the 16-bit values into a host copy
+                host16 = placement.host_copy(flat[lo:hi]) if self.mixed and placement.copies_states else None
+                self.units.append(ShardUnit(plan, flat[lo:hi], master, shard, host16))
         self.bucket_of = {}   # id(param) -> (plan, entry)
         for plan in self.plans:
             for e in plan.entries:
                 self.bucket_of[id(self.params[e.param])] = (plan, e)
 
-    def shard_groups(self, groups):
-        """The optimizer's param groups over the shards: `groups` gives each group's hyperparameters (dicts
-        without "params", one per param-group index); every group is kept, empty or not, so the user's group
-        indices (and per-group schedules) still line up."""
-        out = [dict(g, params=[]) for g in groups]
-        for plan, shard in zip(self.plans, self.shards):
-            out[plan.group]["params"].append(shard)
-        return out
+    @property
+    def masters(self):
+        return [u.master for u in self.units]
 
-    def slice16(self, i):
-        """This rank's model-dtype slice of bucket i (where the updated values go)."""
-        return self.flats[i][slice(*self.plans[i].shard_range(self.rank))]
+    @property
+    def shards(self):
+        return [u.shard for u in self.units]
+
+    @property
+    def host16(self):
+        return [u.host16 for u in self.units]
 
     def pieces(self, plan):
         return owned_pieces(plan, self.rank)
 
     @torch.no_grad()
     def write_back(self):
-        """Masters -> this rank's 16-bit slices (when the optimizer did not write them itself)."""
-        for plan, flat, master in zip(self.plans, self.flats, self.masters):
-            if self.masters_are_params:
-                continue
-            lo, hi = plan.shard_range(self.rank)
-            flat[lo:hi].copy_(master, non_blocking=True)
+        """Masters -> this rank's 16-bit slices (after a checkpoint load: the optimizer did not write them)."""
+        if not self.masters_are_params:
+            for u in self.units:
+                u.slice16.copy_(u.master, non_blocking=True)
 
     @torch.no_grad()
     def all_gather(self, group=None):

@@ -69,8 +69,12 @@ class ShardOptimizer:
         return self.store.master_device
 
     def optimizer_groups(self, groups):
-        """One group per user group over this rank's shards, its hyperparameters kept."""
-        return self.store.shard_groups(hyperparameters(groups))
+        """One group per user group over this rank's shard units, its hyperparameters kept; every group is kept,
+        empty or not, so the user's group indices (and per-group schedules) still line up."""
+        out = [dict(h, params=[]) for h in hyperparameters(groups)]
+        for u in self.store.units:
+            out[u.plan.group]["params"].append(u.shard)
+        return out
 
     def adopt_client_optimizer(self, optimizer, groups):
         """A client optimizer built on the model's params steps the flat shards instead (a fresh one only)."""

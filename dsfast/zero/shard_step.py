@@ -1,10 +1,10 @@
-"""The second half of the ZeRO step (stages 1-3): the optimizer applies the decision to this rank's shards.
+"""The second half of the ZeRO step (stages 1-3): the optimizer applies the decision to this rank's shard units.
 
-The optimizer was built over the shard parameters (one fp32 master per bucket, flat_shards.py / stage3.py), so it
-is stepped through the one optimizer contract (optim/amp_step.py) with the gradient shards as `grads` (any float
-dtype, read in place) and, for a 16-bit model, the model-dtype slices as `out16` (written in the same pass). The
-1/world x 1/loss_scale factor and the clip coefficient travel as grad_scale / clip_coef and the overflow flag as
-found_inf: no separate scaling pass, and no reading or creating of optimizer.state here.
+The optimizer was built over the units' shard parameters (shard_unit.py), so it is stepped through the one
+optimizer contract (optim/amp_step.py) with each unit's gradient (any float dtype, read in place; its host copy
+where the placement made one) as `grads` and, for a 16-bit model, each unit's 16-bit output as `out16` (written in
+the same pass). The 1/world x 1/loss_scale factor and the clip coefficient travel as grad_scale / clip_coef and the
+overflow flag as found_inf: no separate scaling pass, and no reading or creating of optimizer.state here.
 """
 import torch
 
@@ -12,23 +12,24 @@ from ..optim.amp_step import amp_step
 
 
 @torch.no_grad()
-def step_shards(store, optimizer, grads, decision):
-    """Update every shard from its gradient (`grads[i]` for `store.shards[i]`) as `decision` (decide.py) says;
-    the model-dtype slices hold the new values afterwards (all-gather not included)."""
-    shards = store.shards
-    host_grads = [g if g.device == s.device else g.to(s.device, non_blocking=True) for g, s in zip(grads, shards)]
-    store.placement.synchronize()   # the host copies must land before the CPU reads them
-    index = {id(s): i for i, s in enumerate(shards)}
+def step_shards(store, optimizer, decision):
+    """Update every unit of `store` as `decision` (decide.py) says; the model-dtype slices hold the new values
+    afterwards (all-gather not included)."""
+    units = store.units
+    store.placement.synchronize()   # the host copies of the gradients must land before the CPU reads them
+    index = {id(u.shard): u for u in units}
     groups = [[index[id(s)] for s in group["params"]] for group in optimizer.param_groups]
-    out16 = None
-    if store.mixed:   # offload to a distinct host: the host copies, then one copy to the device below
-        out16 = [[store.host16[i] if store.host16[i] is not None else store.slice16(i) for i in ids]
-                 for ids in groups]
-    amp_step(optimizer, grads=[[host_grads[i] for i in ids] for ids in groups], out16=out16,
-             **decision.step_kwargs())
-    if store.mixed:
-        for i, h in enumerate(store.host16):
-            if h is not None:
-                store.slice16(i).copy_(h, non_blocking=True)
-    else:
-        store.write_back()   # fp32 masters apart from the parameters (offload with a GPU); a no-op otherwise
+    grads = [[_on(u.update_grad, u.shard) for u in us] for us in groups]
+    out16 = [[u.out16 for u in us] for us in groups] if store.mixed else None
+    amp_step(optimizer, grads=grads, out16=out16, **decision.step_kwargs())
+    copies_back = store.mixed and any(u.host16 is not None for u in units)
+    if copies_back or (not store.mixed and not store.masters_are_params):
+        # the host read is free here: a CPU optimizer (the one writing host copies) has read the flag already
+        if decision.applied():
+            for u in units:
+                u.finish_step(store.mixed, store.masters_are_params)
+
+
+def _on(grad, shard):
+    """The gradient where the shard is (a copy only if no placement made one there already)."""
+    return grad if grad.device == shard.device else grad.to(shard.device, non_blocking=True)

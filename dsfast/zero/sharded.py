@@ -39,33 +39,36 @@ class _ShardedBase(ShardOptimizer):
             p._dsfast_owner = self
 
     # ---- the optimizer step -------------------------------------------------------------------------------
+    copies_on_reduce = False   # stages 2-3: the reduction's completion copies gradients to the host (offload)
+
     def grad_shards(self):
-        raise NotImplementedError
+        return [u.grad for u in self.store.units]
 
     def step(self, optimizer, factor, clip, check_overflow):
         """(applied, norm). factor: 1/world x 1/loss_scale; the grads stay for zero_grads() to clear. The decision
         is global (one all-reduce), so every rank skips or all-gathers alike."""
         decision = decide(self.grad_shards(), factor, clip, check_overflow, self.world, self.group,
                           device=self.store.device)
-        step_shards(self.store, optimizer, self.update_grads(), decision)
+        self.host_copies()
+        step_shards(self.store, optimizer, decision)
         applied = decision.applied()
         if applied:
             self.store.all_gather(self.group)
         return applied, decision.norm
 
-    _host_grads = None
+    def host_copies(self):
+        """Offload to a distinct host: stage 1's gradient shards copied for the CPU optimizer, at step time."""
+        placement = self.store.placement
+        if not placement.copies_states or self.copies_on_reduce:
+            return
+        for u in self.store.units:
+            if u.host_grad is None:
+                u.host_grad = placement.host_empty(u.grad.numel(), u.grad.dtype)
+            u.host_grad.copy_(u.grad, non_blocking=True)
 
     def update_grads(self):
-        """The gradient shards the update reads: where the placement offloads to a distinct host, host copies
-        (made here at step time; stages 2 and 3 make theirs as each reduction completes)."""
-        grads = self.grad_shards()
-        if not self.store.placement.copies_states:
-            return grads
-        if self._host_grads is None:
-            self._host_grads = [self.store.placement.host_empty(g.numel(), g.dtype) for g in grads]
-        for h, g in zip(self._host_grads, grads):
-            h.copy_(g, non_blocking=True)
-        return self._host_grads
+        """The gradient shards the optimizer reads (their host copies where the placement made some)."""
+        return [u.update_grad for u in self.store.units]
 
     def after_checkpoint_load(self):
         self.store.write_back()
@@ -172,8 +175,8 @@ class _ShardedBase(ShardOptimizer):
         """{category: [tensors]} of everything this owner holds (memory_breakdown counts them)."""
         cats = {"params": list(self.store.flats), "masters": [] if self.store.masters_are_params
                 else list(self.store.masters), "optimizer_states": [], "grads": [], "comm_buffers": []}
-        cats["comm_buffers"] += [h for h in self.store.host16 if h is not None]
-        cats["comm_buffers"] += self._host_grads or []
+        cats["comm_buffers"] += [u.host16 for u in self.store.units if u.host16 is not None]
+        cats["comm_buffers"] += [u.host_grad for u in self.store.units if u.host_grad is not None]
         if self._optimizer is not None:
             for shard in self.store.shards:
                 cats["optimizer_states"] += [t for t in self._optimizer.state.get(shard, {}).values()
@@ -238,6 +241,8 @@ class ShardedOptimizerState(_ShardedBase):
             self.sync = _ShmReduceScatterSync(self.buffers, store.plans, self.world, self.rank, table, group)
         else:
             self.sync = _ReduceScatterSync(self.buffers, store.plans, self.world, self.rank, group)
+        for u, b in zip(store.units, self.buffers.buckets):   # a unit's gradient: its slice of the full bucket
+            u.grad = b.flat[slice(*u.plan.shard_range(self.rank))]
 
     @property
     def collectives_launched(self):
@@ -251,9 +256,6 @@ class ShardedOptimizerState(_ShardedBase):
 
     def prepare_step(self, names):
         self.sync.prepare_step(names)
-
-    def grad_shards(self):
-        return [b.flat[slice(*plan.shard_range(self.rank))] for b, plan in zip(self.buffers.buckets, self.store.plans)]
 
     def zero_grads(self):
         self.buffers.zero()
@@ -279,12 +281,13 @@ class ShardedGradients(_ShardedBase):
         """allocate: a shm_reduce.SharedTable for same-host ranks (the reduction then goes through /dev/shm)."""
         super().__init__(store, precision, group)
         dev, dt = store.device, precision.reduce_dtype   # the gradient shards accumulate in the reduce dtype
-        self.shard_grads = [torch.zeros(plan.shard, dtype=dt, device=dev) for plan in store.plans]
-        # offload, distinct host: each shard is copied to (pinned) host memory as soon as its last reduce-scatter
-        # of the accumulation window lands, while the rest of backward runs (the CPU optimizer reads these)
-        self.host_grads = [store.placement.host_empty(plan.shard, dt) for plan in store.plans] \
-            if store.placement.copies_states else None
-        buckets = [grad_buckets.ContiguousBucket(plan, g) for plan, g in zip(store.plans, self.shard_grads)]
+        for u in store.units:
+            u.grad = torch.zeros(u.plan.shard, dtype=dt, device=dev)
+            # offload, distinct host: each shard is copied to (pinned) host memory as soon as its last
+            # reduce-scatter of the accumulation window lands, while the rest of backward runs
+            if store.placement.copies_states:
+                u.host_grad = store.placement.host_empty(u.plan.shard, dt)
+        buckets = [grad_buckets.ContiguousBucket(u.plan, u.grad) for u in store.units]
         self.reducer = grad_buckets.reducer_for(buckets, self.world, self.rank, group, allocate)
         self.reducer.on_reduced = self._to_host
         self._boundary = True
@@ -313,12 +316,12 @@ class ShardedGradients(_ShardedBase):
         self.reducer.add(e.param, e, grad.reshape(-1))
         param.grad = None
 
-    def _to_host(self, bucket):
-        if self.host_grads is not None and self._boundary:
-            self.host_grads[bucket.index].copy_(self.shard_grads[bucket.index], non_blocking=True)
+    copies_on_reduce = True
 
-    def update_grads(self):
-        return self.host_grads if self.host_grads is not None else self.shard_grads
+    def _to_host(self, bucket):
+        u = self.store.units[bucket.index]
+        if u.host_grad is not None and self._boundary:
+            u.host_grad.copy_(u.grad, non_blocking=True)
 
     @torch.no_grad()
     def end_backward(self):
@@ -328,12 +331,9 @@ class ShardedGradients(_ShardedBase):
     def prepare_step(self, names):
         self.refuse_stray_grads(names)
 
-    def grad_shards(self):
-        return self.shard_grads
-
     def zero_grads(self):
-        for g in self.shard_grads:
-            g.zero_()
+        for u in self.store.units:
+            u.grad.zero_()
 
     def detach(self):
         for h in self._hooks:
@@ -342,8 +342,7 @@ class ShardedGradients(_ShardedBase):
 
     def memory_tensors(self):
         cats = super().memory_tensors()
-        cats["grads"] += self.shard_grads
-        cats["comm_buffers"] += self.host_grads or []   # pinned staging of the device -> host copies
+        cats["grads"] += self.grad_shards()
         cats["comm_buffers"] += self.reducer.in_flight_buffers() + getattr(self.reducer, "memory", list)()
         return cats
 

@@ -20,6 +20,7 @@ from . import grad_buckets
 from .param_hooks import ParamCoordinator
 from .partition import owned_pieces
 from .partitioned_param import DS_PARAM_ATTRS, PartitionedParam, gather, record_of
+from .shard_unit import ShardUnit
 from .shared_params import SharedParams, shareable
 from .sharded import _ShardedBase
 
@@ -46,24 +47,20 @@ class Stage3Store:
         self.master_device = placement.states_device
         self.masters_are_params = placement.masters_alias(self.mixed, params_offloaded=placement.offload_params)
         self.plans = [r.plan(i, g, i) for i, (r, g) in enumerate(zip(self.records, group_of))]
-        pin_masters = placement.pin
-        self.masters, self.shards, self.host16, self.grads = [], [], [], []
-        # offload to a distinct host: each gradient shard's host copy, made as its reduction completes (views of
-        # one host buffer per gradient bucket, bucket_host, when there are buckets)
-        self.host_grads = self.bucket_host = None
-        for r, m32 in zip(self.records, masters_fp32):
+        self.units = []   # one shard_unit.ShardUnit per trained parameter (a one-parameter bucket)
+        self.bucket_host = None   # offload to a distinct host: one host buffer per gradient bucket (stage3 build)
+        for r, m32, plan in zip(self.records, masters_fp32, self.plans):
             master = r.shard if self.masters_are_params else \
                 m32.to(self.master_device, dtype=torch.float32, copy=True)
-            if pin_masters and not master.is_pinned():
+            if placement.pin and not master.is_pinned():
                 master = master.pin_memory()
-            self.masters.append(master)
             shard = torch.nn.Parameter(master, requires_grad=True)
-            shard._dsfast_bucket = len(self.shards)
-            self.shards.append(shard)
+            shard._dsfast_bucket = plan.index
             # the CPU optimizer writes 16-bit values into host copies when the shards stay on the device
-            self.host16.append(placement.host_empty(r.shard_numel, model_dtype)
-                               if self.mixed and placement.copies_states and not placement.offload_params else None)
-            self.grads.append(torch.zeros(r.shard_numel, dtype=grad_dtype or model_dtype, device=self.device))
+            host16 = placement.host_copy(r.shard) \
+                if self.mixed and placement.copies_states and not placement.offload_params else None
+            grad = torch.zeros(r.shard_numel, dtype=grad_dtype or model_dtype, device=self.device)
+            self.units.append(ShardUnit(plan, r.shard, master, shard, host16, grad))
         self.bucket_of = {id(p): (plan, plan.entries[0]) for p, plan in zip(self.params, self.plans)}
         self.shared = None   # shared_params.SharedParams when same-host ranks gather through /dev/shm
 
@@ -72,24 +69,30 @@ class Stage3Store:
         """The model-dtype storage this rank keeps: its shard of every parameter (trained or not)."""
         return [r.shard for r in self.all_records]
 
-    def shard_groups(self, groups):
-        out = [dict(g, params=[]) for g in groups]
-        for plan, shard in zip(self.plans, self.shards):
-            out[plan.group]["params"].append(shard)
-        return out
+    @property
+    def masters(self):
+        return [u.master for u in self.units]
+
+    @property
+    def shards(self):
+        return [u.shard for u in self.units]
+
+    @property
+    def host16(self):
+        return [u.host16 for u in self.units]
+
+    @property
+    def grads(self):
+        return [u.grad for u in self.units]
 
     def pieces(self, plan):
         return owned_pieces(plan, self.rank)
 
-    def slice16(self, i):
-        return self.records[i].shard
-
     @torch.no_grad()
     def write_back(self):
-        if self.masters_are_params:
-            return
-        for r, m in zip(self.records, self.masters):
-            r.shard.copy_(m, non_blocking=True)
+        if not self.masters_are_params:
+            for u in self.units:
+                u.slice16.copy_(u.master, non_blocking=True)
 
     def all_gather(self, group=None):
         """After a step: parameters whole right now (persistent ones, open GatheredParameters) get new values."""
@@ -112,7 +115,7 @@ class Stage3(_ShardedBase):
         self._boundary = True
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in store.params]
         self._index = {id(p): i for i, p in enumerate(store.params)}
-        if store.host_grads is not None:
+        if store.bucket_host is not None:
             reducer.on_reduced = self._bucket_to_host
 
     def _shape_of(self, param):
@@ -156,15 +159,14 @@ class Stage3(_ShardedBase):
         """GatheredParameters(modifier_rank=...) wrote new values into the shard: the master follows."""
         i = self._index.get(id(param))
         if i is not None and not self.store.masters_are_params:
-            self.store.masters[i].copy_(self.store.records[i].shard)
+            unit = self.store.units[i]
+            unit.master.copy_(unit.slice16)
 
     def _bucket_to_host(self, bucket):
         """A bucket's reduced gradient shards to the host as soon as they are final (offload, distinct host)."""
         if self._boundary:
             self.store.bucket_host[bucket.index].copy_(bucket.grad_flat, non_blocking=True)
 
-    def update_grads(self):
-        return self.store.host_grads if self.store.host_grads is not None else self.store.grads
 
     def prepare_step(self, names):
         self.refuse_stray_grads(names)
@@ -173,8 +175,7 @@ class Stage3(_ShardedBase):
         for r in self.store.all_records:
             r.release()
 
-    def grad_shards(self):
-        return self.store.grads
+    copies_on_reduce = True   # offload: gradient buckets go to the host as their reduction completes
 
     def zero_grads(self):
         for g in self.store.grads:
@@ -198,7 +199,6 @@ class Stage3(_ShardedBase):
     def memory_tensors(self):
         cats = super().memory_tensors()
         cats["grads"] = list(self.store.grads)
-        cats["comm_buffers"] += self.store.bucket_host or self.store.host_grads or []   # host copies of grads
         cats["gathered"] = [r.full for r in self.store.all_records if r.full is not None]
         cats["comm_buffers"] += self.reducer.in_flight_buffers()
         cats["comm_buffers"] += getattr(self.reducer, "memory", list)()
@@ -247,15 +247,14 @@ def build_stage3_owner(model, params, group_of, policy, world, rank, placement, 
         store.shared = shared if shared.ok else None
     bucket = max(1, min(int(zero_cfg.reduce_bucket_size), STAGE3_BUCKET_ELEMS))
     buckets = grad_buckets.plan(trained, bucket, world, policy.reduce_dtype, torch.device(device))
-    for b in buckets:   # the gradient shards the step reads are views of the buckets' flat shards
+    for b in buckets:   # each unit's gradient is a view of its bucket's flat shard
         for i, rec in b.members:
-            store.grads[i] = b.grad_view(i, rec)
-    if placement.copies_states:   # and their host copies, of the same layout
+            store.units[i].grad = b.grad_view(i, rec)
+    if placement.copies_states:   # and its host copy, of the same layout
         store.bucket_host = [placement.host_empty(b.shard_numel, policy.reduce_dtype) for b in buckets]
-        store.host_grads = list(store.grads)
         for b, host in zip(buckets, store.bucket_host):
             for i, rec in b.members:
-                store.host_grads[i] = host[b.offsets[i]:b.offsets[i] + rec.shard_numel]
+                store.units[i].host_grad = host[b.offsets[i]:b.offsets[i] + rec.shard_numel]
     reducer = grad_buckets.reducer_for(buckets, world, rank, group, allocate, shared=store.shared)
     if store.shared is not None:
         store.shared.publish()   # every rank's shards visible before the first gather

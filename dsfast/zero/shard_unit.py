@@ -1,0 +1,51 @@
+"""A shard unit: everything one bucket keeps on this rank at ZeRO stages 1-3, in one object (FSDP2's FSDPParam at
+bucket size; at stage 3 a bucket is one parameter). The storage (flat_shards.FlatShards, stage3.Stage3Store) makes
+the units; the owner's reduction fills in their gradients; the step applies the optimizer to them.
+
+    plan       the bucket's layout (partition.BucketPlan): its parameters, padding, param group, this rank's range
+    slice16    this rank's slice of the bucket in the model's dtype (what the all-gather publishes)
+    master     the fp32 master of that slice (the slice itself for an fp32 model when the placement allows)
+    shard      the torch.nn.Parameter over `master` the optimizer steps: optimizer.state[shard] is the unit's state
+    host16     offload to a distinct host: the host copy the CPU optimizer writes 16-bit values into
+    grad       the reduced gradient slice (the precision policy's reduce dtype)
+    host_grad  offload to a distinct host: its host copy, made as the reduction completes (or at step time)
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass(eq=False)
+class ShardUnit:
+    plan: object
+    slice16: torch.Tensor
+    master: torch.Tensor
+    shard: torch.nn.Parameter
+    host16: Optional[torch.Tensor] = None
+    grad: Optional[torch.Tensor] = None
+    host_grad: Optional[torch.Tensor] = None
+
+    @property
+    def index(self):
+        return self.plan.index
+
+    @property
+    def out16(self):
+        """Where the optimizer writes the updated 16-bit values."""
+        return self.host16 if self.host16 is not None else self.slice16
+
+    @property
+    def update_grad(self):
+        """The gradient the optimizer reads (the host copy where there is one)."""
+        return self.host_grad if self.host_grad is not None else self.grad
+
+    @torch.no_grad()
+    def finish_step(self, mixed, masters_are_params):
+        """After an applied update: the 16-bit values onto the device slice (host copies), or, for fp32 masters
+        apart from the parameters, the masters into the slice. (A skipped step wrote nothing to copy.)"""
+        if mixed:
+            if self.host16 is not None:
+                self.slice16.copy_(self.host16, non_blocking=True)
+        elif not masters_are_params:
+            self.slice16.copy_(self.master, non_blocking=True)
