@@ -3,20 +3,23 @@
 Files, one job each:
   state_owner.py       StateOwner: what every stage's owner provides the engine and checkpoints; memory counting
   owners.py            build_owner (the one place a stage picks its owner); what ZeRO owners offer the optimizer
+  placement.py         where a unit's tensors live (device / host / pinned; the distinct-host test placement)
+  precision.py         the param / reduce / master dtypes (communication_data_type)
+  shard_unit.py        one bucket's slice, master, optimizer shard, gradient and host copies, in one object
   replicated.py        stage 0's owner: every rank holds everything (precision strategy + all-reduce)
   mixed_precision.py   stage 0's fp32 / fp16 / bf16 strategy (fp32 masters, where the 16-bit copies go)
   grad_buffers.py      flat gradient buckets (param.grad are slices of them in fp32) of stages 0 and 1
   grad_sync.py         stage 0's bucketed all-reduce during backward (stage 1 reduce-scatters through it)
-  shm_reduce.py        the same-host /dev/shm table and stage 0's reduction through it
+  shm_reduce.py        the same-host /dev/shm table and stages 0-1's bucket reduction through it
   partition.py         pure partition maths (bucket plans, each rank's slices, the model-state memory formulas)
-  flat_shards.py       parameter buckets and each rank's fp32 master shards (the storage stages 1-2 share)
+  flat_shards.py       parameter buckets and their shard units (the storage stages 1-2 share)
   decide.py            every stage's step decision: overflow (element-wise), global norm, clip coefficient
-  shard_step.py        the update of the shards through the optimizer contract (optim/amp_step.py)
+  shard_step.py        the update of the units through the optimizer contract (optim/amp_step.py)
   sharded.py           the stage 1 and stage 2 state owners (reduce-scatter during backward)
   partitioned_param.py stage 3: one rank's slice of each parameter, gathered whole only while used
   param_hooks.py       stage 3: module hooks that gather around forward / backward, external parameters
   stage3.py            the stage 3 state owner (gradients reduced in buckets, step on the shards)
-  grad_buckets.py      stage 3: gradient buckets, reduced by gloo reduce-scatters or through /dev/shm
+  grad_buckets.py      stages 2-3: gradient buckets reduce-scattered into the units (one rank, gloo, /dev/shm)
   shared_params.py     stage 3, same-host CPU ranks: the parameter shards published in one /dev/shm table
   gathered.py          GatheredParameters (whole parameters inside a `with` block)
   init.py              Init (partition each module as it is built)
