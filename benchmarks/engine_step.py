@@ -140,8 +140,8 @@ def worker(args):
         impls["dsfast"], engine = dsfast_impl()
         engines["dsfast"] = engine
         optimizer_name = type(engine.optimizer).__name__
-        buckets = [b.flat.numel() for b in engine._precision.buffers.buckets]
-        optimizer_name += f"; gradient sync: {type(engine._grad_sync).__name__}"
+        buckets = [b.flat.numel() for b in engine.state_owner.precision.buffers.buckets]
+        optimizer_name += f"; gradient sync: {type(engine.state_owner.grad_sync).__name__}"
     if "dsfast-gloo" in wanted:
         impls["dsfast-gloo"], _ = dsfast_impl(shm=False)
     for bucket in filter(None, args.bucket_elems.split(",")):
