@@ -53,13 +53,13 @@ def gather(group, gi, states, use_master, init_state, keys, grads=None, outs=Non
 
     grads / outs (the amp contract, optim/amp_step.py): this group's gradients instead of p.grad, and the
     16-bit tensors that receive each updated fp32 param (the kernel's model copies)."""
-    gs, ps, sts, fresh, os_ = [], [], [], set(), []
+    gs, ps, sts, fresh, given_outs = [], [], [], set(), []
     for j, p in enumerate(group["params"]):
         g = grads[j] if grads is not None else p.grad
         if g is None:
             continue
         if outs is not None:
-            os_.append(outs[j])
+            given_outs.append(outs[j])
         st = states[p]
         if (not st or (keys and st.get(keys[0]) is None)) and init_state(p, st, use_master and p.dtype in _HALF):
             fresh.add(id(p))
@@ -78,7 +78,7 @@ def gather(group, gi, states, use_master, init_state, keys, grads=None, outs=Non
                 and all(p.is_contiguous() for p in ps):
             master = use_master and pdt in _HALF
             targets = [st["master_param"] for st in sts] if master else ps
-            copies = ps if master else (os_ if outs is not None else [])
+            copies = ps if master else (given_outs if outs is not None else [])
             return {(ps[0].device, gdt, pdt, master, bool(fresh)):
                     (gs, targets, [[st[k] for st in sts] for k in keys], copies)}
     buckets = {}

@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 
 from ..comm.flat_collectives import all_gather_flat
-from .partition import owned_pieces, plan_buckets
-from .shard_unit import ShardUnit
+from .partition import plan_buckets
+from .shard_unit import ShardUnit, UnitStore
 
 
-class FlatShards:
+class FlatShards(UnitStore):
     def __init__(self, params, group_of, model_dtype, bucket_elems, world, rank, placement, allocate=None):
         """params: trainable parameters in model order (still fp32 when model_dtype is 16-bit: the masters are
         taken from them before the cast); group_of: param-group index per param. `allocate(numel, dtype, device)`
@@ -83,28 +83,6 @@ class FlatShards:
         for plan in self.plans:
             for e in plan.entries:
                 self.bucket_of[id(self.params[e.param])] = (plan, e)
-
-    @property
-    def masters(self):
-        return [u.master for u in self.units]
-
-    @property
-    def shards(self):
-        return [u.shard for u in self.units]
-
-    @property
-    def host16(self):
-        return [u.host16 for u in self.units]
-
-    def pieces(self, plan):
-        return owned_pieces(plan, self.rank)
-
-    @torch.no_grad()
-    def write_back(self):
-        """Masters -> this rank's 16-bit slices (after a checkpoint load: the optimizer did not write them)."""
-        if not self.masters_are_params:
-            for u in self.units:
-                u.slice16.copy_(u.master, non_blocking=True)
 
     @torch.no_grad()
     def all_gather(self, group=None):

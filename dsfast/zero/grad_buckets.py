@@ -37,7 +37,6 @@ class Bucket:
     def __init__(self, index, members, world, dtype, device):
         self.index = index
         self.members = members
-        self.world = world
         self.offsets = {}                          # param index -> offset of its shard within a chunk
         off = 0
         for i, rec in members:
@@ -86,7 +85,6 @@ class ContiguousBucket:
     def __init__(self, plan, grad_flat):
         self.index = plan.index
         self.members = [(e.param, e) for e in plan.entries]
-        self.world = plan.world
         self.numel = plan.numel
         self.shard_numel = plan.shard
         self.grad_flat = grad_flat

@@ -15,6 +15,8 @@ from typing import Optional
 
 import torch
 
+from .partition import owned_pieces
+
 
 @dataclass(eq=False)
 class ShardUnit:
@@ -49,3 +51,34 @@ class ShardUnit:
                 self.slice16.copy_(self.host16, non_blocking=True)
         elif not masters_are_params:
             self.slice16.copy_(self.master, non_blocking=True)
+
+
+class UnitStore:
+    """What the two storages of units (flat_shards.FlatShards, stage3.Stage3Store) share: per-unit views and the
+    masters -> 16-bit write-back. Needs `units`, `rank` and `masters_are_params`."""
+
+    @property
+    def masters(self):
+        return [u.master for u in self.units]
+
+    @property
+    def shards(self):
+        return [u.shard for u in self.units]
+
+    @property
+    def host16(self):
+        return [u.host16 for u in self.units]
+
+    @property
+    def grads(self):
+        return [u.grad for u in self.units]
+
+    def pieces(self, plan):
+        return owned_pieces(plan, self.rank)
+
+    @torch.no_grad()
+    def write_back(self):
+        """Masters -> this rank's 16-bit slices (after a checkpoint load: the optimizer did not write them)."""
+        if not self.masters_are_params:
+            for u in self.units:
+                u.slice16.copy_(u.master, non_blocking=True)

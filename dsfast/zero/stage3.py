@@ -18,9 +18,8 @@ import torch.distributed as dist
 from .shm_reduce import shm_allocator
 from . import grad_buckets
 from .param_hooks import ParamCoordinator
-from .partition import owned_pieces
 from .partitioned_param import DS_PARAM_ATTRS, PartitionedParam, gather, record_of
-from .shard_unit import ShardUnit
+from .shard_unit import ShardUnit, UnitStore
 from .shared_params import SharedParams, shareable
 from .sharded import _ShardedBase
 
@@ -29,7 +28,7 @@ from .sharded import _ShardedBase
 STAGE3_BUCKET_ELEMS = 1 << 22
 
 
-class Stage3Store:
+class Stage3Store(UnitStore):
     """The trained parameters' shards, in the shape stage 1/2's step and records read (one plan per param)."""
 
     def __init__(self, params, group_of, records, all_records, model_dtype, placement, masters_fp32,
@@ -68,31 +67,6 @@ class Stage3Store:
     def flats(self):
         """The model-dtype storage this rank keeps: its shard of every parameter (trained or not)."""
         return [r.shard for r in self.all_records]
-
-    @property
-    def masters(self):
-        return [u.master for u in self.units]
-
-    @property
-    def shards(self):
-        return [u.shard for u in self.units]
-
-    @property
-    def host16(self):
-        return [u.host16 for u in self.units]
-
-    @property
-    def grads(self):
-        return [u.grad for u in self.units]
-
-    def pieces(self, plan):
-        return owned_pieces(plan, self.rank)
-
-    @torch.no_grad()
-    def write_back(self):
-        if not self.masters_are_params:
-            for u in self.units:
-                u.slice16.copy_(u.master, non_blocking=True)
 
     def all_gather(self, group=None):
         """After a step: parameters whole right now (persistent ones, open GatheredParameters) get new values."""
