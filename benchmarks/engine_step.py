@@ -141,7 +141,7 @@ def worker(args):
         engines["dsfast"] = engine
         optimizer_name = type(engine.optimizer).__name__
         buckets = [b.flat.numel() for b in engine.state_owner.precision.buffers.buckets]
-        optimizer_name += f"; gradient sync: {type(engine.state_owner.grad_sync).__name__}"
+        optimizer_name += f"; gradient reduction: {engine.state_owner.reducer.transport}"
     if "dsfast-gloo" in wanted:
         impls["dsfast-gloo"], _ = dsfast_impl(shm=False)
     for bucket in filter(None, args.bucket_elems.split(",")):

@@ -9,8 +9,11 @@ Files, one job each:
   replicated.py        stage 0's owner: every rank holds everything (precision strategy + all-reduce)
   mixed_precision.py   stage 0's fp32 / fp16 / bf16 strategy (fp32 masters, where the 16-bit copies go)
   grad_buffers.py      flat gradient buckets (param.grad are slices of them in fp32) of stages 0 and 1
-  grad_sync.py         stage 0's bucketed all-reduce during backward (stage 1 reduce-scatters through it)
-  shm_reduce.py        the same-host /dev/shm table and stages 0-1's bucket reduction through it
+  grad_sync.py         stages 0-1: param.grad semantics over those buckets, each handed to the reducer when complete
+  grad_buckets.py      every stage's gradient bucket layouts: resident (stages 0-1, reduced in place), staged
+                       (stages 2-3, reduce-scattered into the units' gradient shards)
+  reducer.py           the one gradient reduction: buckets in order as they complete, over one rank, gloo or /dev/shm
+  shm_reduce.py        the same-host /dev/shm table the reductions and stage 3's gathers go through
   partition.py         pure partition maths (bucket plans, each rank's slices, the model-state memory formulas)
   flat_shards.py       parameter buckets and their shard units (the storage stages 1-2 share)
   decide.py            every stage's step decision: overflow (element-wise), global norm, clip coefficient
@@ -19,7 +22,6 @@ Files, one job each:
   partitioned_param.py stage 3: one rank's slice of each parameter, gathered whole only while used
   param_hooks.py       stage 3: module hooks that gather around forward / backward, external parameters
   stage3.py            the stage 3 state owner (gradients reduced in buckets, step on the shards)
-  grad_buckets.py      stages 2-3: gradient buckets reduce-scattered into the units (one rank, gloo, /dev/shm)
   shared_params.py     stage 3, same-host CPU ranks: the parameter shards published in one /dev/shm table
   gathered.py          GatheredParameters (whole parameters inside a `with` block)
   init.py              Init (partition each module as it is built)

@@ -22,6 +22,8 @@ from typing import List
 
 import torch
 
+from .partition import plan_buckets
+
 
 @dataclass
 class Bucket:
@@ -35,11 +37,11 @@ class Bucket:
 
 
 class GradBuffers:
-    def __init__(self, params, bucket_elems, grads_are_views, accum_dtype=torch.float32, allocate=None, layout=None):
-        """`allocate(numel, dtype, device)`, when given, provides one zeroed 1-D storage for all buckets (used
-        for shared-memory reduction); it is only asked when every bucket has the same dtype and device.
-        `layout`, when given, is the bucket plan to use instead of cutting by `bucket_elems`: a list of
-        (params, padded_numel) per bucket (ZeRO's partition plan; the padding lets each bucket split evenly)."""
+    def __init__(self, params, layout, grads_are_views, accum_dtype=torch.float32, allocate=None):
+        """`layout`: the bucket plan, a list of (params, padded_numel) per bucket (partition.plan_buckets' order;
+        the padding lets each bucket split evenly across ranks). `allocate(numel, dtype, device)`, when given,
+        provides one zeroed 1-D storage for all buckets (used for shared-memory reduction); it is only asked when
+        every bucket has the same dtype and device."""
         self.params = list(params)
         self.grads_are_views = grads_are_views
         self.buckets: List[Bucket] = []
@@ -47,42 +49,18 @@ class GradBuffers:
         self.storage = None
         self.masters = {}    # id(param) -> fp32 master whose .grad is the param's slice (half precision)
         self._receipts = {}  # id(param) -> (16-bit grad last absorbed, its version counter), half precision
-        if layout is not None:
-            if not self.params:   # nothing trained (an engine used for inference only)
-                return
-            d = self.params[0].dtype if grads_are_views else accum_dtype
-            total = sum(padded for _, padded in layout)
-            if allocate is not None and len({(p.dtype, p.device) for p in self.params}) == 1:
-                self.storage = allocate(total, d, self.params[0].device)
-            offset = 0
-            for ps, padded in layout:
-                flat = self.storage[offset:offset + padded] if self.storage is not None else \
-                    torch.zeros(padded, dtype=d, device=ps[0].device)
-                self._add_bucket(ps, flat, offset)
-                offset += padded
+        if not self.params:   # nothing trained (an engine used for inference only)
             return
-        plan, pending, size, dtype = [], [], 0, None
-        for p in reversed(self.params):
-            p_dtype = p.dtype if grads_are_views else accum_dtype
-            if pending and (size + p.numel() > bucket_elems or p_dtype != dtype or p.device != pending[0].device):
-                plan.append((pending, dtype))
-                pending, size = [], 0
-            pending.append(p)
-            size += p.numel()
-            dtype = p_dtype
-        if pending:
-            plan.append((pending, dtype))
-        kinds = {(d, ps[0].device) for ps, d in plan}
-        if allocate is not None and len(kinds) == 1:
-            (kind_dtype, kind_device), = kinds
-            self.storage = allocate(sum(p.numel() for ps, _ in plan for p in ps), kind_dtype, kind_device)
+        dtype_of = (lambda p: p.dtype) if grads_are_views else (lambda p: accum_dtype)
+        total = sum(padded for _, padded in layout)
+        if allocate is not None and len({(dtype_of(p), p.device) for p in self.params}) == 1:
+            self.storage = allocate(total, dtype_of(self.params[0]), self.params[0].device)
         offset = 0
-        for ps, d in plan:
-            n = sum(p.numel() for p in ps)
-            flat = self.storage[offset:offset + n] if self.storage is not None else \
-                torch.zeros(n, dtype=d, device=ps[0].device)
+        for ps, padded in layout:
+            flat = self.storage[offset:offset + padded] if self.storage is not None else \
+                torch.zeros(padded, dtype=dtype_of(ps[0]), device=ps[0].device)
             self._add_bucket(ps, flat, offset)
-            offset += n
+            offset += padded
 
     def _add_bucket(self, params, flat, storage_offset):
         views, offset = [], 0
@@ -189,3 +167,11 @@ class GradBuffers:
 
     def numel(self):
         return sum(b.flat.numel() for b in self.buckets)
+
+
+def replicated_layout(params, bucket_elems, grads_are_views, accum_dtype=torch.float32):
+    """Stage 0's buckets: partition.plan_buckets over one rank (nothing to pad), a bucket never mixing dtypes or
+    devices, cut at `bucket_elems` in reverse parameter order."""
+    kinds = [(p.dtype if grads_are_views else accum_dtype, str(p.device)) for p in params]
+    plans = plan_buckets([p.numel() for p in params], [0] * len(params), kinds, max(1, int(bucket_elems)), 1, 1)
+    return [([params[e.param] for e in plan.entries], plan.numel) for plan in plans]

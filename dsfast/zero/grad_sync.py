@@ -1,33 +1,37 @@
-"""Gradient synchronisation strategies (one per ZeRO stage; stage 0 is plain data parallelism).
+"""The gradients of ZeRO stages 0 and 1: torch's `param.grad` semantics over flat buckets (grad_buffers.py), each
+bucket handed to the one reduction (reducer.py) as soon as its last gradient arrived in a reducing backward.
 
-A strategy sees every parameter's gradient the moment autograd finishes accumulating it (post-accumulate-grad
-hooks), and is told by the engine when a backward starts and ends. Interface used by the engine:
+A hook sees every parameter's gradient the moment autograd finishes accumulating it (post-accumulate-grad hooks),
+and the owner tells when a backward starts and ends:
     begin_backward(reduce: bool)   reduce=False between accumulation boundaries (no communication at all)
-    end_backward()                 launch what is left, wait for everything; grads are then reduced
+    end_backward()                 reduce what is left, wait for everything; the buckets are then reduced
     prepare_step(names)            before the optimizer step: adopt gradients the user cleared since backward;
                                    refuse gradients that came from a plain loss.backward() (never reduced)
     reset()                        after the step (the buffers were zeroed)
-    post_reduce_factor             what the reduced grads must be multiplied by (1/world for a sum all-reduce);
-                                   the engine folds it into its single unscale/clip pass
-    detach()                       remove hooks
-ZeRO stages 1-2 slot in as a reduce-scatter strategy over the same GradBuffers.
+    post_reduce_factor             what the reduced grads must be multiplied by (1/world for a SUM reduction);
+                                   the step folds it into its single unscale/clip pass
+Stage 0 all-reduces each bucket; stage 1 (`chunks`: each bucket's slice of this rank) reduce-scatters it in place.
 """
 import torch
-import torch.distributed as dist
+
+from .grad_buckets import ResidentBucket
+from .reducer import reducer_for
 
 
-class AllReduceGradSync:
-    """Stage 0: bucketed SUM all-reduce, launched in bucket order while backward still runs."""
-
-    def __init__(self, buffers, world_size, group=None):
+class BufferedGradSync:
+    def __init__(self, buffers, world, rank, group=None, table=None, chunks=None):
+        """table: the shm_reduce.SharedTable's table the buffers live in (same-host CPU ranks), or None.
+        chunks: stage 1's (lo, hi) of each bucket that this rank owns; None for stage 0."""
         self.buffers = buffers
-        self.world_size = world_size
-        self.group = group
-        self.post_reduce_factor = 1.0 / world_size
+        self.world_size = world
+        self.chunks = chunks
+        self.post_reduce_factor = 1.0 / world
+        self._index = {id(p): i for i, p in enumerate(buffers.params)}
+        buckets = [ResidentBucket(b, [(self._index[id(p)], None) for p in b.params], world,
+                                  chunks[b.index] if chunks is not None else None) for b in buffers.buckets]
+        self.reducer = reducer_for(buckets, world, rank, group, table=table)
         self._reduce = False
         self._in_backward = False
-        self._next = 0  # index of the next bucket to launch (launch order must be identical on every rank)
-        self.collectives_launched = 0  # for tests and diagnostics
         self._reduced_since_step = False
         self._outside = {}  # id(param) -> param: gradients that arrived outside this engine's backward
         self._hooks = []
@@ -35,57 +39,51 @@ class AllReduceGradSync:
             self._hooks.append(p.register_hook(lambda grad, p=p: self.buffers.before_accumulate(p)))
             self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
 
+    @torch.no_grad()
     def begin_backward(self, reduce):
-        self._reduce = reduce and self.world_size > 1
+        self._reduce = reduce and self.world_size > 1   # one rank: its gradients are the sum already
         if self._reduce and self._reduced_since_step:
-            # A second reducing backward before the step (a GAN's backward(err_real); backward(err_fake)): the
-            # buckets hold the SUM of the first losses' gradients. Make it the mean, so that adding this
-            # backward's local gradients and summing again gives sum(first) + sum(second), as one backward of
-            # the summed losses would (post_reduce_factor still divides by the world size).
-            with torch.no_grad():
-                torch._foreach_mul_(self.buffers.flats(), 1.0 / self.world_size)
+            self._again()
         self._outside.clear()  # gradients deposited earlier (by another engine's backward) are now ours
         self._in_backward = True
-        self._next = 0
-        for b in self.buffers.buckets:
-            b.ready.clear()
-            b.handle = None
+        if self._reduce:
+            self.reducer.begin()
+
+    def _again(self):
+        """A second reducing backward before the step (a GAN's backward(err_real); backward(err_fake))."""
+        if self.chunks is None:
+            # the buckets hold the SUM of the first losses' gradients: make it the mean, so that adding this
+            # backward's local gradients and summing again gives sum(first) + sum(second), as one backward of
+            # the summed losses would (post_reduce_factor still divides by the world size)
+            torch._foreach_mul_(self.buffers.flats(), 1.0 / self.world_size)
+            return
+        # our slice holds the reduced sum, the rest our local gradients, which were already sent: zero them so
+        # that the next reduce-scatter adds only new ones
+        for b, (lo, hi) in zip(self.buffers.buckets, self.chunks):
+            b.flat[:lo].zero_()
+            b.flat[hi:].zero_()
 
     def _on_grad(self, param):
-        bucket = self.buffers.absorb(param)
+        self.buffers.absorb(param)
         if not self._in_backward:
             self._outside[id(param)] = param
             return
         if not self._reduce:
             return
-        if bucket.handle is not None:
+        i = self._index[id(param)]
+        if self.reducer.reduced(i):
             raise RuntimeError(
                 f"a gradient for a parameter of shape {tuple(param.shape)} arrived after its bucket was already "
-                "all-reduced in this backward (is the parameter used by a reentrant checkpoint twice?); use "
+                "reduced in this backward (is the parameter used by a reentrant checkpoint twice?); use "
                 "non-reentrant activation checkpointing (torch.utils.checkpoint(..., use_reentrant=False))")
-        bucket.ready.add(id(param))
-        self._launch_ready()
-
-    def _launch_ready(self):
-        buckets = self.buffers.buckets
-        while self._next < len(buckets) and len(buckets[self._next].ready) == len(buckets[self._next].params):
-            self._launch(buckets[self._next])
-
-    def _launch(self, bucket):
-        bucket.handle = dist.all_reduce(bucket.flat, group=self.group, async_op=True)
-        self.collectives_launched += 1
-        self._next += 1
+        self.reducer.add(i, None, None)
 
     def end_backward(self):
         self._in_backward = False
         if not self._reduce:
             return
-        # parameters that got no gradient this backward leave their bucket incomplete: launch it anyway
-        while self._next < len(self.buffers.buckets):
-            self._launch(self.buffers.buckets[self._next])
-        for b in self.buffers.buckets:
-            b.handle.wait()
-            b.handle = None
+        # parameters that got no gradient this backward leave their bucket incomplete: reduce it anyway
+        self.reducer.end()
         self._reduce = False
         self._reduced_since_step = True
 
@@ -116,11 +114,8 @@ class AllReduceGradSync:
         self._hooks = []
 
 
-def build_grad_sync(zero_stage, buffers, world_size, group=None, shared_table=None):
-    """`shared_table`: the shm_reduce.SharedTable the buffers were allocated from (same-host CPU ranks)."""
-    if zero_stage == 0:
-        if shared_table is not None and shared_table.table is not None and buffers.storage is not None:
-            from .shm_reduce import ShmAllReduceGradSync
-            return ShmAllReduceGradSync(buffers, world_size, shared_table.table, group)
-        return AllReduceGradSync(buffers, world_size, group)
-    raise NotImplementedError(f"ZeRO stage {zero_stage} gradient partitioning is not implemented yet")
+def build_grad_sync(buffers, world, rank, group=None, shared=None, chunks=None):
+    """The sync of stage 0 (chunks None) or 1 over `buffers`; `shared`: the shm_reduce.SharedTable the buffers were
+    allocated from (same-host CPU ranks), if any."""
+    table = shared.table if shared is not None and buffers.storage is not None else None
+    return BufferedGradSync(buffers, world, rank, group, table=table, chunks=chunks)

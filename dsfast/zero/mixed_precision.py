@@ -7,7 +7,7 @@ the amp contract's out16: optim/amp_step.py).
 """
 import torch
 
-from .grad_buffers import GradBuffers
+from .grad_buffers import GradBuffers, replicated_layout
 
 
 class FullPrecision:
@@ -17,7 +17,8 @@ class FullPrecision:
     def __init__(self, module, params, bucket_elems, allocate=None):
         self.params = params
         self.masters = params
-        self.buffers = GradBuffers(params, bucket_elems, grads_are_views=True, allocate=allocate)
+        self.buffers = GradBuffers(params, replicated_layout(params, bucket_elems, True), grads_are_views=True,
+                                   allocate=allocate)
 
     def master_of(self, param):
         return param
@@ -37,7 +38,8 @@ class HalfPrecision:
         self.masters = [torch.nn.Parameter(p.detach().clone().float(), requires_grad=True) for p in params]
         self._master = {id(p): m for p, m in zip(params, self.masters)}
         module.to(dtype)
-        self.buffers = GradBuffers(params, bucket_elems, grads_are_views=False, allocate=allocate)
+        self.buffers = GradBuffers(params, replicated_layout(params, bucket_elems, False), grads_are_views=False,
+                                   allocate=allocate)
         for p, m in zip(params, self.masters):
             self.buffers.attach_master(p, m)
 

@@ -32,7 +32,7 @@ def build_owner(cfg, model, trainable, groups, bucket, dp, device):
         from .replicated import Replicated
         shared = shm_allocator(world, group) if trainable and dp.distributed else None
         precision = build_precision(cfg.precision, model, trainable, bucket, allocate=shared)
-        return Replicated(precision, build_grad_sync(0, precision.buffers, world, group, shared_table=shared))
+        return Replicated(precision, build_grad_sync(precision.buffers, world, rank, group, shared))
     from .sharded import build_sharded_owner
     shared = (lambda: shm_allocator(world, group)) if trainable and dp.distributed else None
     return build_sharded_owner(cfg.zero_stage, trainable, group_of, policy, bucket, world, rank, placement,

@@ -1,7 +1,7 @@
 """Stage 0's state owner: every rank holds everything (plain data parallelism).
 
 It owns the precision strategy (mixed_precision.py: fp32 masters and flat gradient buckets) and the bucketed
-all-reduce (grad_sync.py / shm_reduce.py), and steps as every stage does: zero/decide.py decides overflow, norm and
+all-reduce (grad_sync.py over the one reduction, reducer.py), and steps as every stage does: zero/decide.py decides overflow, norm and
 clip coefficient over the reduced buckets, then the optimizer applies them inside its update (optim/amp_step.py).
 """
 import torch
@@ -18,6 +18,7 @@ class Replicated:
     def __init__(self, precision, grad_sync):
         self.precision = precision
         self.grad_sync = grad_sync
+        self.reducer = grad_sync.reducer
         self.buffers = precision.buffers
         self._optimizer = None
         for p in precision.params:
@@ -26,6 +27,10 @@ class Replicated:
     @property
     def post_reduce_factor(self):
         return self.grad_sync.post_reduce_factor
+
+    @property
+    def collectives_launched(self):
+        return self.reducer.collectives_launched
 
     def bind_optimizer(self, optimizer):
         self._optimizer = optimizer

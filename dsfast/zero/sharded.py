@@ -12,16 +12,15 @@ decision across ranks (decide.py), the update of the shards (shard_step.py), the
 import torch
 import torch.distributed as dist
 
-from ..comm.flat_collectives import reduce_scatter_flat
 from . import grad_buckets
 from .decide import decide
 from .flat_shards import FlatShards
 from .grad_buffers import GradBuffers
-from .grad_sync import AllReduceGradSync
+from .grad_sync import build_grad_sync
 from .owners import ShardOptimizer
 from .precision import PrecisionPolicy
+from .reducer import reducer_for
 from .shard_step import step_shards
-from .shm_reduce import ShmBucketReduce
 from .state_owner import SliceRecord
 
 
@@ -37,6 +36,10 @@ class _ShardedBase(ShardOptimizer):
         self.post_reduce_factor = 1.0 / self.world
         for p in store.params:
             p._dsfast_owner = self
+
+    @property
+    def collectives_launched(self):
+        return self.reducer.collectives_launched
 
     # ---- the optimizer step -------------------------------------------------------------------------------
     copies_on_reduce = False   # stages 2-3: the reduction's completion copies gradients to the host (offload)
@@ -184,47 +187,6 @@ class _ShardedBase(ShardOptimizer):
         return cats
 
 
-class _ReduceScatterSync(AllReduceGradSync):
-    """Stage 1's reduction: AllReduceGradSync's bucket order and hooks, each bucket reduce-scattered in place."""
-
-    def __init__(self, buffers, plans, world, rank, group=None):
-        super().__init__(buffers, world, group)
-        self.plans = plans
-        self.rank = rank
-
-    def begin_backward(self, reduce):
-        if reduce and self.world_size > 1 and self._reduced_since_step:
-            # a second reducing backward before the step: our slice holds the reduced sum, the rest our local
-            # gradients, which were already sent; zero them so that the next reduce-scatter adds only new ones
-            with torch.no_grad():
-                for b, plan in zip(self.buffers.buckets, self.plans):
-                    lo, hi = plan.shard_range(self.rank)
-                    b.flat[:lo].zero_()
-                    b.flat[hi:].zero_()
-            self._reduced_since_step = False   # (the base class would rescale otherwise)
-        super().begin_backward(reduce)
-
-    def _launch(self, bucket):
-        lo, hi = self.plans[bucket.index].shard_range(self.rank)
-        bucket.handle = reduce_scatter_flat(bucket.flat[lo:hi], bucket.flat, group=self.group, async_op=True)
-        self.collectives_launched += 1
-        self._next += 1
-
-
-class _ShmReduceScatterSync(ShmBucketReduce, _ReduceScatterSync):
-    """Same-host CPU ranks: stage 1's gradient buckets are rows of one /dev/shm table; this rank sums its own shard
-    over every row into its row (shm_reduce.ShmBucketReduce)."""
-    scatter = True
-
-    def __init__(self, buffers, plans, world, rank, table, group=None):
-        super().__init__(buffers, plans, world, rank, group)
-        self.table = table
-
-    def _chunk(self, bucket):
-        lo, hi = self.plans[bucket.index].shard_range(self.rank)
-        return bucket.offset + lo, bucket.offset + hi
-
-
 class ShardedOptimizerState(_ShardedBase):
     stage = 1
 
@@ -234,19 +196,13 @@ class ShardedOptimizerState(_ShardedBase):
         # param.grad are views of the buckets when gradients are reduced in the parameters' dtype; else each
         # gradient is added into its slice of reduce-dtype buckets as it arrives (communication_data_type fp32)
         views = precision.reduce_dtype == precision.param_dtype
-        self.buffers = GradBuffers(store.params, 0, grads_are_views=views, accum_dtype=precision.reduce_dtype,
-                                   layout=layout, allocate=allocate)
-        table = getattr(allocate, "table", None) if self.buffers.storage is not None else None
-        if table is not None:
-            self.sync = _ShmReduceScatterSync(self.buffers, store.plans, self.world, self.rank, table, group)
-        else:
-            self.sync = _ReduceScatterSync(self.buffers, store.plans, self.world, self.rank, group)
+        self.buffers = GradBuffers(store.params, layout, grads_are_views=views, accum_dtype=precision.reduce_dtype,
+                                   allocate=allocate)
+        chunks = [plan.shard_range(self.rank) for plan in store.plans]
+        self.sync = build_grad_sync(self.buffers, self.world, self.rank, group, allocate, chunks)
+        self.reducer = self.sync.reducer
         for u, b in zip(store.units, self.buffers.buckets):   # a unit's gradient: its slice of the full bucket
             u.grad = b.flat[slice(*u.plan.shard_range(self.rank))]
-
-    @property
-    def collectives_launched(self):
-        return self.sync.collectives_launched
 
     def begin_backward(self, reduce):
         self.sync.begin_backward(reduce)
@@ -288,15 +244,11 @@ class ShardedGradients(_ShardedBase):
             if store.placement.copies_states:
                 u.host_grad = store.placement.host_empty(u.plan.shard, dt)
         buckets = [grad_buckets.ContiguousBucket(u.plan, u.grad) for u in store.units]
-        self.reducer = grad_buckets.reducer_for(buckets, self.world, self.rank, group, allocate)
+        self.reducer = reducer_for(buckets, self.world, self.rank, group, allocate)
         self.reducer.on_reduced = self._to_host
         self._boundary = True
         self._in_backward = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in store.params]
-
-    @property
-    def collectives_launched(self):
-        return self.reducer.collectives_launched
 
     def begin_backward(self, reduce):
         # stage 2 reduces at every micro-step, boundary or not: the partition accumulates (as DeepSpeed's)

@@ -1,14 +1,13 @@
-"""Stage-0 gradient all-reduce through shared memory, for ranks that share one machine (CPU training on gloo).
+"""The same-host shared-memory table that gradient reductions and stage 3's gathers go through (CPU training on
+gloo, every rank on one machine).
 
-gloo all-reduces over TCP even between processes on one host: every byte crosses the kernel twice and a gloo
-thread per rank spends ~10 ms of CPU per step on the benchmark GPT. Here the gradient buckets themselves live in
-one /dev/shm table of shape [world, numel] (row r = rank r's gradients), so reducing a bucket is:
-    barrier (every rank finished writing the bucket) -> rank r sums column chunk r over all rows and writes the
-    sum back into chunk r of every row -> (the next bucket's barrier, or the final one) -> every row holds the sum.
-Chunks are disjoint, so ranks never write what another rank reads. Only gloo barriers cross process boundaries.
+gloo reduces over TCP even between processes on one host: every byte crosses the kernel twice and a gloo thread per
+rank spends ~10 ms of CPU per step on the benchmark GPT. A SharedTable is one /dev/shm tensor of shape [world, numel]
+(row r = rank r's buffers), mapped by every rank; a reduction through it (reducer.ShmReducer) is a rendezvous, then
+each rank sums its own column chunk over all rows. Only one-element collectives cross process boundaries.
 
-Used when: gloo backend, every rank on this host, all buckets fp32 on CPU, /dev/shm has room, and
-DSFAST_SHM_ALLREDUCE is not "0". Anything else keeps the gloo all-reduce (grad_sync.AllReduceGradSync).
+Used when: gloo backend, every rank on this host, fp32 CPU buffers, /dev/shm has room, and DSFAST_SHM_ALLREDUCE is
+not "0". Anything else keeps gloo's collectives (reducer.GlooReducer).
 """
 import os
 import socket
@@ -17,7 +16,6 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from .grad_sync import AllReduceGradSync
 
 SHM_DIR = "/dev/shm"
 
@@ -82,55 +80,3 @@ class SharedTable:
         self.table = table.view(self.world_size, numel)
         self.table[self.rank].zero_()
         return self.table[self.rank]
-
-
-class ShmBucketReduce:
-    """The same-host reduction of stages 0 and 1, mixed into their gradient sync (synchronously, in the hook): the
-    buckets are this rank's row of the table; reducing one is a barrier (every rank finished writing it, and
-    reducing the previous one), then this rank sums its `chunk` of columns over every row, into every row (stage
-    0: an all-reduce) or only into its own (stage 1: a reduce-scatter, half the writes). A last barrier at the end
-    of backward: no rank still reads a row its owner writes or zeroes next."""
-
-    scatter = False
-
-    def _chunk(self, bucket):
-        """This rank's columns of `bucket` in the table (stage 0: a 1/world share of it)."""
-        n = bucket.flat.numel()
-        return bucket.offset + n * self.rank // self.world_size, bucket.offset + n * (self.rank + 1) // self.world_size
-
-    def _launch(self, bucket):
-        dist.barrier(group=self.group)
-        lo, hi = self._chunk(bucket)
-        if hi > lo:
-            cols = self.table[:, lo:hi]
-            total = cols.sum(dim=0)   # (a sum into a row would alias its input)
-            if self.scatter:
-                self.table[self.rank, lo:hi].copy_(total)
-            else:
-                cols.copy_(total.expand_as(cols))
-        bucket.handle = _DONE
-        self._next += 1
-        self.collectives_launched += 1
-
-    def end_backward(self):
-        reduced = self._reduce
-        super().end_backward()  # launches what is left (through _launch) and clears the handles
-        if reduced:
-            dist.barrier(group=self.group)
-
-
-class ShmAllReduceGradSync(ShmBucketReduce, AllReduceGradSync):
-    """Stage 0: AllReduceGradSync whose bucket reduction runs through the shared table."""
-
-    def __init__(self, buffers, world_size, table, group=None):
-        super().__init__(buffers, world_size, group)
-        self.table = table
-        self.rank = dist.get_rank(group)
-
-
-class _Done:
-    def wait(self):
-        pass
-
-
-_DONE = _Done()

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from .shm_reduce import shm_allocator
 from . import grad_buckets
 from .param_hooks import ParamCoordinator
+from .reducer import reducer_for
 from .partitioned_param import DS_PARAM_ATTRS, PartitionedParam, gather, record_of
 from .shard_unit import ShardUnit, UnitStore
 from .shared_params import SharedParams, shareable
@@ -81,7 +82,7 @@ class Stage3(_ShardedBase):
     reduces_every_micro_step = True   # the engine refuses no_sync()
 
     def __init__(self, store, precision, coordinator, group, reducer):
-        """reducer: grad_buckets' reduction over store.records (grad_buckets.reducer_for)."""
+        """reducer: the reduction over store.records' gradient buckets (reducer.reducer_for)."""
         super().__init__(store, precision, group)
         self.coordinator = coordinator
         self.reducer = reducer
@@ -94,10 +95,6 @@ class Stage3(_ShardedBase):
 
     def _shape_of(self, param):
         return record_of(param).shape   # the parameter itself is empty while released
-
-    @property
-    def collectives_launched(self):
-        return self.reducer.collectives_launched
 
     def begin_backward(self, reduce):
         # stage 3 reduces at every micro-step; the host copies are made in the boundary's backward only
@@ -229,7 +226,7 @@ def build_stage3_owner(model, params, group_of, policy, world, rank, placement, 
         for b, host in zip(buckets, store.bucket_host):
             for i, rec in b.members:
                 store.units[i].host_grad = host[b.offsets[i]:b.offsets[i] + rec.shard_numel]
-    reducer = grad_buckets.reducer_for(buckets, world, rank, group, allocate, shared=store.shared)
+    reducer = reducer_for(buckets, world, rank, group, allocate, shared=store.shared)
     if store.shared is not None:
         store.shared.publish()   # every rank's shards visible before the first gather
     for r in persistent:

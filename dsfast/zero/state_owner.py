@@ -30,6 +30,7 @@ class StateOwner(Protocol):
     post_reduce_factor: float       # what reduced gradients are multiplied by (1/world for a SUM reduction)
     partitions_params: bool         # no rank holds whole parameters between uses (stage 3)
     trains: bool                    # something to optimize
+    reducer: object                 # reducer.Reducer: .transport (local | gloo | shm), .collectives_launched
 
     # the optimizer: built over optimizer_groups(groups) on optimizer_device (None: the engine's device)
     optimizer_device: Optional[torch.device]

@@ -48,7 +48,7 @@ def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp") / "runs.pt"
     launch(WORKER, [out, FP32, BF16, FP16, SPARE], nprocs=2, timeout=150)
     results = torch.load(out)
-    assert {r["sync"] for run in results.values() for r in run} == {"ShmAllReduceGradSync"}
+    assert {r["sync"] for run in results.values() for r in run} == {"shm"}
     return results
 
 
@@ -58,7 +58,7 @@ def gloo_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp") / "gloo.pt"
     launch(WORKER, [out, FP32, SPARE], nprocs=2, timeout=150, extra_env={"DSFAST_SHM_ALLREDUCE": "0"})
     results = torch.load(out)
-    assert {r["sync"] for run in results.values() for r in run} == {"AllReduceGradSync"}
+    assert {r["sync"] for run in results.values() for r in run} == {"gloo"}
     return results
 
 

@@ -1,8 +1,8 @@
 """ZeRO stage 3's two multi-rank paths: same-host CPU ranks through /dev/shm, and the gloo fallback.
 
 Same-host fp32 CPU ranks gather parameters out of a shared snapshot and reduce gradient buckets in a shared table
-(shared_params.py, grad_buckets.ShmBuckets); DSFAST_SHM_ALLREDUCE=0 or a 16-bit model takes gloo collectives
-(grad_buckets.GlooBuckets, coalesced all-gathers). Both must train exactly as one process at stage 0 does, with
+(shared_params.py, reducer.ShmReducer); DSFAST_SHM_ALLREDUCE=0 or a 16-bit model takes gloo collectives
+(reducer.GlooReducer, coalesced all-gathers). Both must train exactly as one process at stage 0 does, with
 small buckets (many buckets, shared slots reused, gradients arriving out of bucket order: the awkward model's
 external weight, tied weights; a gradient arriving twice in one backward) and with the default one.
 """
@@ -57,21 +57,21 @@ def three(tmp_path_factory):
 
 @pytest.mark.parametrize("key", sorted(RUNS))
 def test_shared_memory_path_trains_as_one_process_at_stage0(shm, key):
-    assert all(r["path"] == ("ShmBuckets", True) for r in shm[key])
+    assert all(r["path"] == ("shm", True) for r in shm[key])
     got, want = _check(shm[key], RUNS[key], 2, atol=1e-5, rtol=1e-5)
     assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.parametrize("key", sorted(RUNS))
 def test_gloo_fallback_trains_as_one_process_at_stage0(gloo, key):
-    assert all(r["path"] == ("GlooBuckets", False) for r in gloo[key])
+    assert all(r["path"] == ("gloo", False) for r in gloo[key])
     got, want = _check(gloo[key], RUNS[key], 2, atol=1e-5, rtol=1e-5)
     assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.parametrize("key", sorted(RUNS3))
 def test_three_ranks_uneven_padding_through_shared_memory(three, key):
-    assert all(r["path"] == ("ShmBuckets", True) for r in three[key])
+    assert all(r["path"] == ("shm", True) for r in three[key])
     got, want = _check(three[key], RUNS3[key], 3, atol=1e-5, rtol=1e-5)
     assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
 
@@ -101,7 +101,7 @@ def test_both_paths_reduce_the_same_buckets_fewer_than_parameters(shm, gloo):
 
 def test_a_16bit_model_takes_the_gloo_path(shm):
     ranks = shm["bf16_b600"]
-    assert all(r["path"] == ("GlooBuckets", False) for r in ranks)
+    assert all(r["path"] == ("gloo", False) for r in ranks)
     _, want = reference(BF16["bf16_b600"], 2)
     got = torch.cat([ranks[0]["params"][n].flatten() for n in want])
     ref = torch.cat([want[n].flatten() for n in want])
@@ -110,8 +110,8 @@ def test_a_16bit_model_takes_the_gloo_path(shm):
         assert torch.equal(ranks[1]["params"][n], ranks[0]["params"][n])
 
 
-@pytest.mark.parametrize("env,path", [({}, ("ShmBuckets", True)),
-                                      ({"DSFAST_SHM_ALLREDUCE": "0"}, ("GlooBuckets", False))])
+@pytest.mark.parametrize("env,path", [({}, ("shm", True)),
+                                      ({"DSFAST_SHM_ALLREDUCE": "0"}, ("gloo", False))])
 def test_gathered_parameters_modifier_reaches_every_rank(tmp_path, env, path):
     out = tmp_path / "out.pt"
     launch(os.path.join(HERE, "worker_zero3_modify.py"), [out], nprocs=2, timeout=200, extra_env=env)

@@ -95,6 +95,18 @@ def test_two_ranks_equal_one_process_at_stage0(ranks, stage, offload, optimizer,
     assert _distance(got, want) < (2e-2 if precision == "bf16" else 5e-3)
 
 
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_every_stage_reduces_through_the_one_reducer(ranks, stage):
+    # same-host CPU ranks: fp32 gradients go through the /dev/shm table at every stage, 16-bit ones through gloo's
+    # collectives (the table holds fp32 only); bucket after bucket during backward, so at least one reduction per
+    # reducing backward of the run (stages 0-1 reduce at the boundary only, 2-3 at every micro-step)
+    for precision, transport in (("fp32", "shm"), ("bf16", "shm" if stage == 0 else "gloo")):
+        for r in ranks[MATRIX[(stage, False, "config", precision)]]:
+            module, used, launched = r["reduction"]
+            assert module == "dsfast.zero.reducer" and used == transport, (precision, r["reduction"])
+            assert launched >= STEPS * (1 if stage < 2 else 2)
+
+
 def test_the_optimizers_really_differ(ranks):
     # The matrix would not notice a wrong rule if every optimizer landed on the same weights. torch.optim.Adam and
     # FusedAdam(adam_w_mode=False) are one rule (Adam with L2 decay, both with the client LR schedule) through two

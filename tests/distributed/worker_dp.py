@@ -54,8 +54,8 @@ def train(precision, gas, clip, steps, inject_rank, spare=False):
         record["states"].append({k: v.clone() for m in masters for k, v in opt.state[m].items()
                                  if torch.is_tensor(v)} if masters and opt.state[masters[0]] else {})
     record["model_dtype"] = str(next(engine.module.parameters()).dtype)
-    record["collectives"] = engine.state_owner.grad_sync.collectives_launched
-    record["sync"] = type(engine.state_owner.grad_sync).__name__
+    record["collectives"] = engine.state_owner.collectives_launched
+    record["sync"] = engine.state_owner.reducer.transport
     x, y = global_batch(99, MICRO * gas * world)
     for i in range(gas):  # a second backward in the boundary micro-step is accepted (GAN pattern)
         engine.backward(torch.nn.functional.mse_loss(engine(x[:MICRO]).float(), y[:MICRO]))

@@ -18,7 +18,10 @@ def run(text):
               "memory": engine.memory_breakdown(), "norm": engine.get_global_grad_norm(),
               "numel": sum(p.numel() for p in engine.module.parameters() if p.requires_grad),
               "module_sd": {k: v.float().clone() for k, v in engine.module.state_dict().items()},
-              "lrs": engine.get_lr()}
+              "lrs": engine.get_lr(),
+              # which reduction ran: every stage's owner reduces through reducer.py
+              "reduction": (type(engine.state_owner.reducer).__module__, engine.state_owner.reducer.transport,
+                            engine.state_owner.collectives_launched)}
     return gather_records(record)
 
 

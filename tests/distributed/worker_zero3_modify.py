@@ -43,7 +43,7 @@ def main():
     engine.backward(torch.nn.functional.mse_loss(engine(x), y))
     engine.step()
     record = {"kept": kept, "after_discard": after_discard, "master": master, "out": out,
-              "final": full_params(engine), "path": (type(engine.state_owner.reducer).__name__,
+              "final": full_params(engine), "path": (engine.state_owner.reducer.transport,
                                                     engine.state_owner.store.shared is not None)}
     gathered = gather_records(record)
     if rank == 0:

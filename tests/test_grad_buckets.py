@@ -1,9 +1,11 @@
-"""grad_buckets' layout maths, in one process: buckets in reverse order under the cap, and a rank-major staging
-buffer whose chunk r, summed over ranks, is exactly rank r's padded slice of each parameter's summed gradient."""
+"""grad_buckets' layout maths and the one reducer, in one process: stage 3's buckets in reverse order under the cap
+with a rank-major staging buffer whose chunk r, summed over ranks, is exactly rank r's padded slice of each
+parameter's summed gradient; stage 2's contiguous buckets; stages 0-1's resident buckets reduced through the table."""
 import torch
 
 from dsfast.zero import grad_buckets
 from dsfast.zero.partitioned_param import PartitionedParam
+from dsfast.zero.reducer import reducer_for
 
 
 def _records(sizes, world, rank=0):
@@ -93,7 +95,7 @@ def test_contiguous_buckets_reduce_to_each_ranks_slice_and_seal_their_padding():
 def test_one_rank_adds_gradients_straight_into_the_shards():
     recs = _records([20, 30], world=1)
     buckets = grad_buckets.plan(recs, 10_000, 1, torch.float32, torch.device("cpu"))
-    reducer = grad_buckets.reducer_for(buckets, 1, 0, None)
+    reducer = reducer_for(buckets, 1, 0, None)
     done = []
     reducer.on_reduced = lambda b: done.append(b.index)
     for micro in range(2):   # gradients accumulate across micro-steps
@@ -103,6 +105,57 @@ def test_one_rank_adds_gradients_straight_into_the_shards():
         reducer.add(0, recs[0], torch.full((20,), 1.0))   # reentrant checkpointing: the same gradient twice
         reducer.end()
     # each backward: reduced when complete, then again when the late (reentrant) gradient is added
-    assert type(reducer).__name__ == "LocalBuckets" and done == [0, 0, 0, 0]
+    assert reducer.transport == "local" and done == [0, 0, 0, 0]
     assert torch.equal(buckets[0].grad_view(0, recs[0])[:20], torch.full((20,), 6.0))
     assert torch.equal(buckets[0].grad_view(1, recs[1])[:30], torch.full((30,), 2.0))
+
+
+def _resident(world, chunks=None, numel=37):
+    """One resident bucket per rank over the same parameters (grad_buffers' layout), rows of one table."""
+    from dsfast.zero.grad_buffers import GradBuffers
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (numel - 12, 12)]
+    table = torch.stack([torch.randn(numel) for _ in range(world)])
+    rows, out = [], []
+    for r in range(world):
+        buffers = GradBuffers(params, [(params, numel)], grads_are_views=True,
+                              allocate=lambda n, d, dev, r=r: table[r, :n])
+        b = buffers.buckets[0]
+        rows.append(grad_buckets.ResidentBucket(b, [(0, None), (1, None)], world,
+                                                chunks[r] if chunks else None))
+    return table, rows
+
+
+def test_resident_bucket_all_reduce_through_the_table_leaves_the_sum_in_every_row():
+    # stage 0 on same-host ranks: each rank sums its 1/world share of columns over every row, into every row
+    for world in (2, 3, 4):
+        table, buckets = _resident(world)
+        total = table.sum(dim=0)
+        for r, b in enumerate(buckets):
+            b.reduce_rows(table, r)
+        for r in range(world):
+            torch.testing.assert_close(table[r], total, rtol=0, atol=1e-6)
+
+
+def test_resident_bucket_reduce_scatter_sums_only_this_ranks_slice_into_its_own_row():
+    # stage 1: rank r's slice of the plan gets the sum in row r; everything else keeps what each rank wrote
+    world, numel = 2, 32
+    chunks = [(0, 16), (16, 32)]
+    table, buckets = _resident(world, chunks, numel)
+    before, total = table.clone(), table.sum(dim=0)
+    for r, b in enumerate(buckets):
+        b.reduce_rows(table, r)
+    for r, (lo, hi) in enumerate(chunks):
+        torch.testing.assert_close(table[r, lo:hi], total[lo:hi], rtol=0, atol=1e-6)
+        outside = torch.ones(numel, dtype=torch.bool)
+        outside[lo:hi] = False
+        assert torch.equal(table[r][outside], before[r][outside])
+
+
+def test_resident_bucket_adds_nothing_for_missing_gradients_and_keeps_its_padding():
+    # what a parameter accumulated in earlier micro-steps is sent even if no gradient came in this backward
+    table, (b, _) = _resident(2)
+    before = table[0].clone()
+    b.zero_missing(table[0], set())
+    b.seal(table[0])
+    b.scatter_into(table[0], 0, None, None)
+    assert torch.equal(table[0], before)
