@@ -7,6 +7,7 @@ Files, one job each:
   layout.py           the engine contract: SliceRecords (which slices this rank holds), writing masters back
   shards.py           records <-> named flat tensors; resharding on load by overlapping element ranges
   state_files.py      rank 0's module weights and engine state (counters, scaler, scheduler, client_state)
+  module_slices.py    ZeRO stage 3's module weights: every rank writes its own slice; joined or read per range
   manifest.py         manifest.json: world size, stage, every parameter's slices, every file's size/sha256
   rendezvous.py       bounded waits among ranks through the process group's store (no hang on misuse)
   commit.py           temporary folder, rename into place, `latest`, the kill tests' fault points

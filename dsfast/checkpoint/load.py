@@ -4,7 +4,7 @@ import warnings
 
 import torch
 
-from . import commit, jsonable, manifest, shards, state_files
+from . import commit, jsonable, manifest, module_slices, shards, state_files
 from .errors import CheckpointError
 from .safetensors_io import SafeTensorsFile
 from .layout import checkpoint_layout, engine_after_load, masters_from_module
@@ -34,10 +34,19 @@ class CheckpointReader:
             tensors = self.file(manifest.ENGINE_TENSORS).tensors()
         return state, tensors
 
-    def module_state(self, copy=True):
-        """The module weights; copy=False: views of the file's buffer (to copy into the module while it is open)."""
+    def module_state(self, copy=True, whole=True):
+        """The module weights; copy=False: views of the file's buffer (to copy into the module while it is open).
+        A checkpoint whose ranks wrote their own slices (stage 3) has its weights joined from them, unless `whole`
+        is False (a stage-3 reader takes its slices itself: module_slices.read_range)."""
         f = self.file(self.manifest["module_file"])
-        return {k: v.clone() for k, v in f.tensors().items()} if copy else f.tensors()
+        sd = {k: v.clone() for k, v in f.tensors().items()} if copy else f.tensors()
+        if whole and self.sliced:
+            sd.update(module_slices.whole(self))
+        return sd
+
+    @property
+    def sliced(self):
+        return "module_params" in self.manifest
 
     def close(self):
         self._open.clear()
@@ -81,13 +90,17 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
 def _load(engine, reader, strict, load_optimizer_states, load_lr_scheduler_states, module_only):
     # every file this rank needs is read and checked before anything is modified: never a partial load
     state, tensors = reader.engine_state()
-    module_sd = reader.module_state(copy=False)      # load_state_dict copies it into the module
+    stage3 = engine.state_owner.partitions_params
+    # load_state_dict copies it into the module; a stage-3 engine reads only its own slices of sliced weights
+    module_sd = reader.module_state(copy=False, whole=not stage3)
     layout = checkpoint_layout(engine)
     if not module_only:
         for name in _files_needed(layout, reader.manifest["params"]):
             reader.file(name)
-    stage3 = engine.state_owner.partitions_params
-    _load_module(engine.module, module_sd, strict, reader.dir, stage3)
+    if stage3 and reader.sliced:
+        for name in module_slices.files_needed(engine, reader):
+            reader.file(name)
+    _load_module(engine.module, module_sd, strict, reader.dir, stage3, reader)
     client = jsonable.decode(state.get("client_state") or {}, tensors)
     if module_only:
         if not stage3:   # at stage 3 the partitions' masters followed the loaded slices already
@@ -116,8 +129,11 @@ def _files_needed(layout, params):
     return sorted(names)
 
 
-def _load_module(module, sd, strict, where, stage3=False):
-    if stage3:
+def _load_module(module, sd, strict, where, stage3=False, reader=None):
+    """reader: the CheckpointReader `sd` came from (a stage-3 engine reads its own slices of a sliced one)."""
+    if stage3 and reader is not None and reader.sliced:
+        result = _load_own_slices(module, sd, strict, reader)
+    elif stage3:
         from dsfast.zero.save16 import load_partitioned_state_dict
         result = load_partitioned_state_dict(module, sd, strict=strict)
     else:
@@ -125,6 +141,29 @@ def _load_module(module, sd, strict, where, stage3=False):
     if not strict and (result.missing_keys or result.unexpected_keys):
         warnings.warn(f"{where}: module weights loaded with load_module_strict=False; missing "
                       f"{result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")
+
+
+def _load_own_slices(module, buffers, strict, reader):
+    """Stage 3 from a sliced checkpoint: each rank reads the elements it keeps of every weight (any world size
+    wrote them), the buffers from rank 0's file. Returns torch's (missing_keys, unexpected_keys) result."""
+    from torch.nn.modules.module import _IncompatibleKeys
+    from dsfast.zero.save16 import load_partitioned_slices, persistent_buffers
+    missing = load_partitioned_slices(module, lambda name, a, b: module_slices.read_range(reader, name, a, b))
+    own = persistent_buffers(module)
+    expected_buffers = set(own)
+    for key in expected_buffers & set(buffers):
+        own[key].copy_(buffers[key])
+    missing += sorted(expected_buffers - set(buffers))
+    names = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+    tied = reader.manifest.get("tied", {})
+    unexpected = sorted(set(buffers) - expected_buffers) + \
+        sorted(n for n in reader.manifest["module_params"] if n not in names and n not in tied)
+    result = _IncompatibleKeys(missing, unexpected)
+    if strict and (missing or unexpected):
+        raise CheckpointError(f"{reader.dir}: module weights do not match this model (ZeRO stage 3): missing "
+                              f"{missing[:5]}, unexpected {unexpected[:5]}; load with load_module_strict=False to "
+                              "load what matches")
+    return result
 
 
 def _load_param_groups(optimizer, groups, where):

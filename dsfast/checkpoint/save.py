@@ -14,11 +14,11 @@ import uuid
 import warnings
 from dataclasses import dataclass, field
 
-from . import commit, manifest, safetensors_io, shards, state_files
+from . import commit, manifest, module_slices, safetensors_io, shards, state_files
 from .errors import CheckpointError
 from .rendezvous import Meeting, resolve_timeout
 from ..accelerator.cuda import synchronize_if_used
-from .layout import checkpoint_layout
+from .layout import checkpoint_layout, param_names
 from .tags import normalize_tag
 
 _OK = "ok"
@@ -35,6 +35,8 @@ class SaveJob:
     shard_tensors: dict
     slices: list
     module: dict = None
+    module_tensors: dict = field(default_factory=dict)   # stage 3: this rank's slices of the module weights
+    module_slices: list = field(default_factory=list)
     module_info: dict = None
     engine_json: dict = None
     engine_tensors: dict = None
@@ -55,13 +57,15 @@ def prepare(engine, save_dir, tag, client_state, save_latest, exclude_frozen, ra
     job = SaveJob(os.fspath(save_dir), text, rank, bool(save_latest),
                   {"world_size": layout.world_size, "stage": layout.stage, "replicated": layout.replicated},
                   engine.state_owner.precision.name, tensors, slices)
-    gathered = state_files.stage3_module_tensors(engine, exclude_frozen)   # a collective at stage 3, else None
+    sliced = module_slices.partitioned(engine)   # stage 3: every rank writes its own slice of the weights
+    if sliced:
+        job.module_tensors, job.module_slices = module_slices.collect(
+            engine, param_names(engine.module), rank, exclude_frozen, snapshot)
     if rank == 0:
         job.engine_json, job.engine_tensors = state_files.engine_state(engine, client_state)
         if snapshot:
             job.engine_tensors = {k: v.clone() for k, v in job.engine_tensors.items()}
-        job.module = gathered if gathered is not None else \
-            state_files.module_tensors(engine, exclude_frozen, snapshot)
+        job.module = state_files.module_tensors(engine, exclude_frozen, snapshot, buffers_only=sliced)
         job.module_info = state_files.module_info(engine.module)
     if snapshot:
         synchronize_if_used()      # the host copies from a GPU were asynchronous
@@ -115,7 +119,8 @@ def write_and_commit(job, meeting):
     try:
         os.makedirs(tmp, exist_ok=True)
         commit.fault_point("begin", job.rank)
-        report = {"files": _write_files(job, tmp), "slices": job.slices, "error": None}
+        report = {"files": _write_files(job, tmp), "slices": job.slices, "module_slices": job.module_slices,
+                  "error": None}
     except Exception as err:
         local_error = err
         report = {"error": f"{type(err).__name__}: {err}"}
@@ -149,6 +154,8 @@ def _write_files(job, tmp):
 
     if job.shard_tensors or job.slices:
         put(manifest.optim_file(job.rank), job.shard_tensors, fault=fault)
+    if job.module_slices:
+        put(module_slices.model_file(job.rank), job.module_tensors)
     if job.rank == 0:
         put(manifest.MODEL_FILE, job.module)
         if job.engine_tensors:
@@ -166,9 +173,11 @@ def _commit(job, tmp, reports):
         return (f"save_checkpoint: rank {failed[0][0]} failed to write its files ({failed[0][1]}); the checkpoint "
                 f"{job.tag!r} was not committed and `latest` is unchanged")
     try:
-        m = manifest.build(job.tag, job.flags, job.precision, reports,
-                           {"module_file": manifest.MODEL_FILE, "engine_file": manifest.ENGINE_FILE,
-                            **job.module_info})
+        extra = {"module_file": manifest.MODEL_FILE, "engine_file": manifest.ENGINE_FILE, **job.module_info}
+        sliced = module_slices.manifest_entries(reports)
+        if sliced:
+            extra["module_params"] = sliced
+        m = manifest.build(job.tag, job.flags, job.precision, reports, extra)
         for name, info in m["files"].items():
             path = os.path.join(tmp, name)
             size = os.path.getsize(path) if os.path.exists(path) else None

@@ -1,4 +1,5 @@
-"""What rank 0 saves beside the shards: module weights (safetensors) and the engine state (JSON + tensors)."""
+"""What rank 0 saves beside the shards: module weights (safetensors; at stage 3 the buffers only) and the engine
+state (JSON + tensors)."""
 import json
 
 import torch
@@ -8,8 +9,14 @@ from .errors import CheckpointError
 from .snapshot import host_copy
 
 
-def module_tensors(engine, exclude_frozen=False, snapshot=False):
-    sd = engine.module.state_dict()
+def module_tensors(engine, exclude_frozen=False, snapshot=False, buffers_only=False):
+    """The module's state_dict tensors; buffers_only: without the parameters (stage 3: every rank writes its own
+    slices of them, module_slices.py)."""
+    if buffers_only:
+        from dsfast.zero.save16 import persistent_buffers
+        sd = persistent_buffers(engine.module)
+    else:
+        sd = engine.module.state_dict()
     if exclude_frozen:
         frozen = {n for n, p in engine.module.named_parameters() if not p.requires_grad}
         sd = {k: v for k, v in sd.items() if k not in frozen}
@@ -20,15 +27,6 @@ def module_tensors(engine, exclude_frozen=False, snapshot=False):
                                   "stored in safetensors")
         out[k] = host_copy(f"module/{k}", v) if snapshot else v.detach()
     return out
-
-
-def stage3_module_tensors(engine, exclude_frozen=False):
-    """At ZeRO stage 3 the whole weights, gathered one parameter at a time (every rank must call this; rank 0
-    gets the tensors, on the host); None at other stages, whose module holds whole weights."""
-    if not engine.state_owner.partitions_params:
-        return None
-    from dsfast.zero.save16 import gathered_state_dict
-    return gathered_state_dict(engine.module, exclude_frozen=exclude_frozen)
 
 
 def module_info(module):

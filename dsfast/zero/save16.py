@@ -2,8 +2,9 @@
 loaded slice by slice.
 
 gathered_state_dict: parameters gathered one at a time (a collective: every rank calls it) and copied to host
-memory on rank 0 (what engine.save_16bit_model, dsfast.checkpoint and DeepSpeed's consolidated 16-bit state dict
-write). load_partitioned_state_dict: each rank keeps its own slice of whole tensors.
+memory on rank 0 (what engine.save_16bit_model and DeepSpeed's consolidated 16-bit state dict write).
+load_partitioned_state_dict: each rank keeps its own slice of whole tensors. load_partitioned_slices: each rank
+reads only the element range it keeps (a checkpoint whose ranks wrote their own slices).
 """
 import torch
 import torch.distributed as dist
@@ -31,15 +32,21 @@ def gathered_state_dict(module, on_rank0_only=True, exclude_frozen=False):
             rec.refs -= 1
             rec.release()
     if keep:
-        params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
-        sd_names = set()
-        for mod_name, m in module.named_modules(remove_duplicate=False):
-            for b_name, b in m._buffers.items():
-                if b is not None and b_name not in m._non_persistent_buffers_set:
-                    full = f"{mod_name}.{b_name}" if mod_name else b_name
-                    if full not in params and full not in sd_names:
-                        sd_names.add(full)
-                        out[full] = b.detach().to("cpu", copy=True)
+        out.update({k: b.detach().to("cpu", copy=True) for k, b in persistent_buffers(module).items()})
+    return out
+
+
+def persistent_buffers(module):
+    """{name: buffer} of what module.state_dict() holds besides parameters (without calling it: a stage-3
+    module refuses state_dict() while its parameters are partitioned)."""
+    params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+    out = {}
+    for mod_name, m in module.named_modules(remove_duplicate=False):
+        for b_name, b in m._buffers.items():
+            if b is not None and b_name not in m._non_persistent_buffers_set:
+                full = f"{mod_name}.{b_name}" if mod_name else b_name
+                if full not in params and full not in out:
+                    out[full] = b
     return out
 
 
@@ -74,3 +81,28 @@ def load_partitioned_state_dict(module, sd, strict=True):
         raise RuntimeError(f"load_state_dict (ZeRO stage 3): missing keys {result.missing_keys[:5]}, unexpected "
                            f"keys {result.unexpected_keys[:5]}")
     return result
+
+
+@torch.no_grad()
+def load_partitioned_slices(module, read_range):
+    """Each rank's slice of every partitioned parameter of `module` from `read_range(name, start, stop)`: the
+    saved elements [start, stop) of the flattened parameter, or None when the checkpoint has no such parameter.
+    Returns the names of the parameters it had none for (the caller decides whether that is an error)."""
+    missing, seen = [], set()
+    for name, p in module.named_parameters():
+        rec = record_of(p)
+        if rec is None or id(p) in seen:
+            continue
+        seen.add(id(p))
+        lo, hi = rec.shard_range()
+        a, b = min(lo, rec.numel), min(hi, rec.numel)
+        values = read_range(name, a, b)
+        if values is None:
+            missing.append(name)
+            continue
+        rec.shard.zero_()
+        rec.shard[:b - a].copy_(values.reshape(-1))
+        owner = getattr(p, "_dsfast_owner", None)
+        if owner is not None and hasattr(owner, "shard_changed"):
+            owner.shard_changed(p)
+    return missing

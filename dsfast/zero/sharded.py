@@ -84,7 +84,7 @@ class _ShardedBase(ShardOptimizer):
         for plan, shard in zip(self.store.plans, self.store.shards):
             for e, a, b, off in self.store.pieces(plan):
                 p = self.store.params[e.param]
-                out.append(SliceRecord(names[id(p)], tuple(p.shape), a, b, shard, off))
+                out.append(SliceRecord(names[id(p)], tuple(self._shape_of(p)), a, b, shard, off))
         return out
 
     def _full(self, param, source):

@@ -23,6 +23,7 @@ from .partitioned_param import DS_PARAM_ATTRS, PartitionedParam, gather, record_
 from .shard_unit import ShardUnit, UnitStore
 from .shared_params import SharedParams, shareable
 from .sharded import _ShardedBase
+from .state_owner import SliceRecord
 
 # gradient bucket cap (elements; a smaller zero_optimization.reduce_bucket_size wins): big enough that a small
 # model's backward is a handful of reductions, small enough to bound the staging buffers of a large one
@@ -138,6 +139,21 @@ class Stage3(_ShardedBase):
         if self._boundary:
             self.store.bucket_host[bucket.index].copy_(bucket.grad_flat, non_blocking=True)
 
+
+    def module_slices(self, names, exclude_frozen=False):
+        """SliceRecords of this rank's slice of every partitioned parameter's model-dtype values (trained or
+        frozen: what the checkpoint's module weights hold, written by every rank for its own slice instead of
+        gathered on one); names: id(param) -> qualified name. A rank holding only padding of a parameter adds
+        nothing for it."""
+        out = []
+        for r in self.store.all_records:
+            if exclude_frozen and not r.param.requires_grad:
+                continue
+            lo, hi = r.shard_range()
+            a, b = min(lo, r.numel), min(hi, r.numel)
+            if a < b:
+                out.append(SliceRecord(names[id(r.param)], r.shape, a, b, r.shard, 0))
+        return out
 
     def prepare_step(self, names):
         self.refuse_stray_grads(names)

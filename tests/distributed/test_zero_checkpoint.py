@@ -67,3 +67,25 @@ def test_a_stage3_checkpoint_resumes_at_stage0_on_one_rank(tmp_path):
     resumed = _resume(tmp_path, run(0, gas=4), 1, ckpt)
     for name, value in straight["params"].items():
         torch.testing.assert_close(resumed["params"][name], value, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_a_stage3_checkpoint_holds_each_ranks_slice_and_resumes_on_four_ranks(tmp_path):
+    # no rank gathers the model to save it: every rank wrote its own slice of every weight (module_slices.py)
+    from dsfast.checkpoint.load import CheckpointReader, resolve
+    ckpt, straight = _save(tmp_path, run(3, gas=2), 2)
+    reader = CheckpointReader(resolve(ckpt, None)[0])
+    sliced = reader.manifest["module_params"]
+    assert sorted(sliced) == sorted(straight["params"])
+    for name, entry in sliced.items():   # a rank whose slice is all padding (a small bias) writes nothing of it
+        files = [s["file"] for s in entry["slices"]]
+        numel = straight["params"][name].numel()
+        assert files == [f"model_rank{r:05d}.safetensors" for r in range(len(files))], name
+        assert len(files) == (2 if numel > sliced[name]["slices"][0]["stop"] else 1), name
+    assert not set(reader.file(reader.manifest["module_file"]).keys()) & set(sliced)
+    from dsfast.checkpoint.consolidate import consolidate
+    whole, masters = reader.module_state(), consolidate(ckpt)
+    for name in straight["params"]:   # fp32: the weights saved are the masters saved
+        assert torch.equal(whole[name], masters[name]), name
+    resumed = _resume(tmp_path, run(3), 4, ckpt)
+    for name, value in straight["params"].items():
+        torch.testing.assert_close(resumed["params"][name], value, atol=1e-5, rtol=1e-5, msg=name)
