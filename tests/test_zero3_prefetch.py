@@ -4,15 +4,14 @@ import pytest
 import torch
 
 from dsfast.zero import prefetch
+from dsfast.zero.partitioned_param import PartitionedParam, ShardedState
 
 
-class Rec:
-    def __init__(self, name, numel):
-        self.name, self.numel = name, numel
-        self.gathered = self.ready = False
-        self.flight = self.shared = None
-        self.world = 2
-        self.full = torch.zeros(numel)
+def Rec(name, numel):
+    """A real parameter record (rank 0 of 2): the prefetcher's moves go through its state checks."""
+    rec = PartitionedParam(torch.nn.Parameter(torch.zeros(numel)), world=2, rank=0)
+    rec.name = name
+    return rec
 
 
 class FakeFlight:
@@ -23,14 +22,15 @@ class FakeFlight:
         self.recs, self.handle = recs, object()
         FakeFlight.launched.append([r.name for r in recs])
         for r in recs:
-            r.flight = self
+            r._alloc_full()
+            r.prefetched(self)
 
     def finish(self):
         if self.handle is None:
             return
         self.handle = None
         for r in self.recs:
-            r.flight, r.ready = None, True
+            r.prefetched(None)
 
 
 @pytest.fixture
@@ -48,11 +48,13 @@ def forward(pf, modules, order, launched_at):
         for r in modules[m]:
             if r.flight is not None:
                 r.flight.finish()
-            r.ready, r.gathered = False, True
+            if not r.ready:
+                r._alloc_full()
+            r._publish()
         pf.visit(m)
         launched_at[m] = FakeFlight.launched[before:]
         for r in modules[m]:
-            r.gathered = False
+            r.release(resize=True)
     pf.end_pass()
 
 
@@ -95,4 +97,24 @@ def test_a_forward_that_leaves_the_trace_stops_and_frees_what_it_prefetched(modu
     assert seen == {"a": [["b"], ["c"], ["d"]], "c": []}
     for m in "bd":                                      # never used: waited for, not kept whole
         r = modules[m][0]
-        assert r.flight is None and not r.ready and r.full.untyped_storage().nbytes() == 0
+        assert r.state is ShardedState.SHARDED and r.flight is None and r.full.untyped_storage().nbytes() == 0
+
+
+def test_every_state_change_of_a_parameter_is_checked():
+    r = Rec("a", 10)
+    assert r.state is ShardedState.SHARDED and r.param.ds_status.name == "NOT_AVAILABLE"
+    with pytest.raises(RuntimeError, match="sharded -> sharded is not a valid transition"):
+        r.free()                                        # freeing what is not gathered
+    r._alloc_full()
+    r.prefetched(object())
+    assert r.state is ShardedState.GATHERING and r.param.ds_status.name == "INFLIGHT"
+    with pytest.raises(RuntimeError, match="gathering -> unsharded"):
+        r._publish()                                    # using values whose all-gather has not landed
+    r.prefetched(None)
+    assert r.ready and r.param.ds_status.name == "INFLIGHT"
+    r._publish()
+    assert r.gathered and r.param.ds_status.name == "AVAILABLE" and r.param.shape == (10,)
+    with pytest.raises(RuntimeError, match="unsharded -> gathering"):
+        r.prefetched(object())                          # prefetching what is already whole
+    r.release()
+    assert r.state is ShardedState.SHARDED and r.param.numel() == 0

@@ -19,9 +19,13 @@ Gathering: ranks on one host (fp32, CPU) copy the parameter out of a shared-memo
 While released, `param.data` is an empty tensor of the parameter's dtype, so nothing can read stale memory; while
 gathered it is a view of `full` with the parameter's shape.
 
-Who holds a parameter gathered: `refs` (forward passes and GatheredParameters blocks in progress), `backward_hold`
-(its module's backward has started and its gradient has not been reduced yet) and `persistent` (small parameters,
-param_persistence_threshold, are never released). `release()` frees it when none of them does.
+Where the whole values are is one state (ShardedState, FSDP2's name), changed only through `_move`, which refuses a
+transition that is not in MOVES (naming the parameter): SHARDED -> UNSHARDED (gather), SHARDED -> GATHERING (a
+prefetch launched) -> GATHERED (it landed) -> UNSHARDED (used) or SHARDED (never used), UNSHARDED -> SHARDED
+(released) or UNSHARDED (refreshed after a step). Who holds a parameter UNSHARDED: `refs` (forward passes and
+GatheredParameters blocks in progress), `backward_hold` (its module's backward has started and its gradient has not
+been reduced yet) and `persistent` (small parameters, param_persistence_threshold, are never released). `release()`
+frees it when none of them does.
 """
 import enum
 import itertools
@@ -39,6 +43,20 @@ class ZeroParamStatus(enum.Enum):
     INFLIGHT = 3         # being gathered (prefetched)
 
 
+class ShardedState(enum.Enum):
+    SHARDED = "sharded"        # only this rank's slice; param.data is empty
+    GATHERING = "gathering"    # an all-gather is filling `full` (prefetch.Flight)
+    GATHERED = "gathered"      # `full` holds the whole values, not published as param.data yet (prefetched)
+    UNSHARDED = "unsharded"    # param.data is a view of `full`
+
+
+SHARDED, GATHERING, GATHERED, UNSHARDED = ShardedState
+MOVES = {SHARDED: {UNSHARDED, GATHERING}, GATHERING: {GATHERED}, GATHERED: {UNSHARDED, SHARDED},
+         UNSHARDED: {UNSHARDED, SHARDED}}
+DS_STATUS = {SHARDED: ZeroParamStatus.NOT_AVAILABLE, GATHERING: ZeroParamStatus.INFLIGHT,
+             GATHERED: ZeroParamStatus.INFLIGHT, UNSHARDED: ZeroParamStatus.AVAILABLE}
+
+
 _ids = itertools.count()
 # what a partitioned parameter carries (stage3.detach() takes them off again)
 DS_PARAM_ATTRS = ("_dsfast_z3", "ds_id", "ds_shape", "ds_numel", "ds_status", "ds_tensor", "ds_persist")
@@ -47,12 +65,6 @@ DS_PARAM_ATTRS = ("_dsfast_z3", "ds_id", "ds_shape", "ds_numel", "ds_status", "d
 def whole_numel(param):
     """Elements of the whole parameter, also while a stage 3 parameter holds only its slice."""
     return getattr(param, "ds_numel", None) or param.numel()
-
-
-def _status(rec):
-    if rec._gathered:
-        return ZeroParamStatus.AVAILABLE
-    return ZeroParamStatus.INFLIGHT if rec._flight is not None else ZeroParamStatus.NOT_AVAILABLE
 
 
 class _Mirrored:
@@ -75,8 +87,7 @@ class _Mirrored:
 
 
 class PartitionedParam:
-    gathered = _Mirrored("ds_status", _status)
-    flight = _Mirrored("ds_status", _status)        # prefetch.py: a gather in progress
+    state = _Mirrored("ds_status", lambda rec: DS_STATUS[rec.state])   # set through _move only
     shard = _Mirrored("ds_tensor")
     persistent = _Mirrored("ds_persist")
 
@@ -95,8 +106,7 @@ class PartitionedParam:
         self.refs = 0
         self.backward_hold = False
         self.persistent = False
-        self._flight = None
-        self.gathered = False
+        self.state = SHARDED
         self.shard = torch.zeros(self.shard_numel, dtype=self.dtype, device=self.shard_device, pin_memory=self.pin)
         with torch.no_grad():
             lo, hi = self.shard_range()
@@ -106,10 +116,28 @@ class PartitionedParam:
                 self.shard[:b - a].copy_(flat[a:b])
         self.full = None
         self.shared, self.shared_offset = None, 0   # shared_params.SharedParams: same-host ranks' snapshot
-        self.flight, self.ready = None, False        # prefetch.py: a gather in progress / done, not yet published
+        self.flight = None                           # prefetch.Flight filling `full` (GATHERING)
         param.data = self._empty()
         param._dsfast_z3 = self
         param.ds_id, param.ds_shape, param.ds_numel = next(_ids), torch.Size(self.shape), self.numel
+
+    # ---- state -----------------------------------------------------------------------------------------------
+    @property
+    def gathered(self):
+        """param.data is the whole parameter."""
+        return self.state is UNSHARDED
+
+    @property
+    def ready(self):
+        """Prefetched: the whole values are in `full`, to be published by the next gather()."""
+        return self.state is GATHERED
+
+    def _move(self, to):
+        if to not in MOVES[self.state]:
+            raise RuntimeError(f"ZeRO stage 3 parameter ds_id={self.param.ds_id} of shape {self.shape}: "
+                               f"{self.state.value} -> {to.value} is not a valid transition (valid from "
+                               f"{self.state.value}: {', '.join(sorted(m.value for m in MOVES[self.state]))})")
+        self.state = to
 
     # ---- layout ----------------------------------------------------------------------------------------------
     def shard_range(self):
@@ -162,16 +190,27 @@ class PartitionedParam:
 
     def _publish(self):
         self.param.data = self.full[:self.numel].view(self.shape)
-        self.gathered = True
+        self._move(UNSHARDED)
 
     def free(self, resize=False):
         """resize=True: shrink the storage in place (after forward, see above); else let it go."""
+        self._move(SHARDED)
         self.param.data = self._empty()
         if resize:
             self.full.untyped_storage().resize_(0)
         else:
             self.full = None
-        self.gathered = False
+
+    def prefetched(self, flight):
+        """prefetch.py: `flight` started filling `full` (None: it landed)."""
+        self._move(GATHERING if flight is not None else GATHERED)
+        self.flight = flight
+
+    def drop_prefetch(self):
+        """Prefetched and never used: give the memory back (the storage object stays: tensors autograd saved may
+        point at it, see above)."""
+        self._move(SHARDED)
+        self.full.untyped_storage().resize_(0)
 
     def release(self, resize=False):
         """Free the whole parameter unless something still holds it."""
@@ -225,7 +264,6 @@ def gather(records, refresh=False):
     for f in flights:
         f.finish()
     for r in todo:
-        r.ready = False
         r._publish()
 
 

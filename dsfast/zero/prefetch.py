@@ -12,7 +12,7 @@ forward; every rank runs the same modules in the same order, so every rank launc
 Whatever was prefetched but not used is waited for and freed when the forward ends. Same-host ranks gathering out
 of shared memory (shared_params.py) have nothing to hide and do not prefetch.
 """
-from .partitioned_param import _launch_coalesced, _unpack
+from .partitioned_param import SHARDED, _launch_coalesced, _unpack
 
 
 class Flight:
@@ -25,7 +25,7 @@ class Flight:
         else:
             _, self.handle, self.out, self.total = _launch_coalesced(recs)
         for r in recs:
-            r.flight = self
+            r.prefetched(self)
 
     def finish(self):
         """Wait; the records' values are then in `full` (not yet published as param.data)."""
@@ -36,8 +36,7 @@ class Flight:
             _unpack(self.recs, self.out, self.total)
         self.handle = self.out = None
         for r in self.recs:
-            r.flight = None
-            r.ready = True
+            r.prefetched(None)
 
 
 # DeepSpeed's defaults for stage3_prefetch_bucket_size and stage3_max_live_parameters (elements)
@@ -78,7 +77,7 @@ class Prefetcher:
         self.ahead = max(self.ahead, k + 1)
         while self.ahead < len(self.trace) and in_flight < self.bucket:
             todo = [r for r in self.records_of(self.trace[self.ahead])
-                    if not r.gathered and r.flight is None and not r.ready and r.shared is None and r.world > 1]
+                    if r.state is SHARDED and r.shared is None and r.world > 1]
             size = sum(r.numel for r in todo)
             if todo and in_flight + size + running > self.max_live:
                 break          # considered again when the next module starts
@@ -96,7 +95,6 @@ class Prefetcher:
         for f in self.flights:
             f.finish()
             for r in f.recs:
-                if r.ready and not r.gathered:   # prefetched, never used: let it go (the storage object stays:
-                    r.ready = False               # tensors autograd saved may point at it, see partitioned_param)
-                    r.full.untyped_storage().resize_(0)
+                if r.ready:   # prefetched, never used: let it go
+                    r.drop_prefetch()
         self.flights = []
