@@ -94,6 +94,11 @@ class Stage3(_ShardedBase):
         if store.bucket_host is not None:
             reducer.on_reduced = self._bucket_to_host
 
+    @property
+    def gathers_through(self):
+        """How parameters are gathered: "shm" (same-host ranks copy from a /dev/shm snapshot) or "collectives"."""
+        return "shm" if self.store.shared is not None else "collectives"
+
     def _shape_of(self, param):
         return record_of(param).shape   # the parameter itself is empty while released
 

@@ -39,7 +39,7 @@ def run(text):
                            for p in engine.module.parameters() if p.requires_grad),
               "module_sd": module_sd, "lrs": engine.get_lr(),
               # which stage-3 path ran: the gradient reduction's class, whether gathers read /dev/shm
-              "path": (engine.state_owner.reducer.transport, engine.state_owner.store.shared is not None),
+              "path": (engine.state_owner.reducer.transport, engine.state_owner.gathers_through == "shm"),
               "collectives": engine.state_owner.collectives_launched,
               "prefetched": engine.state_owner.coordinator.prefetch_launches(),
               "shapes": {n: tuple(p.shape) for n, p in engine.module.named_parameters()}}

@@ -44,7 +44,7 @@ def main():
     engine.step()
     record = {"kept": kept, "after_discard": after_discard, "master": master, "out": out,
               "final": full_params(engine), "path": (engine.state_owner.reducer.transport,
-                                                    engine.state_owner.store.shared is not None)}
+                                                    engine.state_owner.gathers_through == "shm")}
     gathered = gather_records(record)
     if rank == 0:
         torch.save(gathered, sys.argv[1])
