@@ -18,11 +18,11 @@ _adam_table = torch.ops.dsfast.cpu_adam_table_.default
 _sgd_fill = torch.ops.dsfast.cpu_sgd_table_fill_.default
 _sgd_table = torch.ops.dsfast.cpu_sgd_table_.default
 _release = torch.ops.dsfast.cpu_table_release_.default
-# Per row: param, grad, exp_avg, exp_avg_sq, out16, step addresses; numel; grad, out dtype codes; then a
-# reference to each of those six tensors (0 where there is none).
-ADAM_TABLE_COLUMNS, ADAM_HELD = 15, 9
-# param, grad, momentum_buffer, out16 addresses; numel; grad, out dtype codes; references to the four.
-SGD_TABLE_COLUMNS, SGD_HELD = 11, 7
+# Per row: param, grad, exp_avg, exp_avg_sq, out16, step addresses; numel; grad, out, param, state dtype codes;
+# then a reference to each of those six tensors (0 where there is none).
+ADAM_TABLE_COLUMNS, ADAM_HELD = 17, 11
+# param, grad, momentum_buffer, out16 addresses; numel; grad, out, param, state dtype codes; references to the four.
+SGD_TABLE_COLUMNS, SGD_HELD = 13, 9
 
 
 def abi():
@@ -55,7 +55,8 @@ def _fill_missing_outs(params, outs):
 
 def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps, weight_decay, adamw,
               bias_correction, grad_scale=1.0, num_threads=0, isa="auto", label="params"):
-    """Adam/AdamW over lists of fp32 CPU tensors in one parallel region; increments each step."""
+    """Adam/AdamW over lists of CPU tensors (fp32, or 16-bit masters / states) in one parallel region; increments
+    each step."""
     outs = _fill_missing_outs(params, outs)
     try:
         _adam(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps, weight_decay, adamw,
@@ -67,7 +68,8 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta
 
 def sgd_step(params, grads, momentum_buffers, outs, first_steps, lr, momentum, dampening, weight_decay, nesterov,
              grad_scale=1.0, num_threads=0, isa="auto", label="params"):
-    """SGD (momentum, dampening, nesterov, weight decay) over lists of fp32 CPU tensors."""
+    """SGD (momentum, dampening, nesterov, weight decay) over lists of CPU tensors (fp32, or 16-bit masters /
+    states)."""
     outs = _fill_missing_outs(params, outs)
     try:
         _sgd(params, grads, momentum_buffers, outs, first_steps, lr, momentum, dampening, weight_decay, nesterov,
