@@ -159,3 +159,16 @@ def test_policy_refuses_16bit_masters_of_another_dtype_or_stage():
         precision_policy("fp16", 2, master="bf16")
     with pytest.raises(PrecisionError, match="stage 0"):
         precision_policy("bf16", 0, master="bf16")
+
+
+def test_checkpoint_state_dtype_follows_the_optimizer_not_the_file():
+    from dsfast.checkpoint.shards import state_dtype
+    bf16 = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+    f32 = torch.nn.Parameter(torch.zeros(4))
+    assert state_dtype(dsfast.optim.CPUAdam([bf16]), bf16, torch.bfloat16) == torch.float32   # fp32 moments
+    assert state_dtype(dsfast.optim.CPUAdam([bf16], fp32_optimizer_states=False), bf16, torch.float32) == \
+        torch.bfloat16
+    assert state_dtype(dsfast.optim.CPUAdam([f32], fp32_optimizer_states=False), f32, torch.bfloat16) == \
+        torch.float32
+    assert state_dtype(torch.optim.AdamW([bf16]), bf16, torch.float32) == torch.bfloat16     # torch: the param's
+    assert state_dtype(torch.optim.AdamW([f32]), f32, torch.int64) == torch.int64             # not a float: kept
