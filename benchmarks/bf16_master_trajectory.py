@@ -87,13 +87,14 @@ def run(args):
         losses.append(float(loss.detach()))
     # dsfast counts its model states from the tensors (DeepSpeed has no such count on a CPU)
     memory = engine.memory_breakdown() if hasattr(engine, "memory_breakdown") else None
-    out = {"memory": memory, "impl": args.impl, "version": deepspeed.__version__, "config": ds_config(args), "losses": losses,
-           "seconds": time.time() - t0, "torch": torch.__version__,
+    out = {"memory": memory, "impl": args.impl, "version": deepspeed.__version__, "config": ds_config(args),
+           "losses": losses, "seconds": time.time() - t0, "torch": torch.__version__,
            "params": sum(p.numel() for p in model.parameters())}
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
-    states = "" if memory is None else \
-        f"; model states {sum(v for k, d in memory.items() if k not in ('total', 'comm_buffers', 'gathered') for v in d.values()) / 2 ** 20:.2f} MiB"
+    held = None if memory is None else \
+        sum(v for k, d in memory.items() if k not in ("total", "comm_buffers", "gathered") for v in d.values())
+    states = "" if held is None else f"; model states {held / 2 ** 20:.2f} MiB"
     print(f"{args.impl} {deepspeed.__version__} stage {args.stage} offload {args.offload} master {args.master}: "
           f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {out['seconds']:.1f} s{states}")
 

@@ -48,8 +48,9 @@ def test_adam_steps_16bit_masters_and_states_in_place(pdtype, sdtype, gdtype):
         for step in range(1, 4):
             # each step is checked from the values the kernel stored the step before (a one-ulp difference would
             # otherwise compound over the steps)
-            before = [(p.detach().clone(), *(opt.state[p][k].clone() if opt.state[p] else torch.zeros_like(p, dtype=sdtype)
-                                              for k in ("exp_avg", "exp_avg_sq"))) for p in params]
+            before = [(p.detach().clone(), *(opt.state[p][k].clone() if opt.state[p] else
+                                              torch.zeros_like(p, dtype=sdtype) for k in ("exp_avg", "exp_avg_sq")))
+                      for p in params]
             grads = [torch.randn(n).to(gdtype) for n in SIZES]
             if gdtype == pdtype:   # .grad: the first step takes the list op, the later ones the work table
                 for p, g in zip(params, grads):

@@ -6,7 +6,8 @@ the ones the memory tests check against memory_breakdown()).
     dsfast.zero.estimate_model_states(7e9, 8) -> [{"stage", "offload_optimizer", "offload_param", "device",
                                                    "host"}, ...]  (bytes per rank)
 Adam is assumed (two fp32 moments; bf16 ones with --bf16-optimizer-states). --bf16-master: the masters are the
-16-bit parameter shards (bf16_master_weights_and_grads; stages 1-3 only, so no stage 0 row). Stage 3 adds its gathered working set when the largest layer is given: that
+16-bit parameter shards (bf16_master_weights_and_grads; stages 1-3 only, so no stage 0 row).
+Stage 3 adds its gathered working set when the largest layer is given: that
 layer whole in the model dtype (the one being computed; prefetching may hold the next one too). Activations and
 temporary buffers are not model states and are not counted.
 """

@@ -1,4 +1,5 @@
-"""The partitioned storage of ZeRO stages 1 and 2: flat parameter buckets and each rank's fp32 master shards.
+"""The partitioned storage of ZeRO stages 1 and 2: flat parameter buckets and each rank's master shards (fp32, or
+16-bit ones in the model's dtype, kept as an fp32 model's are).
 
 Model parameters become views into flat buckets (one per partition.BucketPlan, in the model's dtype, padded), so
 that the post-step all-gather writes every parameter at once and a rank's shard is a plain slice. Each rank keeps,
