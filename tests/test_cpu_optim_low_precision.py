@@ -167,3 +167,42 @@ def test_reference_op_matches_the_native_kernel_on_16bit_masters():
         runs.append((p, m, v))
     for a, b in zip(*runs):
         torch.testing.assert_close(a.float(), b.float(), **ulps(torch.bfloat16))
+
+
+@pytest.mark.parametrize("cls", [O.CPUAdam, O.CPUSGD])
+def test_stochastic_rounding_keeps_updates_below_half_a_bf16_ulp_on_average(cls):
+    """A bf16 master at 1.0 stepped by 2^-12 (an eighth of half its ulp below 1.0): nearest even never moves it, the
+    stochastic option moves it by the right amount on average; off by default, as in DeepSpeed."""
+    steps, lr, n = 128, 2.0 ** -12, 4097
+    kw = dict(momentum=0.0) if cls is O.CPUSGD else dict(betas=(0.0, 0.0))   # Adam's update: lr x sign(g)
+    for isa in isas():
+        finals = []
+        for stochastic in (False, True, True):
+            p = torch.nn.Parameter(torch.ones(n, dtype=torch.bfloat16))
+            opt = cls([p], lr=lr, isa=isa, stochastic_rounding=stochastic, **kw)
+            for _ in range(steps):
+                p.grad = torch.ones(n, dtype=torch.bfloat16)
+                opt.step()
+            finals.append(p.detach().float())
+        assert torch.equal(finals[0], torch.ones(n)), f"{isa}: nearest even moved the parameter"
+        want = 1 - steps * lr
+        assert abs(finals[1].mean().item() - want) < 0.1 * steps * lr, (isa, finals[1].mean().item(), want)
+        assert torch.equal(finals[1], finals[2]), f"{isa}: the same run rounded differently"
+
+
+def test_stochastic_rounding_is_the_same_in_the_reference_op():
+    from dsfast.ops import loaded_from
+    from dsfast.ops.reference import cpu_optim as reference
+    if loaded_from("cpu_optim") == "reference":
+        pytest.skip("the native op is not built here")
+    native = cpu_op()
+    torch.manual_seed(5)
+    p0, g = torch.randn(4099).to(torch.bfloat16), torch.randn(4099)
+    runs = []
+    for op in (native, reference):
+        p, m, v, s = p0.clone(), torch.zeros(4099), torch.zeros(4099), torch.tensor(0.0)
+        op.adam_step([p], [g], [m], [v], [], [s], 1e-2, 0.9, 0.999, 1e-8, 0.0, True, True, round_seed=12345)
+        runs.append(p.float())
+    exact = (runs[0] == runs[1]).float().mean().item()
+    assert exact > 0.99, exact     # the same random bits (an FMA may move a value across one threshold)
+    torch.testing.assert_close(runs[0], runs[1], **ulps(torch.bfloat16))

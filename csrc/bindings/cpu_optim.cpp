@@ -133,6 +133,17 @@ dsfast::cpu::Isa isa_arg(Text isa) {
   }
 }
 
+// Stochastic rounding: the call's seed (0: off) made distinct per row, for bf16 params only (others round to
+// nearest even whatever the call asks: an optimizer's groups may mix dtypes).
+uint32_t row_seed(int64_t seed, size_t row, DType param) {
+  if (seed == 0 || param != DType::BF16) return 0;
+  uint32_t x = uint32_t(seed) ^ uint32_t(uint64_t(seed) >> 32) ^ (uint32_t(row) * 0x85EBCA6Bu);
+  x ^= x >> 15;
+  x *= 0x2C1B3C6Du;
+  x ^= x >> 12;
+  return x ? x : 1u;
+}
+
 // A param's tensors, checked, as raw pointers: what the kernels need, from either the lists or a
 // work table row.
 struct AdamRow {
@@ -167,7 +178,8 @@ std::vector<AdamRow> adam_rows(Tensors params, Tensors grads, Tensors exp_avgs, 
 // kernel's pass over memory each counter would be a cache miss again. A kernel that refuses
 // (an ISA this CPU lacks) puts them back.
 void run_adam(std::vector<AdamRow>& rows, double lr, double beta1, double beta2, double eps, double weight_decay,
-              bool adamw, bool bias_correction, double grad_scale, int64_t num_threads, dsfast::cpu::Isa isa) {
+              bool adamw, bool bias_correction, double grad_scale, int64_t num_threads, dsfast::cpu::Isa isa,
+              int64_t round_seed) {
   std::vector<dsfast::cpu::AdamTensor> work(rows.size());
   int64_t last_step = -1;
   dsfast::AdamCoeffs c{};
@@ -180,6 +192,7 @@ void run_adam(std::vector<AdamRow>& rows, double lr, double beta1, double beta2,
     }
     work[i] = rows[i].t;
     work[i].coeffs = c;
+    work[i].round_seed = row_seed(round_seed, i, work[i].param_dtype);
     *rows[i].step += 1.0f;
   }
   try {
@@ -192,11 +205,13 @@ void run_adam(std::vector<AdamRow>& rows, double lr, double beta1, double beta2,
 
 void adam_step(Tensors params, Tensors grads, Tensors exp_avgs, Tensors exp_avg_sqs, Tensors outs, Tensors steps,
                double lr, double beta1, double beta2, double eps, double weight_decay, bool adamw,
-               bool bias_correction, double grad_scale, int64_t num_threads, Text isa, Text label) {
+               bool bias_correction, double grad_scale, int64_t num_threads, Text isa, Text label,
+               int64_t round_seed) {
   const auto isa_v = isa_arg(isa);
   auto rows = adam_rows(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label);
   release_lists(params, grads, exp_avgs, exp_avg_sqs, outs, steps);   // raw pointers from here on
-  run_adam(rows, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale, num_threads, isa_v);
+  run_adam(rows, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale, num_threads, isa_v,
+           round_seed);
 }
 
 std::vector<dsfast::cpu::SGDTensor> sgd_rows(Tensors params, Tensors grads, Tensors momentum_buffers, Tensors outs,
@@ -224,7 +239,7 @@ std::vector<dsfast::cpu::SGDTensor> sgd_rows(Tensors params, Tensors grads, Tens
 
 void sgd_step(Tensors params, Tensors grads, Tensors momentum_buffers, Tensors outs, Flags first_steps, double lr,
               double momentum, double dampening, double weight_decay, bool nesterov, double grad_scale,
-              int64_t num_threads, Text isa, Text label) {
+              int64_t num_threads, Text isa, Text label, int64_t round_seed) {
   const bool mom = momentum != 0.0;
   const auto isa_v = isa_arg(isa);
   auto work = sgd_rows(params, grads, momentum_buffers, outs, mom, label);
@@ -232,6 +247,7 @@ void sgd_step(Tensors params, Tensors grads, Tensors momentum_buffers, Tensors o
   for (size_t i = 0; i < work.size(); ++i) {
     work[i].coeffs = dsfast::make_sgd_coeffs(lr, momentum, dampening, weight_decay, nesterov, mom && first_steps[i]);
     work[i].coeffs.grad_scale = float(grad_scale);
+    work[i].round_seed = row_seed(round_seed, i, work[i].param_dtype);
   }
   release_lists(params, grads, momentum_buffers, outs);
   dsfast::cpu::sgd_step(work.data(), int64_t(work.size()), int(num_threads), isa_v);
@@ -355,7 +371,7 @@ void adam_table_fill(const OwnedTensor& table, Tensors params, Tensors grads, Te
 
 void adam_table_step(const OwnedTensor& table, double lr, double beta1, double beta2, double eps,
                      double weight_decay, bool adamw, bool bias_correction, double grad_scale, int64_t num_threads,
-                     Text isa) {
+                     Text isa, int64_t round_seed) {
   const char* op = "cpu_adam_table_";
   const int64_t* d = table_data(table, -1, kAdamCols, op);
   const auto isa_v = isa_arg(isa);
@@ -374,7 +390,8 @@ void adam_table_step(const OwnedTensor& table, double lr, double beta1, double b
                 float_code(d[kASd], op, int64_t(i))},
                ptr<float>(d[kAStep])};
   }
-  run_adam(rows, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale, num_threads, isa_v);
+  run_adam(rows, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale, num_threads, isa_v,
+           round_seed);
 }
 
 void sgd_table_fill(const OwnedTensor& table, Tensors params, Tensors grads, Tensors momentum_buffers, Tensors outs,
@@ -396,7 +413,7 @@ void sgd_table_fill(const OwnedTensor& table, Tensors params, Tensors grads, Ten
 // Every momentum buffer already holds a step's average (a first step, which seeds them, takes the
 // list op).
 void sgd_table_step(const OwnedTensor& table, double lr, double momentum, double dampening, double weight_decay,
-                    bool nesterov, double grad_scale, int64_t num_threads, Text isa) {
+                    bool nesterov, double grad_scale, int64_t num_threads, Text isa, int64_t round_seed) {
   const char* op = "cpu_sgd_table_";
   const int64_t* d = table_data(table, -1, kSgdCols, op);
   const auto isa_v = isa_arg(isa);
@@ -419,6 +436,7 @@ void sgd_table_step(const OwnedTensor& table, double lr, double momentum, double
     work[i] = {ptr<void>(d[kSP]), ptr<const void>(d[kSG]), buf, out, d[kSNumel], gd,
                dtype_code(d[kSOd], true, out, op, int64_t(i)), c, float_code(d[kSPd], op, int64_t(i)),
                float_code(d[kSSd], op, int64_t(i))};
+    work[i].round_seed = row_seed(round_seed, i, work[i].param_dtype);
   }
   dsfast::cpu::sgd_step(work.data(), int64_t(work.size()), int(num_threads), isa_v);
 }
@@ -454,20 +472,21 @@ DSFAST_LIBRARY(m) {
   m.def("cpu_adam_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
         "Tensor(d!)[] outs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, float weight_decay, "
         "bool adamw, bool bias_correction, float grad_scale=1.0, int num_threads=0, str isa=\"auto\", "
-        "str label=\"params\") -> ()");
+        "str label=\"params\", int round_seed=0) -> ()");
   m.def("cpu_sgd_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] outs, "
         "bool[] first_steps, float lr, float momentum, float dampening, float weight_decay, bool nesterov, "
-        "float grad_scale=1.0, int num_threads=0, str isa=\"auto\", str label=\"params\") -> ()");
+        "float grad_scale=1.0, int num_threads=0, str isa=\"auto\", str label=\"params\", int round_seed=0) -> ()");
   // Work tables (see adam_table_fill). The step ops write through the table's addresses; the
   // table is marked mutated so that no graph treats a step as free of side effects.
   m.def("cpu_adam_table_fill_(Tensor(a!) table, Tensor[] params, Tensor[] grads, Tensor[] exp_avgs, "
         "Tensor[] exp_avg_sqs, Tensor[] outs, Tensor[] steps, str label=\"params\") -> ()");
   m.def("cpu_adam_table_(Tensor(a!) table, float lr, float beta1, float beta2, float eps, float weight_decay, "
-        "bool adamw, bool bias_correction, float grad_scale=1.0, int num_threads=0, str isa=\"auto\") -> ()");
+        "bool adamw, bool bias_correction, float grad_scale=1.0, int num_threads=0, str isa=\"auto\", "
+        "int round_seed=0) -> ()");
   m.def("cpu_sgd_table_fill_(Tensor(a!) table, Tensor[] params, Tensor[] grads, Tensor[] momentum_buffers, "
         "Tensor[] outs, str label=\"params\") -> ()");
   m.def("cpu_sgd_table_(Tensor(a!) table, float lr, float momentum, float dampening, float weight_decay, "
-        "bool nesterov, float grad_scale=1.0, int num_threads=0, str isa=\"auto\") -> ()");
+        "bool nesterov, float grad_scale=1.0, int num_threads=0, str isa=\"auto\", int round_seed=0) -> ()");
   m.def("cpu_table_release_(Tensor(a!) held) -> ()");
   m.def("cpu_available_isas() -> str");
   m.def("cpu_openmp_enabled() -> bool");

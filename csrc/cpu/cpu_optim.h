@@ -22,7 +22,9 @@ enum class Isa : int32_t { Scalar = 0, AVX2 = 1, AVX512 = 2, Auto = 3 };
 // bf16_master_weights_and_grads, fp16_master_weights_and_grads; 16-bit states: bf16_optimizer_states,
 // fp32_optimizer_states=false). Every element is computed in fp32 registers and rounded to nearest even
 // on the store. Valid pairs (param, state): (F32, F32), (BF16, F32), (BF16, BF16), (F16, F32), (F16, F16);
-// a 16-bit output (out16) only with F32 params (a 16-bit master is its own 16-bit copy).
+// a 16-bit output (out16) only with F32 params (a 16-bit master is its own 16-bit copy). round_seed nonzero
+// (BF16 params only): the params are rounded stochastically (half_convert.h), off (0) by default; the caller
+// gives each tensor and step its own seed.
 struct AdamTensor {
   void* param;         // param_dtype, updated in place
   const void* grad;    // grad_dtype (F32, BF16 or F16)
@@ -35,6 +37,7 @@ struct AdamTensor {
   AdamCoeffs coeffs;
   DType param_dtype = DType::F32;
   DType state_dtype = DType::F32;
+  uint32_t round_seed = 0;
 };
 
 struct SGDTensor {
@@ -48,6 +51,7 @@ struct SGDTensor {
   SGDCoeffs coeffs;
   DType param_dtype = DType::F32;
   DType state_dtype = DType::F32;
+  uint32_t round_seed = 0;
 };
 
 // Whether the kernels implement this (param, state, out) combination (see above).

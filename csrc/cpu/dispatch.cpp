@@ -76,6 +76,10 @@ void check_precision(const T& t, int64_t index) {
                                 ") are not implemented; valid: fp32 params with fp32 states, or bf16/fp16 params "
                                 "with fp32 states or states of their own dtype, and no 16-bit output");
   }
+  if (t.round_seed != 0 && t.param_dtype != DType::BF16) {
+    throw std::invalid_argument("tensor " + std::to_string(index) +
+                                ": stochastic rounding (round_seed != 0) applies to bf16 params only");
+  }
 }
 
 // Calls fn(tensor, begin, end) over disjoint spans covering every element exactly once.

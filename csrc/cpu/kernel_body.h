@@ -29,6 +29,18 @@ inline void store_as(void* p, int64_t i, const Vec& v) {
   else if constexpr (T == kF16) v.store_f16(static_cast<uint16_t*>(p) + i);
 }
 
+// A param's store: round to nearest even, or (bf16, seed nonzero) stochastically; `index` is lane 0's element.
+template <int P>
+inline void store_param(void* p, int64_t i, const Vec& v, uint32_t seed, int64_t index) {
+  if constexpr (P == kBF16) {
+    if (seed != 0) {
+      v.store_bf16_stochastic(static_cast<uint16_t*>(p) + i, seed, uint32_t(index));
+      return;
+    }
+  }
+  store_as<P>(p, i, v);
+}
+
 // Copies `n` elements of `bytes` each; the tail path runs one full vector on padded
 // stack buffers so it needs no masked instructions and no scalar code of this target.
 inline void copy_bytes(void* dst, const void* src, int64_t nbytes) {
@@ -43,24 +55,27 @@ template <int T>
 inline const void* at(const void* p, int64_t i) { return static_cast<const unsigned char*>(p) + i * bytes_of(T); }
 
 // G grad, O 16-bit output (kNone: none), P param (master), S states: dtype codes.
+// seed, index: stochastic rounding of a bf16 param (store_param); `index` is element i's index in its tensor.
 template <int G, int O, int P, int S>
-inline void adam_vec(void* p, const void* g, void* m, void* v, void* o, int64_t i, const AdamCoeffs& c) {
+inline void adam_vec(void* p, const void* g, void* m, void* v, void* o, int64_t i, const AdamCoeffs& c,
+                     uint32_t seed, int64_t index) {
   Vec pv = load_as<P>(p, i), mv = load_as<S>(m, i), vv = load_as<S>(v, i);
   adam_update(pv, load_as<G>(g, i), mv, vv, c);
-  store_as<P>(p, i, pv);
+  store_param<P>(p, i, pv, seed, index);
   store_as<S>(m, i, mv);
   store_as<S>(v, i, vv);
   store_as<O>(o, i, pv);
 }
 
 template <int G, int O, int P, int S>
-void adam_span(void* p, const void* g, void* m, void* v, void* o, int64_t n, const AdamCoeffs& coeffs) {
+void adam_span(void* p, const void* g, void* m, void* v, void* o, int64_t n, const AdamCoeffs& coeffs, uint32_t seed,
+               int64_t index0) {
   // A local copy: the float stores below could alias a referenced struct's float fields,
   // which would force reloading every coefficient (and re-testing every branch) per vector.
   const AdamCoeffs c = coeffs;
   constexpr int W = Vec::W;
   int64_t i = 0;
-  for (; i + W <= n; i += W) adam_vec<G, O, P, S>(p, g, m, v, o, i, c);
+  for (; i + W <= n; i += W) adam_vec<G, O, P, S>(p, g, m, v, o, i, c, seed, index0 + i);
   const int64_t rest = n - i;
   if (rest <= 0) return;
   alignas(64) unsigned char bp[W * 4] = {}, bm[W * 4] = {}, bv[W * 4] = {}, bg[W * 4] = {};
@@ -69,7 +84,7 @@ void adam_span(void* p, const void* g, void* m, void* v, void* o, int64_t n, con
   copy_bytes(bm, at<S>(m, i), rest * bytes_of(S));
   copy_bytes(bv, at<S>(v, i), rest * bytes_of(S));
   copy_bytes(bg, at<G>(g, i), rest * bytes_of(G));
-  adam_vec<G, O, P, S>(bp, bg, bm, bv, bo, 0, c);
+  adam_vec<G, O, P, S>(bp, bg, bm, bv, bo, 0, c, seed, index0 + i);
   copy_bytes(at<P>(p, i), bp, rest * bytes_of(P));
   copy_bytes(at<S>(m, i), bm, rest * bytes_of(S));
   copy_bytes(at<S>(v, i), bv, rest * bytes_of(S));
@@ -77,21 +92,23 @@ void adam_span(void* p, const void* g, void* m, void* v, void* o, int64_t n, con
 }
 
 template <int G, int O, int P, int S, bool MOM>
-inline void sgd_vec(void* p, const void* g, void* b, void* o, int64_t i, const SGDCoeffs& c) {
+inline void sgd_vec(void* p, const void* g, void* b, void* o, int64_t i, const SGDCoeffs& c, uint32_t seed,
+                    int64_t index) {
   Vec pv = load_as<P>(p, i);
   Vec bv = (MOM && !c.first_step) ? load_as<S>(b, i) : Vec(0.0f);
   sgd_update(pv, load_as<G>(g, i), bv, c);
-  store_as<P>(p, i, pv);
+  store_param<P>(p, i, pv, seed, index);
   if constexpr (MOM) store_as<S>(b, i, bv);
   store_as<O>(o, i, pv);
 }
 
 template <int G, int O, int P, int S, bool MOM>
-void sgd_span(void* p, const void* g, void* b, void* o, int64_t n, const SGDCoeffs& coeffs) {
+void sgd_span(void* p, const void* g, void* b, void* o, int64_t n, const SGDCoeffs& coeffs, uint32_t seed,
+              int64_t index0) {
   const SGDCoeffs c = coeffs;  // local copy: see adam_span
   constexpr int W = Vec::W;
   int64_t i = 0;
-  for (; i + W <= n; i += W) sgd_vec<G, O, P, S, MOM>(p, g, b, o, i, c);
+  for (; i + W <= n; i += W) sgd_vec<G, O, P, S, MOM>(p, g, b, o, i, c, seed, index0 + i);
   const int64_t rest = n - i;
   if (rest <= 0) return;
   alignas(64) unsigned char bp[W * 4] = {}, bb[W * 4] = {}, bg[W * 4] = {};
@@ -99,14 +116,14 @@ void sgd_span(void* p, const void* g, void* b, void* o, int64_t n, const SGDCoef
   copy_bytes(bp, at<P>(p, i), rest * bytes_of(P));
   if constexpr (MOM) copy_bytes(bb, at<S>(b, i), rest * bytes_of(S));
   copy_bytes(bg, at<G>(g, i), rest * bytes_of(G));
-  sgd_vec<G, O, P, S, MOM>(bp, bg, bb, bo, 0, c);
+  sgd_vec<G, O, P, S, MOM>(bp, bg, bb, bo, 0, c, seed, index0 + i);
   copy_bytes(at<P>(p, i), bp, rest * bytes_of(P));
   if constexpr (MOM) copy_bytes(at<S>(b, i), bb, rest * bytes_of(S));
   if constexpr (O != kNone) copy_bytes(static_cast<uint16_t*>(o) + i, bo, rest * 2);
 }
 
-using AdamSpanFn = void (*)(void*, const void*, void*, void*, void*, int64_t, const AdamCoeffs&);
-using SGDSpanFn = void (*)(void*, const void*, void*, void*, int64_t, const SGDCoeffs&);
+using AdamSpanFn = void (*)(void*, const void*, void*, void*, void*, int64_t, const AdamCoeffs&, uint32_t, int64_t);
+using SGDSpanFn = void (*)(void*, const void*, void*, void*, int64_t, const SGDCoeffs&, uint32_t, int64_t);
 
 // Only the combinations cpu_optim.h's valid_precision allows are instantiated; the others are nullptr.
 constexpr bool implemented(int O, int P, int S) {
@@ -146,7 +163,7 @@ inline void adam_range(const AdamTensor& t, int64_t begin, int64_t end) {
   fn(static_cast<unsigned char*>(t.param) + begin * pb,
      static_cast<const unsigned char*>(t.grad) + begin * dtype_bytes(t.grad_dtype),
      static_cast<unsigned char*>(t.exp_avg) + begin * sb, static_cast<unsigned char*>(t.exp_avg_sq) + begin * sb,
-     out, end - begin, t.coeffs);
+     out, end - begin, t.coeffs, t.round_seed, begin);
 }
 
 inline void sgd_range(const SGDTensor& t, int64_t begin, int64_t end) {
@@ -157,7 +174,7 @@ inline void sgd_range(const SGDTensor& t, int64_t begin, int64_t end) {
   fn(static_cast<unsigned char*>(t.param) + begin * dtype_bytes(t.param_dtype),
      static_cast<const unsigned char*>(t.grad) + begin * dtype_bytes(t.grad_dtype),
      mom ? static_cast<unsigned char*>(t.momentum_buf) + begin * dtype_bytes(t.state_dtype) : nullptr, out,
-     end - begin, t.coeffs);
+     end - begin, t.coeffs, t.round_seed, begin);
 }
 
 }  // namespace DSFAST_ISA_NS

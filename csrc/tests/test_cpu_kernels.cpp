@@ -192,6 +192,42 @@ void low_precision_case(Isa isa, int64_t n, DType pd, DType sd, DType gd) {
   }
 }
 
+// Stochastic rounding of bf16 params: every ISA stores the rounding half_convert.h defines for the fp32 result
+// (one bf16 ulp allowed: a fused multiply-add may move the fp32 value across a threshold), and a thread split
+// changes nothing (the random bits depend on the element index, not on who computes it).
+void stochastic_case(Isa isa, int64_t n) {
+  const auto& in = inputs(n);
+  Grad g(DType::F32, in[2], 0);
+  const uint32_t seed = 0x1234567u;
+  Stored p(DType::BF16, in[0]), m(DType::F32, in[1]), v(DType::F32, in[3]);
+  const Stored p0 = p, m0 = m, v0 = v;
+  AdamCoeffs c = make_adam_coeffs(1e-2f, 0.9f, 0.999f, 1e-8f, 0.05f, true, true, 3);
+  AdamTensor t{p.ptr(), g.ptr(0), m.ptr(), v.ptr(), nullptr, n, DType::F32, DType::None, c, DType::BF16, DType::F32,
+               seed};
+  adam_step(&t, 1, 3, isa);
+  int bad = 0;
+  int64_t exact = 0;
+  for (int64_t i = 0; i < n && bad < 3; ++i) {
+    float rp = p0.get(i), rm = m0.get(i), rv = v0.get(i);
+    adam_update(rp, g.value[i], rm, rv, c);
+    const float want = bf16_to_float(float_to_bf16_stochastic(rp, round_bits(seed, uint32_t(i))));
+    const float got = p.get(i);
+    const bool same = (std::isnan(want) && std::isnan(got)) || got == want;
+    exact += same;
+    bool ok = same || std::fabs(got - want) <= std::fabs(want) * (1.0f / 128) * 1.0001f;
+    if (!ok) ++bad;
+    CHECK(ok, "stochastic %s n=%lld i=%lld: %.9g vs %.9g", isa_name(isa), (long long)n, (long long)i, got, want);
+  }
+  // nearest-even rounding would match the stochastic one about half the time only
+  CHECK(exact * 100 >= n * 99, "stochastic %s n=%lld: only %lld exact", isa_name(isa), (long long)n,
+        (long long)exact);
+  Stored q = p0, qm = m0, qv = v0;
+  AdamTensor one{q.ptr(), g.ptr(0), qm.ptr(), qv.ptr(), nullptr, n, DType::F32, DType::None, c, DType::BF16,
+                 DType::F32, seed};
+  adam_step(&one, 1, 1, isa);
+  CHECK(q.bytes == p.bytes, "stochastic %s n=%lld: one thread and three differ", isa_name(isa), (long long)n);
+}
+
 // Many tensors of odd sizes in one call, with several thread counts: the result must
 // be bit-identical to processing each tensor alone on one thread.
 void work_list_case(Isa isa) {
@@ -258,6 +294,7 @@ int main() {
                             std::pair{DType::F16, DType::F16}, std::pair{DType::F16, DType::F32}})
         for (DType gd : {DType::F32, DType::BF16})
           low_precision_case(isa, n, pd, sd, gd);
+    for (int64_t n : {1, 17, 70001}) stochastic_case(isa, n);
   }
 
   // bad arguments are refused before any thread starts
@@ -278,6 +315,8 @@ int main() {
   CHECK(throws([&] { adam_step(&mixed_states, 1, 1, Isa::Auto); }), "fp16 states beside a bf16 master");
   AdamTensor f32_master_bf16_states{&x, &y, &h, &h, nullptr, 1, DType::F32, DType::None, c, DType::F32, DType::BF16};
   CHECK(throws([&] { adam_step(&f32_master_bf16_states, 1, 1, Isa::Auto); }), "bf16 states beside an fp32 master");
+  AdamTensor f32_stochastic{&x, &y, &y, &z, nullptr, 1, DType::F32, DType::None, c, DType::F32, DType::F32, 7u};
+  CHECK(throws([&] { adam_step(&f32_stochastic, 1, 1, Isa::Auto); }), "stochastic rounding of an fp32 param");
   if (!isa_supported(Isa::AVX512)) {
     AdamTensor ok{&x, &y, &y, &z, nullptr, 1, DType::F32, DType::None, c};
     CHECK(throws([&] { adam_step(&ok, 1, 1, Isa::AVX512); }), "forcing an ISA the CPU lacks");

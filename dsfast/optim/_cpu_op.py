@@ -169,13 +169,24 @@ class CPUOptimizer(torch.optim.Optimizer):
 
     _dsfast_amp_step = True   # step(grads=, grad_scale=, found_inf=, clip_coef=, out16=): optim/amp_step.py
 
-    def __init__(self, params, defaults, isa, fp32_optimizer_states=True):
+    def __init__(self, params, defaults, isa, fp32_optimizer_states=True, stochastic_rounding=False):
         self.isa = check_isa(isa)
         # False: the states of a 16-bit parameter (a bf16 / fp16 master) in its own dtype (DeepSpeedCPUAdam's
         # knob; DeepSpeed's bf16_optimizer_states); fp32 parameters keep fp32 states either way
         self.fp32_optimizer_states = bool(fp32_optimizer_states)
+        # bf16 parameters rounded stochastically (off by default, as DeepSpeed's nearest-even): an update below
+        # half a bf16 ulp then moves the parameter on average instead of never. A private generator gives each
+        # step its seed, so runs repeat and the global RNG is untouched.
+        self.stochastic_rounding = bool(stochastic_rounding)
+        self._round_gen = torch.Generator().manual_seed(0x5EED) if self.stochastic_rounding else None
         self._cache = GroupCache()
         super().__init__(params, defaults)
+
+    def round_seed(self):
+        """A fresh nonzero seed for one kernel call when stochastic rounding is on, else 0 (nearest even)."""
+        if self._round_gen is None:
+            return 0
+        return int(torch.randint(1, 2 ** 62, (), generator=self._round_gen))
 
     def state_dtype(self, p):
         """The dtype of p's optimizer states."""

@@ -23,6 +23,48 @@ def openmp_enabled():
     return False
 
 
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x, c):
+    """(x * c) mod 2^32 for int64 tensors of 32-bit values, without overflowing int64."""
+    return ((x & 0xFFFF) * c + ((((x >> 16) * c) & 0xFFFF) << 16)) & _M32
+
+
+def _row_seed(seed, row):
+    """csrc/bindings/cpu_optim.cpp's row_seed: the call's seed made distinct per tensor (never 0)."""
+    x = (seed & _M32) ^ ((seed >> 32) & _M32) ^ ((row * 0x85EBCA6B) & _M32)
+    x ^= x >> 15
+    x = (x * 0x2C1B3C6D) & _M32
+    x ^= x >> 12
+    return x or 1
+
+
+def _stochastic_bf16(x, seed):
+    """half_convert.h's stochastic rounding of an fp32 tensor to bf16, bit for bit (murmur3's finaliser over the
+    seed and each element's index gives the 16 bits added before truncating)."""
+    h = _mul32(torch.arange(x.numel(), dtype=torch.int64) & _M32, 0x9E3779B1) ^ seed
+    h ^= h >> 16
+    h = _mul32(h, 0x85EBCA6B)
+    h ^= h >> 13
+    h = _mul32(h, 0xC2B2AE35)
+    h ^= h >> 16
+    b = x.reshape(-1).view(torch.int32).to(torch.int64) & _M32
+    r = ((b + (h & 0xFFFF)) >> 16) & 0xFFFF
+    r = torch.where(torch.isnan(x.reshape(-1)), (b >> 16) | 0x40, r)
+    return (r - ((r >> 15) << 16)).to(torch.int16).view(torch.bfloat16).view(x.shape)
+
+
+def _store(stored, value, seed, row):
+    """The kernel's store of an updated param: nearest even, or stochastic rounding of a bf16 one (seed != 0)."""
+    if value is stored:
+        return
+    if seed and stored.dtype == torch.bfloat16:
+        stored.copy_(_stochastic_bf16(value, _row_seed(seed, row)))
+    else:
+        stored.copy_(value)
+
+
 def _check_isa(isa):
     if isa not in _ISAS:
         raise ValueError(f"isa={isa!r} needs the native cpu_optim op, which is not loaded (the pure-torch "
@@ -138,7 +180,7 @@ def check_sgd_args(params, grads, momentum_buffers, outs, first_steps, momentum,
 
 
 def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps, weight_decay, adamw,
-              bias_correction, grad_scale=1.0, num_threads=0, isa="auto", label="params"):
+              bias_correction, grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
     check_adam_args(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label)
     _check_isa(isa)
     with torch.no_grad():
@@ -158,7 +200,8 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta
             v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
             denom = (v.sqrt() / math.sqrt(bc2)).add_(eps)
             p.addcdiv_(m, denom, value=-lr / bc1)
-            for t, t32 in ((stored, p), (exp_avgs[i], m), (exp_avg_sqs[i], v)):
+            _store(stored, p, round_seed, i)
+            for t, t32 in ((exp_avgs[i], m), (exp_avg_sqs[i], v)):
                 if t is not t32:
                     t.copy_(t32)
             if outs and outs[i] is not None:
@@ -167,7 +210,7 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta
 
 
 def sgd_step(params, grads, momentum_buffers, outs, first_steps, lr, momentum, dampening, weight_decay, nesterov,
-             grad_scale=1.0, num_threads=0, isa="auto", label="params"):
+             grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
     check_sgd_args(params, grads, momentum_buffers, outs, first_steps, momentum, label)
     _check_isa(isa)
     with torch.no_grad():
@@ -188,7 +231,6 @@ def sgd_step(params, grads, momentum_buffers, outs, first_steps, lr, momentum, d
                 if buf is not momentum_buffers[i]:
                     momentum_buffers[i].copy_(buf)
             p.add_(g, alpha=-lr)
-            if p is not stored:
-                stored.copy_(p)
+            _store(stored, p, round_seed, i)
             if outs and outs[i] is not None:
                 outs[i].view(-1).copy_(p.view(-1))
