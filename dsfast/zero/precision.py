@@ -42,11 +42,6 @@ class PrecisionPolicy:
     def mixed(self):
         return self.param_dtype != torch.float32
 
-    @property
-    def copies16(self):
-        """The optimizer writes a 16-bit copy of each updated master (masters in another dtype than the model)."""
-        return self.param_dtype != self.master_dtype
-
 
 def precision_policy(name, stage, communication_data_type=None, master=None, states_16bit=False):
     """The policy for training precision `name` (fp32 | fp16 | bf16) at ZeRO `stage`; communication_data_type as
