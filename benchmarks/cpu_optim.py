@@ -10,6 +10,9 @@ Bytes counted per parameter: Adam 28 (read p, g, m, v = 16; write p, m, v = 12; 
 case read a 2-byte grad and write a 2-byte param copy: 14 + 12 + 2 = 28); SGD with momentum 20
 (read p, g, buf; write p, buf). Peers' extra passes (grad casts, param copies) are not counted,
 so their GB/s is the useful traffic. Medians over rounds; 'ours is' = median of paired ratios.
+16-bit masters and states (bf16_master_weights_and_grads + bf16_optimizer_states): read p, g, m, v and
+write p, m, v in bf16 = 14 bytes/param, against the fp32-state step of the same run (bf16 grads in, fp32
+master + states, bf16 params out: 28) and bf16 masters with fp32 states (22); each row's own bytes.
 """
 import argparse
 import json
@@ -189,6 +192,69 @@ def case_offload(n, ds_cls, rounds, ceiling, results):
     results["offload"] = rows
 
 
+LOW = "dsfast CPUAdam bf16 master + bf16 states"
+
+
+def check_low_precision():
+    """The bf16-state step against its definition: fp32 math on the stored values, each result rounded to bf16."""
+    n = 100003
+    torch.manual_seed(2)
+    p = (torch.rand(n) - 0.5).to(torch.bfloat16)
+    g = ((torch.rand(n) - 0.5) * 1e-2).to(torch.bfloat16)
+    m, v = torch.zeros(n, dtype=torch.bfloat16), torch.full((n,), 1e-6).to(torch.bfloat16)
+    want_m = (m.float() * 0.9 + g.float() * 0.1)
+    want_v = (v.float() * 0.999 + g.float() ** 2 * 0.001)
+    want_p = p.float() - LR / 0.1 * want_m / (want_v.sqrt() / math.sqrt(0.001) + 1e-8)
+    adam_flat_step(p, g, m, v, 0, lr=LR, adamw=False)
+    ulp = 2.0 ** -7
+    worst = max(((a.float() - b.to(torch.bfloat16).float()).abs() / (b.abs() * ulp + 1e-6)).max().item()
+                for a, b in ((p, want_p), (m, want_m), (v, want_v)))
+    print(f"[check] {LOW:<28} worst |stored - RNE(fp32 step)| = {worst:.2f} ulp  {'ok' if worst <= 1.01 else 'WRONG'}")
+    if worst > 1.01:
+        sys.exit("the bf16-state step is wrong; not timing it")
+
+
+def case_low_precision(n, ds_cls, rounds, ceiling, results):
+    """bf16 masters and moments vs the fp32-state step in the same run (each row's bytes per param)."""
+    g16 = ((torch.rand(n) - 0.5) * 1e-2).to(torch.bfloat16)
+    p32, m32, v32 = torch.rand(n) - 0.5, torch.zeros(n), torch.full((n,), 1e-6)
+    out16 = p32.to(torch.bfloat16)
+    p16, m16, v16 = out16.clone(), m32.to(torch.bfloat16), v32.to(torch.bfloat16)
+    pm = out16.clone()                     # bf16 master with fp32 moments
+    mm, vm = m32.clone(), v32.clone()
+    steps = [torch.tensor(0.0) for _ in range(3)]
+    kw = dict(lr=LR, betas=(0.9, 0.999), adamw=False)
+    impls = {"dsfast CPUAdam fp32 master + states": lambda: adam_flat_step(p32, g16, m32, v32, steps[0], out16=out16,
+                                                                           **kw),
+             "dsfast CPUAdam bf16 master + fp32 states": lambda: adam_flat_step(pm, g16, mm, vm, steps[1], **kw),
+             LOW: lambda: adam_flat_step(p16, g16, m16, v16, steps[2], **kw)}
+    bytes_of = {"dsfast CPUAdam fp32 master + states": 28, "dsfast CPUAdam bf16 master + fp32 states": 22, LOW: 14}
+    tp = p16.clone().requires_grad_()
+    tp.grad = g16.clone()
+    torch_opt = torch.optim.Adam([tp], lr=LR, fused=True)   # torch keeps bf16 states for bf16 params
+    torch_opt.state[tp] = {"step": torch.tensor(0.0), "exp_avg": m16.clone(), "exp_avg_sq": v16.clone()}
+    impls["torch Adam(fused=True), bf16 params"] = torch_opt.step
+    bytes_of["torch Adam(fused=True), bf16 params"] = 14
+    if ds_cls is not None:
+        dp = p16.clone().requires_grad_()
+        dp.grad = g16.clone()
+        ds = ds_cls([dp], lr=LR, adamw_mode=False, fp32_optimizer_states=False)
+        ds.state[dp] = {"step": 0, "exp_avg": m16.clone(), "exp_avg_sq": v16.clone()}
+        impls["DeepSpeedCPUAdam(fp32_optimizer_states=False)"] = ds.step
+        bytes_of["DeepSpeedCPUAdam(fp32_optimizer_states=False)"] = 14
+    samples = run_interleaved(impls, rounds, ceiling, slow_keep=SLOW_KEEP)
+    rows = summarise(samples, n, 14, LOW)
+    for name, r in rows.items():   # each row's GB/s and fraction of the ceiling with its own bytes
+        scale = bytes_of[name] / 14
+        r["gbps"] *= scale
+        r["frac"] *= scale
+        r["bytes"] = bytes_of[name]
+    print_table("16-bit masters and moments (bf16_master_weights_and_grads + bf16_optimizer_states)",
+                f"{n / M:.0f}M params, bf16 grads; B/param: fp32 step 28, bf16 master + fp32 states 22, bf16 14",
+                rows, LOW)
+    results["low_precision"] = rows
+
+
 def case_sgd(n, rounds, ceiling, results):
     p = torch.rand(n) - 0.5
     p.grad = (torch.rand(n) - 0.5) * 1e-2
@@ -219,6 +285,7 @@ def verdicts(results, ntensors):
                                      ("flat256", OURS_ADAM, 0.97, "flat fp32 Adam, 256M"),
                                      ("multi", OURS_ADAM, 1.3, f"{ntensors} mixed tensors"),
                                      ("offload", OURS_ADAM + " (fused)", 1.35, "offload step"),
+                                     ("low_precision", LOW, 0.97, "bf16 master + states"),
                                      ("sgd", OURS_SGD, 0.97, "SGD momentum vs torch fused")):
         if key not in results:
             continue
@@ -248,6 +315,7 @@ def main():
     ds_cls = deepspeed_adam()
     check_adam(ds_cls)
     check_sgd()
+    check_low_precision()
     ceiling = Ceiling(big)
     results = {}
     t0 = time.time()
@@ -258,8 +326,14 @@ def main():
     case_adam(f"Adam, {ntensors} tensors of mixed sizes", mixed_sizes(ntensors, big), ds_cls, rounds, ceiling,
               True, results, "multi")
     case_offload(big, ds_cls, rounds, ceiling, results)
+    case_low_precision(big, ds_cls, rounds, ceiling, results)
     case_sgd(big, rounds, ceiling, results)
     verdicts(results, ntensors)
+    if "low_precision" in results:
+        lp = results["low_precision"]
+        fp32_step = lp["dsfast CPUAdam fp32 master + states"]
+        print(f"   {'bf16 states vs fp32-state step':<28} {fp32_step['ms'] / lp[LOW]['ms']:5.2f}x faster; "
+              f"{lp[LOW]['frac']:.2f} of the ceiling (fp32 step {fp32_step['frac']:.2f})")
     print(f"\n(timed section: {time.time() - t0:.0f} s)")
     if args.json:
         with open(args.json, "w") as f:

@@ -187,20 +187,65 @@ def test_static_loss_scale():
     assert not c.fp16.dynamic and not c.dynamic_loss_scale
 
 
-def test_apex_amp_rejected_and_master_weights_rejected():
+def test_apex_amp_rejected():
     _, msg = problems({**BASE, "amp": {"enabled": True, "opt_level": "O2"}})
     assert "amp.enabled" in msg and "apex" in msg
     assert cfg(amp={"enabled": False, "opt_level": "O2"}).amp.enabled is False
-    _, msg = problems({**BASE, "fp16": {"enabled": True, "fp16_master_weights_and_grads": True}})
-    assert "fp16.fp16_master_weights_and_grads" in msg
 
 
-@pytest.mark.parametrize("key", ["bf16_master_weights_and_grads", "bf16_optimizer_states"])
-def test_bf16_low_precision_master_keys_default_false_and_true_is_not_implemented(key):
-    assert getattr(cfg().bf16, key) is False                       # DeepSpeed 0.19.8's default
-    assert getattr(cfg(bf16={"enabled": True, key: False}).bf16, key) is False
-    _, msg = problems({**BASE, "bf16": {"enabled": True, key: True}})
-    assert f"bf16.{key}: bf16.{key}=true is not implemented by dsfast" in msg and "set it to false" in msg.lower()
+OFFLOAD = {"offload_optimizer": {"device": "cpu"}}
+
+
+@pytest.mark.parametrize("section,keys,zero", [
+    ("bf16", {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}, {"stage": 1}),
+    ("bf16", {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}, {"stage": 3, **OFFLOAD}),
+    ("bf16", {"bf16_master_weights_and_grads": True}, {"stage": 2, **OFFLOAD}),
+    ("fp16", {"fp16_master_weights_and_grads": True}, {"stage": 2, **OFFLOAD}),
+])
+def test_16bit_master_keys_accepted_where_deepspeed_accepts_them(section, keys, zero):
+    c = cfg(**{section: {"enabled": True, **keys}}, zero_optimization=zero)
+    for k, v in keys.items():
+        assert getattr(getattr(c, section), k) is v
+    assert getattr(cfg().bf16, "bf16_master_weights_and_grads") is False   # DeepSpeed 0.19.8's defaults
+    assert cfg().bf16.bf16_optimizer_states is False and cfg().fp16.fp16_master_weights_and_grads is False
+
+
+@pytest.mark.parametrize("section,keys,zero,words", [
+    ("bf16", {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}, {"stage": 0},
+     ["bf16.bf16_master_weights_and_grads", "stage 1, 2 or 3 (stage is 0)"]),
+    ("bf16", {"bf16_optimizer_states": True}, {"stage": 2},
+     ["bf16.bf16_optimizer_states", "needs bf16.bf16_master_weights_and_grads=true"]),
+    ("bf16", {"bf16_master_weights_and_grads": True}, {"stage": 2},
+     ["bf16.bf16_master_weights_and_grads", "offload_optimizer.device", "bf16_optimizer_states to true"]),
+    ("fp16", {"fp16_master_weights_and_grads": True}, {"stage": 1},
+     ["fp16.fp16_master_weights_and_grads", "offload_optimizer.device"]),
+    ("fp16", {"fp16_master_weights_and_grads": True}, {"stage": 0, **OFFLOAD}, ["stage"]),
+])
+def test_16bit_master_keys_refused_where_deepspeed_refuses_them(section, keys, zero, words):
+    _, msg = problems({**BASE, section: {"enabled": True, **keys}, "zero_optimization": zero})
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_16bit_masters_need_the_model_in_that_dtype():
+    _, msg = problems({**BASE, "bf16": {"enabled": False, "bf16_master_weights_and_grads": True,
+                                        "bf16_optimizer_states": True}, "zero_optimization": {"stage": 2}})
+    assert 'needs "bf16": {"enabled": true}' in msg
+    _, msg = problems({**BASE, "fp16": {"fp16_master_weights_and_grads": True},
+                       "zero_optimization": {"stage": 2, **OFFLOAD}})
+    assert 'needs "fp16": {"enabled": true}' in msg
+
+
+def test_fp32_optimizer_states_resolved_as_deepspeeds_engine():
+    from dsfast.config.master_precision import cpu_adam_fp32_states
+    adam = {"type": "AdamW", "params": {"lr": 1e-3}}
+    assert cpu_adam_fp32_states(cfg(optimizer=adam)) is True
+    off = {"type": "AdamW", "params": {"lr": 1e-3, "fp32_optimizer_states": False}}
+    assert cpu_adam_fp32_states(cfg(optimizer=off)) is False          # accepted (fp32 masters: no effect)
+    on = {"type": "AdamW", "params": {"lr": 1e-3, "fp32_optimizer_states": True}}
+    c = cfg(optimizer=on, bf16={"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
+            zero_optimization={"stage": 2})
+    assert cpu_adam_fp32_states(c) is False                            # bf16_optimizer_states overrides it
 
 
 def test_torch_autocast_defaults_and_dtype_spellings():

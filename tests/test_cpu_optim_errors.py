@@ -23,7 +23,6 @@ def p_(n=8):
     (dict(eps=float("nan")), ValueError, ["eps", "nan"]),
     (dict(weight_decay=-0.1), ValueError, ["weight_decay", "-0.1"]),
     (dict(amsgrad=True), ValueError, ["amsgrad"]),
-    (dict(fp32_optimizer_states=False), ValueError, ["fp32_optimizer_states"]),
     (dict(isa="sse9"), ValueError, ["isa", "sse9"]),
 ])
 def test_adam_bad_hyperparameters(kwargs, exc, words):

@@ -194,7 +194,7 @@ def test_table_rebuild_errors_name_the_parameter(native, table_calls, cls, kw):
 def test_table_ops_refuse_bad_tables(native):
     hp = (1e-2, 0.9, 0.99, 1e-8, 0.0, True, True)
     with pytest.raises(ValueError, match=r"cpu_adam_table_: the work table must be a contiguous int64 cpu tensor "
-                                         r"of shape \[n, 15\]"):
+                                         r"of shape \[n, 17\]"):
         native.adam_table_step(torch.zeros(2, 7, dtype=torch.int64), *hp)
     with pytest.raises(ValueError, match="int64"):
         native.sgd_table_step(torch.zeros(2, 7, dtype=torch.int32), 0.1, 0.0, 0.0, 0.0, False)
@@ -203,8 +203,12 @@ def test_table_ops_refuse_bad_tables(native):
     table[0, 7] = 9                                            # a grad dtype code that does not exist
     with pytest.raises(ValueError, match="row 0 of the work table is corrupt"):
         native.adam_table_step(table, *hp)
-    with pytest.raises(ValueError, match=r"cpu_adam_table_fill_: .*shape \[2, 15\]"):
-        torch.ops.dsfast.cpu_adam_table_fill_(torch.zeros(1, 15, dtype=torch.int64), [p, p], [g, g], [p, p], [p, p],
+    table[0, 7] = 0
+    table[0, 9] = 5                                            # a param dtype code that does not exist
+    with pytest.raises(ValueError, match="row 0 of the work table is corrupt"):
+        native.adam_table_step(table, *hp)
+    with pytest.raises(ValueError, match=r"cpu_adam_table_fill_: .*shape \[2, 17\]"):
+        torch.ops.dsfast.cpu_adam_table_fill_(torch.zeros(1, 17, dtype=torch.int64), [p, p], [g, g], [p, p], [p, p],
                                               [], [torch.tensor(0.0)] * 2)
     with pytest.raises(ValueError, match=r"params\[0\]\.grad has shape \[3\]"):
         native.adam_table([p], [torch.randn(3)], [torch.zeros(4)], [torch.zeros(4)], [], [torch.tensor(0.0)])
@@ -228,12 +232,12 @@ def test_opcheck_table_ops(native):
     n = 3
     ps, gs, ms, vs, outs, steps = adam_lists(n, bf16_grad=True, out_dtype=torch.float16, distinct_steps=True)
     torch.library.opcheck(torch.ops.dsfast.cpu_adam_table_fill_.default,
-                          (torch.zeros(n, 15, dtype=torch.int64), ps, gs, ms, vs, outs, steps, "params"))
+                          (torch.zeros(n, 17, dtype=torch.int64), ps, gs, ms, vs, outs, steps, "params"))
     table, _ = native.adam_table(ps, gs, ms, vs, outs, steps)
     torch.library.opcheck(torch.ops.dsfast.cpu_adam_table_.default,
                           (table, 1e-2, 0.9, 0.999, 1e-8, 0.01, True, True, 0.5, 1, "auto"))
     torch.library.opcheck(torch.ops.dsfast.cpu_sgd_table_fill_.default,
-                          (torch.zeros(n, 11, dtype=torch.int64), ps, gs, ms, outs, "params"))
+                          (torch.zeros(n, 13, dtype=torch.int64), ps, gs, ms, outs, "params"))
     sgd_table, _ = native.sgd_table(ps, gs, ms, outs)
     torch.library.opcheck(torch.ops.dsfast.cpu_sgd_table_.default,
                           (sgd_table, 0.1, 0.9, 0.0, 0.01, False, 1.0, 1, "auto"))

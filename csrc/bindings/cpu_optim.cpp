@@ -42,25 +42,39 @@ DType grad_dtype(const Tensor& g, const Where& w) {
   }
 }
 
-void check_fp32(const Tensor& t, const Tensor& p, const Where& w, const char* what) {
+DType float_dtype(ScalarType t) {
+  return t == ScalarType::Float ? DType::F32 : t == ScalarType::BFloat16 ? DType::BF16
+       : t == ScalarType::Half ? DType::F16 : DType::None;
+}
+
+// An optimizer state: fp32, or the (16-bit) parameter's own dtype (bf16_optimizer_states,
+// fp32_optimizer_states=False).
+DType check_state(const Tensor& t, const Tensor& p, const Where& w, const char* what) {
   if (!t.defined()) value_error(w + " " + what + " is missing");
   if (!t.is_cpu()) value_error(w + " " + what + " is on " + device_name(t) + ", not cpu");
-  if (t.scalar_type() != ScalarType::Float)
-    type_error(w + " " + what + " has dtype " + dtype_name(t.scalar_type()) + "; it must be float32");
+  const DType d = float_dtype(t.scalar_type());
+  if (d != DType::F32 && t.scalar_type() != p.scalar_type())
+    type_error(w + " " + what + " has dtype " + dtype_name(t.scalar_type()) + "; it must be float32 or the "
+               "parameter's dtype (" + dtype_name(p.scalar_type()) + ")");
   if (!t.is_contiguous())
     value_error(w + " " + what + " is not contiguous; updating a contiguous copy would lose the update");
   if (t.numel() != p.numel())
     value_error(w + " " + what + " has " + std::to_string(t.numel()) + " elements but the parameter has " +
                 std::to_string(p.numel()));
+  return d;
 }
 
-void check_param(const Tensor& p, const Where& w) {
+// fp32 parameters, or bf16 / fp16 masters (bf16_master_weights_and_grads, fp16_master_weights_and_grads).
+DType check_param(const Tensor& p, const Where& w) {
   if (!p.defined()) value_error(w + " is undefined");
   if (!p.is_cpu()) value_error(w + " is on device " + device_name(p) + "; CPU optimizers update cpu tensors only");
-  if (p.scalar_type() != ScalarType::Float)
-    type_error(w + " has dtype " + dtype_name(p.scalar_type()) + "; CPU optimizers keep fp32 parameters");
+  const DType d = float_dtype(p.scalar_type());
+  if (d == DType::None)
+    type_error(w + " has dtype " + dtype_name(p.scalar_type()) + "; CPU optimizers update float32, bfloat16 or "
+               "float16 parameters");
   if (!p.is_contiguous())
     value_error(w + " is not contiguous; updating a contiguous copy would silently lose the update");
+  return d;
 }
 
 DType check_grad(const Tensor& g, const Tensor& p, const Where& w) {
@@ -86,6 +100,9 @@ DType check_out(Tensors outs, size_t i, const Tensor& p, const Where& w, void** 
   if (o.numel() != p.numel() || !o.is_contiguous())
     value_error(w + " 16-bit output must be contiguous with " + std::to_string(p.numel()) + " elements, got " +
                 std::to_string(o.numel()));
+  if (p.scalar_type() != ScalarType::Float)
+    value_error(w + " has a 16-bit output but is itself " + dtype_name(p.scalar_type()) + ": a 16-bit master is its "
+                "own 16-bit copy; pass no output for it");
   *ptr = o.mutable_data_ptr();
   return d;
 }
@@ -106,7 +123,7 @@ float* step_counter(const Tensor& s, const Where& w) {
   return static_cast<float*>(s.mutable_data_ptr());
 }
 
-float* fp32_ptr(const Tensor& t) { return static_cast<float*>(t.mutable_data_ptr()); }
+void* data(const Tensor& t) { return t.mutable_data_ptr(); }
 
 dsfast::cpu::Isa isa_arg(Text isa) {
   try {
@@ -114,6 +131,17 @@ dsfast::cpu::Isa isa_arg(Text isa) {
   } catch (const std::invalid_argument& e) {
     value_error(e.what());
   }
+}
+
+// Stochastic rounding: the call's seed (0: off) made distinct per row, for bf16 params only (others round to
+// nearest even whatever the call asks: an optimizer's groups may mix dtypes).
+uint32_t row_seed(int64_t seed, size_t row, DType param) {
+  if (seed == 0 || param != DType::BF16) return 0;
+  uint32_t x = uint32_t(seed) ^ uint32_t(uint64_t(seed) >> 32) ^ (uint32_t(row) * 0x85EBCA6Bu);
+  x ^= x >> 15;
+  x *= 0x2C1B3C6Du;
+  x ^= x >> 12;
+  return x ? x : 1u;
 }
 
 // A param's tensors, checked, as raw pointers: what the kernels need, from either the lists or a
@@ -131,14 +159,15 @@ std::vector<AdamRow> adam_rows(Tensors params, Tensors grads, Tensors exp_avgs, 
   std::vector<AdamRow> rows(n);
   for (size_t i = 0; i < n; ++i) {
     const Where w{label, i};
-    check_param(params[i], w);
+    const DType pd = check_param(params[i], w);
     DType gd = check_grad(grads[i], params[i], w);
-    check_fp32(exp_avgs[i], params[i], w, "state['exp_avg']");
-    check_fp32(exp_avg_sqs[i], params[i], w, "state['exp_avg_sq']");
+    const DType sd = check_state(exp_avgs[i], params[i], w, "state['exp_avg']");
+    if (check_state(exp_avg_sqs[i], params[i], w, "state['exp_avg_sq']") != sd)
+      type_error(w + " state['exp_avg'] and state['exp_avg_sq'] have different dtypes");
     void* out = nullptr;
     DType od = check_out(outs, i, params[i], w, &out);
-    rows[i] = {{fp32_ptr(params[i]), grads[i].const_data_ptr(), fp32_ptr(exp_avgs[i]), fp32_ptr(exp_avg_sqs[i]), out,
-                params[i].numel(), gd, od, {}},
+    rows[i] = {{data(params[i]), grads[i].const_data_ptr(), data(exp_avgs[i]), data(exp_avg_sqs[i]), out,
+                params[i].numel(), gd, od, {}, pd, sd},
                step_counter(steps[i], w)};
   }
   return rows;
@@ -149,7 +178,8 @@ std::vector<AdamRow> adam_rows(Tensors params, Tensors grads, Tensors exp_avgs, 
 // kernel's pass over memory each counter would be a cache miss again. A kernel that refuses
 // (an ISA this CPU lacks) puts them back.
 void run_adam(std::vector<AdamRow>& rows, double lr, double beta1, double beta2, double eps, double weight_decay,
-              bool adamw, bool bias_correction, double grad_scale, int64_t num_threads, dsfast::cpu::Isa isa) {
+              bool adamw, bool bias_correction, double grad_scale, int64_t num_threads, dsfast::cpu::Isa isa,
+              int64_t round_seed) {
   std::vector<dsfast::cpu::AdamTensor> work(rows.size());
   int64_t last_step = -1;
   dsfast::AdamCoeffs c{};
@@ -162,6 +192,7 @@ void run_adam(std::vector<AdamRow>& rows, double lr, double beta1, double beta2,
     }
     work[i] = rows[i].t;
     work[i].coeffs = c;
+    work[i].round_seed = row_seed(round_seed, i, work[i].param_dtype);
     *rows[i].step += 1.0f;
   }
   try {
@@ -174,11 +205,13 @@ void run_adam(std::vector<AdamRow>& rows, double lr, double beta1, double beta2,
 
 void adam_step(Tensors params, Tensors grads, Tensors exp_avgs, Tensors exp_avg_sqs, Tensors outs, Tensors steps,
                double lr, double beta1, double beta2, double eps, double weight_decay, bool adamw,
-               bool bias_correction, double grad_scale, int64_t num_threads, Text isa, Text label) {
+               bool bias_correction, double grad_scale, int64_t num_threads, Text isa, Text label,
+               int64_t round_seed) {
   const auto isa_v = isa_arg(isa);
   auto rows = adam_rows(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label);
   release_lists(params, grads, exp_avgs, exp_avg_sqs, outs, steps);   // raw pointers from here on
-  run_adam(rows, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale, num_threads, isa_v);
+  run_adam(rows, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale, num_threads, isa_v,
+           round_seed);
 }
 
 std::vector<dsfast::cpu::SGDTensor> sgd_rows(Tensors params, Tensors grads, Tensors momentum_buffers, Tensors outs,
@@ -189,23 +222,24 @@ std::vector<dsfast::cpu::SGDTensor> sgd_rows(Tensors params, Tensors grads, Tens
   std::vector<dsfast::cpu::SGDTensor> rows(n);
   for (size_t i = 0; i < n; ++i) {
     const Where w{label, i};
-    check_param(params[i], w);
+    const DType pd = check_param(params[i], w);
     DType gd = check_grad(grads[i], params[i], w);
-    float* buf = nullptr;
+    void* buf = nullptr;
+    DType sd = DType::F32;
     if (mom) {
-      check_fp32(momentum_buffers[i], params[i], w, "state['momentum_buffer']");
-      buf = fp32_ptr(momentum_buffers[i]);
+      sd = check_state(momentum_buffers[i], params[i], w, "state['momentum_buffer']");
+      buf = data(momentum_buffers[i]);
     }
     void* out = nullptr;
     DType od = check_out(outs, i, params[i], w, &out);
-    rows[i] = {fp32_ptr(params[i]), grads[i].const_data_ptr(), buf, out, params[i].numel(), gd, od, {}};
+    rows[i] = {data(params[i]), grads[i].const_data_ptr(), buf, out, params[i].numel(), gd, od, {}, pd, sd};
   }
   return rows;
 }
 
 void sgd_step(Tensors params, Tensors grads, Tensors momentum_buffers, Tensors outs, Flags first_steps, double lr,
               double momentum, double dampening, double weight_decay, bool nesterov, double grad_scale,
-              int64_t num_threads, Text isa, Text label) {
+              int64_t num_threads, Text isa, Text label, int64_t round_seed) {
   const bool mom = momentum != 0.0;
   const auto isa_v = isa_arg(isa);
   auto work = sgd_rows(params, grads, momentum_buffers, outs, mom, label);
@@ -213,6 +247,7 @@ void sgd_step(Tensors params, Tensors grads, Tensors momentum_buffers, Tensors o
   for (size_t i = 0; i < work.size(); ++i) {
     work[i].coeffs = dsfast::make_sgd_coeffs(lr, momentum, dampening, weight_decay, nesterov, mom && first_steps[i]);
     work[i].coeffs.grad_scale = float(grad_scale);
+    work[i].round_seed = row_seed(round_seed, i, work[i].param_dtype);
   }
   release_lists(params, grads, momentum_buffers, outs);
   dsfast::cpu::sgd_step(work.data(), int64_t(work.size()), int(num_threads), isa_v);
@@ -235,8 +270,10 @@ constexpr const char* kStale = "[dsfast:stale-table] ";
   value_error(std::string(kStale) + op + ": a tensor of the work table moved since it was filled");
 }
 
-enum AdamCol : int64_t { kAP, kAG, kAM, kAV, kAOut, kAStep, kANumel, kAGd, kAOd, kAHeld, kAdamCols = kAHeld + 6 };
-enum SgdCol : int64_t { kSP, kSG, kSBuf, kSOut, kSNumel, kSGd, kSOd, kSHeld, kSgdCols = kSHeld + 4 };
+enum AdamCol : int64_t {
+  kAP, kAG, kAM, kAV, kAOut, kAStep, kANumel, kAGd, kAOd, kAPd, kASd, kAHeld, kAdamCols = kAHeld + 6
+};
+enum SgdCol : int64_t { kSP, kSG, kSBuf, kSOut, kSNumel, kSGd, kSOd, kSPd, kSSd, kSHeld, kSgdCols = kSHeld + 4 };
 
 int64_t* table_data(const OwnedTensor& t, int64_t rows, int64_t cols, const char* op) {
   auto fail = [&] {
@@ -253,6 +290,13 @@ template <typename P>
 int64_t addr(P* p) { return int64_t(reinterpret_cast<intptr_t>(p)); }
 template <typename P>
 P* ptr(int64_t a) { return reinterpret_cast<P*>(intptr_t(a)); }
+
+// A param or state dtype code: F32, BF16 or F16.
+DType float_code(int64_t code, const char* op, int64_t row) {
+  if (code < int64_t(DType::F32) || code > int64_t(DType::F16))
+    value_error(std::string(op) + ": row " + std::to_string(row) + " of the work table is corrupt");
+  return DType(code);
+}
 
 DType dtype_code(int64_t code, bool out, void* p, const char* op, int64_t row) {
   const bool ok = out ? (p == nullptr ? code == int64_t(DType::None)
@@ -318,6 +362,7 @@ void adam_table_fill(const OwnedTensor& table, Tensors params, Tensors grads, Te
     d[kAP] = addr(r.t.param), d[kAG] = addr(r.t.grad), d[kAM] = addr(r.t.exp_avg), d[kAV] = addr(r.t.exp_avg_sq);
     d[kAOut] = addr(r.t.out16), d[kAStep] = addr(r.step), d[kANumel] = r.t.numel;
     d[kAGd] = int64_t(r.t.grad_dtype), d[kAOd] = int64_t(r.t.out_dtype);
+    d[kAPd] = int64_t(r.t.param_dtype), d[kASd] = int64_t(r.t.state_dtype);
     const Tensor p = params[i], g = grads[i], m = exp_avgs[i], v = exp_avg_sqs[i], st = steps[i];
     const Tensor o = outs.empty() ? p : outs[i];
     hold_row(d, kAHeld, {&p, &g, &m, &v, outs.empty() ? nullptr : &o, &st});
@@ -326,7 +371,7 @@ void adam_table_fill(const OwnedTensor& table, Tensors params, Tensors grads, Te
 
 void adam_table_step(const OwnedTensor& table, double lr, double beta1, double beta2, double eps,
                      double weight_decay, bool adamw, bool bias_correction, double grad_scale, int64_t num_threads,
-                     Text isa) {
+                     Text isa, int64_t round_seed) {
   const char* op = "cpu_adam_table_";
   const int64_t* d = table_data(table, -1, kAdamCols, op);
   const auto isa_v = isa_arg(isa);
@@ -339,12 +384,14 @@ void adam_table_step(const OwnedTensor& table, double lr, double beta1, double b
     stale(op);
   for (size_t i = 0; i < rows.size(); ++i, d += kAdamCols) {
     void* out = ptr<void>(d[kAOut]);
-    rows[i] = {{ptr<float>(d[kAP]), ptr<const void>(d[kAG]), ptr<float>(d[kAM]), ptr<float>(d[kAV]), out,
+    rows[i] = {{ptr<void>(d[kAP]), ptr<const void>(d[kAG]), ptr<void>(d[kAM]), ptr<void>(d[kAV]), out,
                 d[kANumel], dtype_code(d[kAGd], false, ptr<void>(d[kAG]), op, int64_t(i)),
-                dtype_code(d[kAOd], true, out, op, int64_t(i)), {}},
+                dtype_code(d[kAOd], true, out, op, int64_t(i)), {}, float_code(d[kAPd], op, int64_t(i)),
+                float_code(d[kASd], op, int64_t(i))},
                ptr<float>(d[kAStep])};
   }
-  run_adam(rows, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale, num_threads, isa_v);
+  run_adam(rows, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale, num_threads, isa_v,
+           round_seed);
 }
 
 void sgd_table_fill(const OwnedTensor& table, Tensors params, Tensors grads, Tensors momentum_buffers, Tensors outs,
@@ -356,6 +403,7 @@ void sgd_table_fill(const OwnedTensor& table, Tensors params, Tensors grads, Ten
     const auto& r = rows[i];
     d[kSP] = addr(r.param), d[kSG] = addr(r.grad), d[kSBuf] = addr(r.momentum_buf), d[kSOut] = addr(r.out16);
     d[kSNumel] = r.numel, d[kSGd] = int64_t(r.grad_dtype), d[kSOd] = int64_t(r.out_dtype);
+    d[kSPd] = int64_t(r.param_dtype), d[kSSd] = int64_t(r.state_dtype);
     const Tensor p = params[i], g = grads[i];
     const Tensor b = mom ? momentum_buffers[i] : p, o = outs.empty() ? p : outs[i];
     hold_row(d, kSHeld, {&p, &g, mom ? &b : nullptr, outs.empty() ? nullptr : &o});
@@ -365,7 +413,7 @@ void sgd_table_fill(const OwnedTensor& table, Tensors params, Tensors grads, Ten
 // Every momentum buffer already holds a step's average (a first step, which seeds them, takes the
 // list op).
 void sgd_table_step(const OwnedTensor& table, double lr, double momentum, double dampening, double weight_decay,
-                    bool nesterov, double grad_scale, int64_t num_threads, Text isa) {
+                    bool nesterov, double grad_scale, int64_t num_threads, Text isa, int64_t round_seed) {
   const char* op = "cpu_sgd_table_";
   const int64_t* d = table_data(table, -1, kSgdCols, op);
   const auto isa_v = isa_arg(isa);
@@ -380,13 +428,15 @@ void sgd_table_step(const OwnedTensor& table, double lr, double momentum, double
     stale(op);
   for (size_t i = 0; i < work.size(); ++i, d += kSgdCols) {
     void* out = ptr<void>(d[kSOut]);
-    float* buf = ptr<float>(d[kSBuf]);
+    void* buf = ptr<void>(d[kSBuf]);
     if (momentum != 0.0 && buf == nullptr)
       value_error(std::string(op) + ": row " + std::to_string(i) +
                   " has no momentum buffer (the table was filled for momentum 0)");
     const DType gd = dtype_code(d[kSGd], false, ptr<void>(d[kSG]), op, int64_t(i));
-    work[i] = {ptr<float>(d[kSP]), ptr<const void>(d[kSG]), buf, out, d[kSNumel], gd,
-               dtype_code(d[kSOd], true, out, op, int64_t(i)), c};
+    work[i] = {ptr<void>(d[kSP]), ptr<const void>(d[kSG]), buf, out, d[kSNumel], gd,
+               dtype_code(d[kSOd], true, out, op, int64_t(i)), c, float_code(d[kSPd], op, int64_t(i)),
+               float_code(d[kSSd], op, int64_t(i))};
+    work[i].round_seed = row_seed(round_seed, i, work[i].param_dtype);
   }
   dsfast::cpu::sgd_step(work.data(), int64_t(work.size()), int(num_threads), isa_v);
 }
@@ -422,20 +472,21 @@ DSFAST_LIBRARY(m) {
   m.def("cpu_adam_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
         "Tensor(d!)[] outs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, float weight_decay, "
         "bool adamw, bool bias_correction, float grad_scale=1.0, int num_threads=0, str isa=\"auto\", "
-        "str label=\"params\") -> ()");
+        "str label=\"params\", int round_seed=0) -> ()");
   m.def("cpu_sgd_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] outs, "
         "bool[] first_steps, float lr, float momentum, float dampening, float weight_decay, bool nesterov, "
-        "float grad_scale=1.0, int num_threads=0, str isa=\"auto\", str label=\"params\") -> ()");
+        "float grad_scale=1.0, int num_threads=0, str isa=\"auto\", str label=\"params\", int round_seed=0) -> ()");
   // Work tables (see adam_table_fill). The step ops write through the table's addresses; the
   // table is marked mutated so that no graph treats a step as free of side effects.
   m.def("cpu_adam_table_fill_(Tensor(a!) table, Tensor[] params, Tensor[] grads, Tensor[] exp_avgs, "
         "Tensor[] exp_avg_sqs, Tensor[] outs, Tensor[] steps, str label=\"params\") -> ()");
   m.def("cpu_adam_table_(Tensor(a!) table, float lr, float beta1, float beta2, float eps, float weight_decay, "
-        "bool adamw, bool bias_correction, float grad_scale=1.0, int num_threads=0, str isa=\"auto\") -> ()");
+        "bool adamw, bool bias_correction, float grad_scale=1.0, int num_threads=0, str isa=\"auto\", "
+        "int round_seed=0) -> ()");
   m.def("cpu_sgd_table_fill_(Tensor(a!) table, Tensor[] params, Tensor[] grads, Tensor[] momentum_buffers, "
         "Tensor[] outs, str label=\"params\") -> ()");
   m.def("cpu_sgd_table_(Tensor(a!) table, float lr, float momentum, float dampening, float weight_decay, "
-        "bool nesterov, float grad_scale=1.0, int num_threads=0, str isa=\"auto\") -> ()");
+        "bool nesterov, float grad_scale=1.0, int num_threads=0, str isa=\"auto\", int round_seed=0) -> ()");
   m.def("cpu_table_release_(Tensor(a!) held) -> ()");
   m.def("cpu_available_isas() -> str");
   m.def("cpu_openmp_enabled() -> bool");

@@ -18,28 +18,48 @@ enum class DType : int32_t { F32 = 0, BF16 = 1, F16 = 2, None = 3 };
 // Instruction-set bodies. Auto picks the best one the running CPU supports.
 enum class Isa : int32_t { Scalar = 0, AVX2 = 1, AVX512 = 2, Auto = 3 };
 
+// Parameters (masters) and states are F32, or 16-bit (bf16 / fp16 masters: DeepSpeed's
+// bf16_master_weights_and_grads, fp16_master_weights_and_grads; 16-bit states: bf16_optimizer_states,
+// fp32_optimizer_states=false). Every element is computed in fp32 registers and rounded to nearest even
+// on the store. Valid pairs (param, state): (F32, F32), (BF16, F32), (BF16, BF16), (F16, F32), (F16, F16);
+// a 16-bit output (out16) only with F32 params (a 16-bit master is its own 16-bit copy). round_seed nonzero
+// (BF16 params only): the params are rounded stochastically (half_convert.h), off (0) by default; the caller
+// gives each tensor and step its own seed.
 struct AdamTensor {
-  float* param;        // fp32, updated in place
+  void* param;         // param_dtype, updated in place
   const void* grad;    // grad_dtype (F32, BF16 or F16)
-  float* exp_avg;      // fp32
-  float* exp_avg_sq;   // fp32
+  void* exp_avg;       // state_dtype
+  void* exp_avg_sq;    // state_dtype
   void* out16;         // optional copy of the updated param (BF16 or F16), or nullptr
   int64_t numel;
   DType grad_dtype;
   DType out_dtype;     // None when out16 is nullptr
   AdamCoeffs coeffs;
+  DType param_dtype = DType::F32;
+  DType state_dtype = DType::F32;
+  uint32_t round_seed = 0;
 };
 
 struct SGDTensor {
-  float* param;
+  void* param;
   const void* grad;
-  float* momentum_buf;  // fp32; unused (may be nullptr) when coeffs.momentum == 0
+  void* momentum_buf;  // state_dtype; unused (may be nullptr) when coeffs.momentum == 0
   void* out16;
   int64_t numel;
   DType grad_dtype;
   DType out_dtype;
   SGDCoeffs coeffs;
+  DType param_dtype = DType::F32;
+  DType state_dtype = DType::F32;
+  uint32_t round_seed = 0;
 };
+
+// Whether the kernels implement this (param, state, out) combination (see above).
+inline bool valid_precision(DType param, DType state, DType out) {
+  if (param == DType::F32) return state == DType::F32;
+  if (param != DType::BF16 && param != DType::F16) return false;
+  return (state == DType::F32 || state == param) && out == DType::None;
+}
 
 // Runs the update over the whole work list. num_threads <= 0 means "all OpenMP threads".
 // Throws std::invalid_argument for an ISA the CPU cannot run or a bad dtype.

@@ -66,6 +66,22 @@ void check_dtypes(DType grad, DType out, const void* out_ptr, int64_t index) {
   }
 }
 
+template <class T>
+void check_precision(const T& t, int64_t index) {
+  check_dtypes(t.grad_dtype, t.out_dtype, t.out16, index);
+  if (!valid_precision(t.param_dtype, t.state_dtype, t.out_dtype)) {
+    throw std::invalid_argument("tensor " + std::to_string(index) + ": (param, state, out) dtype codes (" +
+                                std::to_string(int(t.param_dtype)) + ", " + std::to_string(int(t.state_dtype)) +
+                                ", " + std::to_string(int(t.out_dtype)) +
+                                ") are not implemented; valid: fp32 params with fp32 states, or bf16/fp16 params "
+                                "with fp32 states or states of their own dtype, and no 16-bit output");
+  }
+  if (t.round_seed != 0 && t.param_dtype != DType::BF16) {
+    throw std::invalid_argument("tensor " + std::to_string(index) +
+                                ": stochastic rounding (round_seed != 0) applies to bf16 params only");
+  }
+}
+
 // Calls fn(tensor, begin, end) over disjoint spans covering every element exactly once.
 // The concatenation of all tensors is cut into equal chunks (boundaries rounded down to
 // kAlign elements inside a tensor) that threads claim from an atomic counter: on a shared
@@ -164,7 +180,7 @@ bool openmp_enabled() {
 }
 
 void adam_step(const AdamTensor* ts, int64_t count, int num_threads, Isa isa) {
-  for (int64_t k = 0; k < count; ++k) check_dtypes(ts[k].grad_dtype, ts[k].out_dtype, ts[k].out16, k);
+  for (int64_t k = 0; k < count; ++k) check_precision(ts[k], k);
   switch (resolve(isa)) {
 #ifdef DSFAST_HAVE_X86_ISAS
     case Isa::AVX512: run_work_list(ts, count, num_threads, adam_range_avx512); break;
@@ -176,7 +192,7 @@ void adam_step(const AdamTensor* ts, int64_t count, int num_threads, Isa isa) {
 
 void sgd_step(const SGDTensor* ts, int64_t count, int num_threads, Isa isa) {
   for (int64_t k = 0; k < count; ++k) {
-    check_dtypes(ts[k].grad_dtype, ts[k].out_dtype, ts[k].out16, k);
+    check_precision(ts[k], k);
     if (ts[k].coeffs.momentum != 0.0f && ts[k].momentum_buf == nullptr && ts[k].numel > 0) {
       throw std::invalid_argument("tensor " + std::to_string(k) + ": momentum != 0 needs a momentum buffer");
     }

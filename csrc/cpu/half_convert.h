@@ -20,6 +20,26 @@ inline uint16_t float_to_bf16(float f) {
   return uint16_t(b >> 16);
 }
 
+// Stochastic rounding to bf16 (an opt-in of the CPU optimizers for bf16 masters): the 16 dropped bits are compared
+// with 16 random bits, so a value rounds up with probability (dropped bits) / 2^16 and small updates survive on
+// average. The bits are murmur3's finaliser over (seed, element index): reproducible, the same for every ISA and
+// thread split. NaN stays a quiet NaN; a value next to the largest bf16 may round to inf, as its magnitude says.
+inline uint32_t round_bits(uint32_t seed, uint32_t index) {
+  uint32_t x = (index * 0x9E3779B1u) ^ seed;
+  x ^= x >> 16;
+  x *= 0x85EBCA6Bu;
+  x ^= x >> 13;
+  x *= 0xC2B2AE35u;
+  x ^= x >> 16;
+  return x & 0xffffu;
+}
+
+inline uint16_t float_to_bf16_stochastic(float f, uint32_t bits) {
+  uint32_t b = float_to_bits(f);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return uint16_t((b >> 16) | 0x0040u);
+  return uint16_t((b + bits) >> 16);
+}
+
 inline float f16_to_float(uint16_t h) {
   uint32_t sign = uint32_t(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;

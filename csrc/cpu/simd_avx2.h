@@ -36,6 +36,22 @@ struct Vec {
     __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
   }
+  // stochastic rounding: half_convert.h's round_bits / float_to_bf16_stochastic, 8 lanes (elements index..index+7)
+  void store_bf16_stochastic(uint16_t* p, uint32_t seed, uint32_t index) const {
+    __m256i x = _mm256_add_epi32(_mm256_set1_epi32(int(index)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    x = _mm256_xor_si256(_mm256_mullo_epi32(x, _mm256_set1_epi32(int(0x9E3779B1u))), _mm256_set1_epi32(int(seed)));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(int(0x85EBCA6Bu)));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 13));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(int(0xC2B2AE35u)));
+    x = _mm256_and_si256(_mm256_xor_si256(x, _mm256_srli_epi32(x, 16)), _mm256_set1_epi32(0xffff));
+    __m256i b = _mm256_castps_si256(v);
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, x), 16);
+    __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
+    r = _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+  }
   void store_f16(uint16_t* p) const {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }

@@ -35,6 +35,22 @@ struct Vec {
     r = _mm512_mask_blend_epi32(is_nan, r, qnan);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
   }
+  // stochastic rounding: half_convert.h's round_bits / float_to_bf16_stochastic, 16 lanes
+  void store_bf16_stochastic(uint16_t* p, uint32_t seed, uint32_t index) const {
+    __m512i x = _mm512_add_epi32(_mm512_set1_epi32(int(index)),
+                                 _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    x = _mm512_xor_si512(_mm512_mullo_epi32(x, _mm512_set1_epi32(int(0x9E3779B1u))), _mm512_set1_epi32(int(seed)));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(int(0x85EBCA6Bu)));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 13));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(int(0xC2B2AE35u)));
+    x = _mm512_and_si512(_mm512_xor_si512(x, _mm512_srli_epi32(x, 16)), _mm512_set1_epi32(0xffff));
+    __m512i b = _mm512_castps_si512(v);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, x), 16);
+    __m512i qnan = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+    r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, qnan);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
   void store_f16(uint16_t* p) const {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));

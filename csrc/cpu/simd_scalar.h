@@ -22,6 +22,10 @@ struct Vec {
   static Vec load_f16(const uint16_t* p) { return Vec(f16_to_float(*p)); }
   void store(float* p) const { *p = v; }
   void store_bf16(uint16_t* p) const { *p = float_to_bf16(v); }
+  // stochastic rounding (half_convert.h); `index` is this lane's element index
+  void store_bf16_stochastic(uint16_t* p, uint32_t seed, uint32_t index) const {
+    *p = float_to_bf16_stochastic(v, round_bits(seed, index));
+  }
   void store_f16(uint16_t* p) const { *p = float_to_f16(v); }
 
 };

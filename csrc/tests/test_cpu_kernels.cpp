@@ -127,6 +127,107 @@ void sgd_case(Isa isa, int64_t n, DType gd, DType od, float momentum, bool neste
   if (od != DType::None) CHECK(out[n] == 0xabcd, "sgd wrote past the end of the 16-bit output");
 }
 
+// Values stored in dtype d (the kernel's view of a 16-bit master or state), and back.
+struct Stored {
+  DType dtype;
+  std::vector<unsigned char> bytes;
+  Stored(DType dt, const std::vector<float>& src) : dtype(dt), bytes(src.size() * (dt == DType::F32 ? 4 : 2)) {
+    for (size_t i = 0; i < src.size(); ++i) set(i, src[i]);
+  }
+  void set(size_t i, float x) {
+    if (dtype == DType::F32) std::memcpy(bytes.data() + i * 4, &x, 4);
+    else { uint16_t h = to16(x, dtype); std::memcpy(bytes.data() + i * 2, &h, 2); }
+  }
+  float get(size_t i) const {
+    if (dtype == DType::F32) { float x; std::memcpy(&x, bytes.data() + i * 4, 4); return x; }
+    uint16_t h; std::memcpy(&h, bytes.data() + i * 2, 2);
+    return dtype == DType::BF16 ? bf16_to_float(h) : f16_to_float(h);
+  }
+  void* ptr() { return bytes.data(); }
+};
+
+// The fp32 result rounded to dtype d. Vector bodies may fuse multiply-adds, so one unit in the last place of the
+// 16-bit value is allowed (a result near a rounding tie), and 1e-6 absolute (a moment that nearly cancels, or a
+// subnormal fp16).
+bool close_in(float got, float want32, DType d) {
+  if (d == DType::F32) return close(got, want32);
+  if (std::isnan(want32)) return std::isnan(got);
+  const float want = d == DType::BF16 ? bf16_to_float(to16(want32, d)) : f16_to_float(to16(want32, d));
+  const float ulp = std::fabs(want) * (d == DType::BF16 ? 1.0f / 128 : 1.0f / 1024) + 1e-30f;
+  return got == want || std::fabs(got - want) <= ulp * 1.0001f + 1e-6f;
+}
+
+// 16-bit masters and states (bf16_master_weights_and_grads / bf16_optimizer_states): read as stored, computed in
+// fp32, each stored value the nearest-even rounding of the fp32 result.
+void low_precision_case(Isa isa, int64_t n, DType pd, DType sd, DType gd) {
+  const auto& in = inputs(n);
+  Grad g(gd, in[2], 0);
+  Stored p(pd, in[0]), m(sd, in[1]), v(sd, in[3]);
+  AdamCoeffs c = make_adam_coeffs(1e-2f, 0.9f, 0.999f, 1e-8f, 0.05f, true, true, 3);
+  AdamTensor t{p.ptr(), g.ptr(0), m.ptr(), v.ptr(), nullptr, n, gd, DType::None, c, pd, sd};
+  const Stored p0 = p, m0 = m, v0 = v;
+  adam_step(&t, 1, 2, isa);
+  int bad = 0;
+  for (int64_t i = 0; i < n && bad < 3; ++i) {
+    float rp = p0.get(i), rm = m0.get(i), rv = v0.get(i);
+    adam_update(rp, g.value[i], rm, rv, c);
+    bool ok = close_in(p.get(i), rp, pd) && close_in(m.get(i), rm, sd) && close_in(v.get(i), rv, sd);
+    if (!ok) ++bad;
+    CHECK(ok, "adam %s n=%lld param=%s state=%s grad=%s i=%lld: p %.9g vs %.9g, m %.9g vs %.9g", isa_name(isa),
+          (long long)n, dname(pd), dname(sd), dname(gd), (long long)i, p.get(i), rp, m.get(i), rm);
+  }
+  Stored q(pd, in[0]), b(sd, in[1]);
+  const Stored q0 = q, b0 = b;
+  SGDCoeffs sc = make_sgd_coeffs(0.05f, 0.9f, 0.1f, 0.01f, false, false);
+  SGDTensor s{q.ptr(), g.ptr(0), b.ptr(), nullptr, n, gd, DType::None, sc, pd, sd};
+  sgd_step(&s, 1, 2, isa);
+  bad = 0;
+  for (int64_t i = 0; i < n && bad < 3; ++i) {
+    float rp = q0.get(i), rb = b0.get(i);
+    sgd_update(rp, g.value[i], rb, sc);
+    bool ok = close_in(q.get(i), rp, pd) && close_in(b.get(i), rb, sd);
+    if (!ok) ++bad;
+    CHECK(ok, "sgd %s n=%lld param=%s state=%s grad=%s i=%lld: p %.9g vs %.9g", isa_name(isa), (long long)n,
+          dname(pd), dname(sd), dname(gd), (long long)i, q.get(i), rp);
+  }
+}
+
+// Stochastic rounding of bf16 params: every ISA stores the rounding half_convert.h defines for the fp32 result
+// (one bf16 ulp allowed: a fused multiply-add may move the fp32 value across a threshold), and a thread split
+// changes nothing (the random bits depend on the element index, not on who computes it).
+void stochastic_case(Isa isa, int64_t n) {
+  const auto& in = inputs(n);
+  Grad g(DType::F32, in[2], 0);
+  const uint32_t seed = 0x1234567u;
+  Stored p(DType::BF16, in[0]), m(DType::F32, in[1]), v(DType::F32, in[3]);
+  const Stored p0 = p, m0 = m, v0 = v;
+  AdamCoeffs c = make_adam_coeffs(1e-2f, 0.9f, 0.999f, 1e-8f, 0.05f, true, true, 3);
+  AdamTensor t{p.ptr(), g.ptr(0), m.ptr(), v.ptr(), nullptr, n, DType::F32, DType::None, c, DType::BF16, DType::F32,
+               seed};
+  adam_step(&t, 1, 3, isa);
+  int bad = 0;
+  int64_t exact = 0;
+  for (int64_t i = 0; i < n && bad < 3; ++i) {
+    float rp = p0.get(i), rm = m0.get(i), rv = v0.get(i);
+    adam_update(rp, g.value[i], rm, rv, c);
+    const float want = bf16_to_float(float_to_bf16_stochastic(rp, round_bits(seed, uint32_t(i))));
+    const float got = p.get(i);
+    const bool same = (std::isnan(want) && std::isnan(got)) || got == want;
+    exact += same;
+    bool ok = same || std::fabs(got - want) <= std::fabs(want) * (1.0f / 128) * 1.0001f;
+    if (!ok) ++bad;
+    CHECK(ok, "stochastic %s n=%lld i=%lld: %.9g vs %.9g", isa_name(isa), (long long)n, (long long)i, got, want);
+  }
+  // nearest-even rounding would match the stochastic one about half the time only
+  CHECK(exact * 100 >= n * 99, "stochastic %s n=%lld: only %lld exact", isa_name(isa), (long long)n,
+        (long long)exact);
+  Stored q = p0, qm = m0, qv = v0;
+  AdamTensor one{q.ptr(), g.ptr(0), qm.ptr(), qv.ptr(), nullptr, n, DType::F32, DType::None, c, DType::BF16,
+                 DType::F32, seed};
+  adam_step(&one, 1, 1, isa);
+  CHECK(q.bytes == p.bytes, "stochastic %s n=%lld: one thread and three differ", isa_name(isa), (long long)n);
+}
+
 // Many tensors of odd sizes in one call, with several thread counts: the result must
 // be bit-identical to processing each tensor alone on one thread.
 void work_list_case(Isa isa) {
@@ -188,6 +289,12 @@ int main() {
             if (mom != 0.f) { sgd_case(isa, n, gd, od, mom, true, false, 2); sgd_case(isa, n, gd, od, mom, false, true, 2); }
           }
     work_list_case(isa);
+    for (int64_t n : {1, 7, 17, 4097, 70001})
+      for (auto [pd, sd] : {std::pair{DType::BF16, DType::BF16}, std::pair{DType::BF16, DType::F32},
+                            std::pair{DType::F16, DType::F16}, std::pair{DType::F16, DType::F32}})
+        for (DType gd : {DType::F32, DType::BF16})
+          low_precision_case(isa, n, pd, sd, gd);
+    for (int64_t n : {1, 17, 70001}) stochastic_case(isa, n);
   }
 
   // bad arguments are refused before any thread starts
@@ -201,6 +308,15 @@ int main() {
   CHECK(throws([&] { adam_step(&bad_out, 1, 1, Isa::Auto); }), "out dtype without a buffer");
   SGDTensor no_buf{&x, &y, nullptr, nullptr, 1, DType::F32, DType::None, make_sgd_coeffs(0.1f, 0.9f, 0, 0, false, false)};
   CHECK(throws([&] { sgd_step(&no_buf, 1, 1, Isa::Auto); }), "momentum without a buffer");
+  uint16_t h = 0;
+  AdamTensor bf16_out{&h, &y, &h, &h, &h, 1, DType::F32, DType::BF16, c, DType::BF16, DType::BF16};
+  CHECK(throws([&] { adam_step(&bf16_out, 1, 1, Isa::Auto); }), "a 16-bit output beside a bf16 master");
+  AdamTensor mixed_states{&h, &y, &h, &h, nullptr, 1, DType::F32, DType::None, c, DType::BF16, DType::F16};
+  CHECK(throws([&] { adam_step(&mixed_states, 1, 1, Isa::Auto); }), "fp16 states beside a bf16 master");
+  AdamTensor f32_master_bf16_states{&x, &y, &h, &h, nullptr, 1, DType::F32, DType::None, c, DType::F32, DType::BF16};
+  CHECK(throws([&] { adam_step(&f32_master_bf16_states, 1, 1, Isa::Auto); }), "bf16 states beside an fp32 master");
+  AdamTensor f32_stochastic{&x, &y, &y, &z, nullptr, 1, DType::F32, DType::None, c, DType::F32, DType::F32, 7u};
+  CHECK(throws([&] { adam_step(&f32_stochastic, 1, 1, Isa::Auto); }), "stochastic rounding of an fp32 param");
   if (!isa_supported(Isa::AVX512)) {
     AdamTensor ok{&x, &y, &y, &z, nullptr, 1, DType::F32, DType::None, c};
     CHECK(throws([&] { adam_step(&ok, 1, 1, Isa::AVX512); }), "forcing an ISA the CPU lacks");

@@ -107,7 +107,11 @@ def _load(engine, reader, strict, load_optimizer_states, load_lr_scheduler_state
             masters_from_module(engine, layout)
         engine_after_load(engine)
         return client
-    shards.apply(layout, engine.optimizer, reader.manifest["params"], reader.file, load_optimizer_states)
+    converted = shards.apply(layout, engine.optimizer, reader.manifest["params"], reader.file, load_optimizer_states)
+    if converted:   # e.g. a bf16_optimizer_states checkpoint into an fp32-state run
+        from dsfast.utils.log import log_dist
+        log_dist(f"{reader.dir}: converted on load: " + ", ".join(f"{k} {a} -> {b}" for k, a, b in sorted(converted)),
+                 ranks=[0])
     if load_optimizer_states and engine.optimizer is not None and state.get("param_groups") is not None:
         _load_param_groups(engine.optimizer, jsonable.decode(state["param_groups"], tensors), reader.dir)
     engine.load_engine_state_dict(jsonable.decode(state["engine"], tensors))

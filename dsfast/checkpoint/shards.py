@@ -1,8 +1,11 @@
 """A rank's slices of masters and optimizer state <-> named flat tensors, and resharding at load.
 
 Save: every SliceRecord gives tensors "<name>@<start>/master" and "<name>@<start>/<state key>" (1-D, the record's
-elements) plus JSON scalars (step). Load: every record of the NEW layout is filled from the saved slices that
-overlap its element range, whichever world size and stage wrote them, so a checkpoint reshapes at load.
+elements, in their own dtype: 16-bit masters and states stay 16-bit) plus JSON scalars (step). Load: every record of
+the NEW layout is filled from the saved slices that overlap its element range, whichever world size and stage wrote
+them, so a checkpoint reshapes at load. Each value is converted explicitly to the dtype the run keeps it in (its
+master's; its optimizer's state dtype): bf16 masters and moments load into an fp32-master run widened exactly, fp32
+ones into a bf16_master_weights_and_grads run rounded to nearest even; `apply` returns the conversions it made.
 """
 import warnings
 
@@ -62,10 +65,21 @@ def _scalar_value(info, device):
         info.get("shape", []))
 
 
+def state_dtype(optimizer, param, saved_dtype):
+    """The dtype `optimizer` keeps a per-element state of `param` in: its own rule where it has one (dsfast's CPU
+    optimizers: fp32_optimizer_states), else the param's (torch's optimizers make zeros_like(param)); a state that
+    is not floating point keeps its saved dtype."""
+    if not saved_dtype.is_floating_point:
+        return saved_dtype
+    own = getattr(optimizer, "state_dtype", None)
+    return own(param) if callable(own) else param.dtype
+
+
 @torch.no_grad()
 def apply(layout, optimizer, params_manifest, open_file, load_optimizer_states=True):
-    """Fill every record's master (and, if asked, optimizer state) from the saved slices overlapping it."""
-    created, scalars_set, differing = set(), set(), []
+    """Fill every record's master (and, if asked, optimizer state) from the saved slices overlapping it. Returns
+    {(key, saved dtype, loaded dtype)} of the values converted on the way (e.g. bf16 moments into fp32 ones)."""
+    created, scalars_set, differing, converted = set(), set(), [], set()
     for r in layout.records:
         saved = params_manifest.get(r.name)
         if saved is None:
@@ -94,9 +108,14 @@ def apply(layout, optimizer, params_manifest, open_file, load_optimizer_states=T
                 else:
                     dst = state.get(key)
                     if dst is None or (id(r.opt_param), key) not in created and dst.numel() != r.opt_param.numel():
-                        dst = state[key] = torch.zeros(r.opt_param.shape, dtype=src.dtype, device=r.opt_param.device)
+                        dst = state[key] = torch.zeros(r.opt_param.shape, device=r.opt_param.device,
+                                                       dtype=state_dtype(optimizer, r.opt_param, src.dtype))
                     created.add((id(r.opt_param), key))
-                dst.view(-1)[dst_lo:dst_hi].copy_(src[lo - s["start"]:hi - s["start"]])
+                piece = src[lo - s["start"]:hi - s["start"]]
+                if piece.dtype != dst.dtype:   # the explicit conversion (see the module docstring)
+                    converted.add((key, str(piece.dtype).replace("torch.", ""), str(dst.dtype).replace("torch.", "")))
+                    piece = piece.to(dst.dtype)
+                dst.view(-1)[dst_lo:dst_hi].copy_(piece)
             covered += hi - lo
             if first_scalars is None:
                 first_scalars = s.get("scalars", {})
@@ -117,3 +136,4 @@ def apply(layout, optimizer, params_manifest, open_file, load_optimizer_states=T
     if differing:
         warnings.warn(f"saved slices of {len(differing)} parameter(s) (first: {differing[0]!r}) carry different "
                       "optimizer step counts; each merged shard takes the first slice's")
+    return converted

@@ -13,6 +13,7 @@ from .extras import (IGNORED_SECTIONS, UNSUPPORTED_FEATURES, ActivationCheckpoin
                      CommsLoggerConfig, CompileConfig, CsvMonitorConfig, DataTypesConfig, FlopsProfilerConfig,
                      TensorboardConfig, TimersConfig, WandbConfig, check_unsupported_feature,
                      normalize_dtype)
+from .master_precision import master_precision_errors
 from .optimizer import OptimizerConfig
 from .precision import AmpConfig, Bf16Config, Fp16Config, TorchAutocastConfig
 from .scheduler import SchedulerConfig
@@ -191,6 +192,13 @@ class DsConfig(StrictModel):
                                  'true together with "fp16": {"enabled": true}; use one: torch_autocast keeps fp32 '
                                  "weights and computes eligible ops in its dtype, fp16 trains an fp16 model with "
                                  "fp32 master weights")])
+        return self
+
+    @model_validator(mode="after")
+    def _master_precision(self):
+        errors = master_precision_errors(self)
+        if errors:
+            raise nested_error(errors)
         return self
 
     @model_validator(mode="after")

@@ -35,7 +35,9 @@ class AdamParams(StrictModel):
     amsgrad: bool = False
     adam_w_mode: bool = True        # DeepSpeed default: Adam behaves as AdamW unless this is false
     torch_adam: bool = False        # DeepSpeed: use torch.optim.Adam/AdamW instead of its fused kernels
-    fp32_optimizer_states: Optional[bool] = None   # DeepSpeed CPU Adam knob; dsfast states are fp32 anyway
+    # DeepSpeedCPUAdam's knob: false keeps the moments in the master's dtype (fp32 masters: fp32 anyway);
+    # bf16.bf16_optimizer_states forces it false, as DeepSpeed 0.19.8 does. Other optimizers ignore it.
+    fp32_optimizer_states: Optional[bool] = None
 
     @field_validator("betas", mode="before")
     @classmethod
@@ -63,14 +65,6 @@ class AdamParams(StrictModel):
         if v:
             raise plain_error("amsgrad is not supported by dsfast's Adam (nor by DeepSpeed's FusedAdam); "
                               "remove it or set it to false")
-        return v
-
-    @field_validator("fp32_optimizer_states")
-    @classmethod
-    def _fp32_states(cls, v):
-        if v is False:
-            raise plain_error("fp32_optimizer_states=false (low-precision Adam states) is not supported by "
-                              "dsfast; its optimizer states are always fp32")
         return v
 
 

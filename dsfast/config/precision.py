@@ -18,21 +18,13 @@ class Fp16Config(StrictModel):
     hysteresis: int = Field(2, ge=1)              # overflows tolerated before the scale halves
     consecutive_hysteresis: bool = False          # refill hysteresis after every clean step
     min_loss_scale: float = Field(1.0, gt=0)      # floor of the dynamic scale
-    fp16_master_weights_and_grads: bool = False
+    fp16_master_weights_and_grads: bool = False   # fp16 masters (ZeRO 1-3 + offload_optimizer + CPUAdam)
 
     @field_validator("loss_scale")
     @classmethod
     def _finite(cls, v):
         if not math.isfinite(v):
             raise plain_error(f"must be a finite number; 0 means dynamic loss scaling (got {v!r})")
-        return v
-
-    @field_validator("fp16_master_weights_and_grads")
-    @classmethod
-    def _master(cls, v):
-        if v:
-            raise plain_error("fp16 master weights (DeepSpeed: ZeRO-Offload with CPU Adam only) are not supported "
-                              "by dsfast yet; dsfast keeps fp32 master weights. Remove the key or set it to false")
         return v
 
     @model_validator(mode="after")
@@ -56,17 +48,10 @@ class Bf16Config(StrictModel):
     enabled: bool = False
     immediate_grad_update: bool = False   # DeepSpeed's bf16 ZeRO optimizer knob; no effect at stage 0
     check_grad_overflow: bool = True      # DeepSpeed 0.19: skip a bf16 step whose gradients are not finite
+    # bf16 masters (and gradient shards) at ZeRO 1-3; bf16 Adam moments too (needs the former). Where they are
+    # accepted with which offload and optimizer: config/master_precision.py
     bf16_master_weights_and_grads: bool = False
     bf16_optimizer_states: bool = False
-
-    @field_validator("bf16_master_weights_and_grads", "bf16_optimizer_states")
-    @classmethod
-    def _unsupported(cls, v, info):
-        if v:
-            raise plain_error(f"bf16.{info.field_name}=true is not implemented by dsfast yet (DeepSpeed 0.19 "
-                              "allows it only with ZeRO stages 1-3); dsfast keeps fp32 master weights, gradients "
-                              "and optimizer states. Set it to false or remove the key")
-        return v
 
     def ignored(self) -> List[str]:
         out = []

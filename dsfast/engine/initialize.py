@@ -10,7 +10,9 @@ import torch
 import torch.distributed as dist
 
 from ..comm.data_parallel import data_parallel
+from ..config.master_precision import cpu_adam_fp32_states
 from ..zero.owners import build_owner
+from ..zero.precision import check_master_optimizer
 from .data import build_dataloader
 from .engine import Engine
 from .optimizer_factory import build_optimizer
@@ -68,6 +70,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     object.__setattr__(model, "_dsfast_owner", owner)
 
     opt = _make_optimizer(cfg, optimizer, groups, owner, device, rank)
+    if opt is not None and cfg.zero_stage > 0:
+        check_master_optimizer(owner.precision, cfg.zero_optimization.offload_optimizer_device != "none", opt)
     sched = _make_scheduler(cfg, lr_scheduler, opt, rank)
     scaler = _make_loss_scaler(cfg, device)
 
@@ -143,7 +147,8 @@ def _make_optimizer(cfg, client, groups, owner, device, rank):
     if not owner.trains or opt_cfg is None:
         return None  # nothing to train (a frozen model used for eval), or nothing to train it with
     # with offload_optimizer the states live on the host: the CPU kernels step them
-    return build_optimizer(opt_cfg, owner.optimizer_groups(groups), owner.optimizer_device or device)
+    return build_optimizer(opt_cfg, owner.optimizer_groups(groups), owner.optimizer_device or device,
+                           fp32_states=cpu_adam_fp32_states(cfg))
 
 
 def _make_scheduler(cfg, client, optimizer, rank):

@@ -4,6 +4,8 @@ The one place that maps a DeepSpeed optimizer type to a class:
   Adam / AdamW -> dsfast CPUAdam on CPU, FusedAdam on GPU (decoupled weight decay unless `adam_w_mode: false`
                   for "Adam", as in DeepSpeed); `torch_adam: true` picks torch.optim.Adam/AdamW instead.
   SGD          -> dsfast CPUSGD on CPU, FusedSGD on GPU.
+The CPU classes get fp32_optimizer_states as DeepSpeed's engine resolves it (config/master_precision.py); the GPU
+ones keep their states in the (master) parameters' dtype.
 """
 import inspect
 
@@ -51,9 +53,9 @@ def _sgd_class(device_type):
     return CPUSGD
 
 
-def build_optimizer(opt_cfg, param_groups, device):
+def build_optimizer(opt_cfg, param_groups, device, fp32_states=True):
     """The optimizer of a validated `optimizer` config section (dsfast.config.OptimizerConfig) over
-    `param_groups` on `device`."""
+    `param_groups` on `device`; fp32_states: the CPU optimizers' fp32_optimizer_states."""
     key = opt_cfg.type.lower()
     kwargs = opt_cfg.torch_kwargs()
     defaults = {k: f.default for k, f in type(opt_cfg.params).model_fields.items()}
@@ -67,4 +69,7 @@ def build_optimizer(opt_cfg, param_groups, device):
         raise OptimizerConfigError(
             f"optimizer.type {opt_cfg.type!r} is not supported; valid types: {', '.join(SUPPORTED)} "
             "(case-insensitive), or pass your own optimizer object to initialize(optimizer=...)")
-    return cls(param_groups, **_fit_kwargs(cls, kwargs, defaults, opt_cfg.type))
+    kwargs = _fit_kwargs(cls, kwargs, defaults, opt_cfg.type)
+    if "fp32_optimizer_states" in inspect.signature(cls.__init__).parameters:
+        kwargs["fp32_optimizer_states"] = bool(fp32_states)
+    return cls(param_groups, **kwargs)

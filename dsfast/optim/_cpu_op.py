@@ -146,6 +146,9 @@ class GroupCache:
                                           states=states, tensors={k: [st[k] for st in states] for k in keys})
 
 
+_STATE_TENSORS = ("exp_avg", "exp_avg_sq", "momentum_buffer")
+
+
 def normalise_state(state):
     """State loaded from elsewhere (an int step, a non-contiguous moment) in the kernel's layout."""
     if not state:
@@ -154,7 +157,7 @@ def normalise_state(state):
     if step is not None and not (isinstance(step, torch.Tensor) and step.dtype == torch.float32
                                  and step.device.type == "cpu" and step.numel() == 1):
         state["step"] = torch.tensor(float(step), dtype=torch.float32)
-    for key in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
+    for key in _STATE_TENSORS:
         t = state.get(key)
         if isinstance(t, torch.Tensor) and not t.is_contiguous():
             state[key] = t.contiguous()
@@ -166,16 +169,44 @@ class CPUOptimizer(torch.optim.Optimizer):
 
     _dsfast_amp_step = True   # step(grads=, grad_scale=, found_inf=, clip_coef=, out16=): optim/amp_step.py
 
-    def __init__(self, params, defaults, isa):
+    def __init__(self, params, defaults, isa, fp32_optimizer_states=True, stochastic_rounding=False):
         self.isa = check_isa(isa)
+        # False: the states of a 16-bit parameter (a bf16 / fp16 master) in its own dtype (DeepSpeedCPUAdam's
+        # knob; DeepSpeed's bf16_optimizer_states); fp32 parameters keep fp32 states either way
+        self.fp32_optimizer_states = bool(fp32_optimizer_states)
+        # bf16 parameters rounded stochastically (off by default, as DeepSpeed's nearest-even): an update below
+        # half a bf16 ulp then moves the parameter on average instead of never. A private generator gives each
+        # step its seed, so runs repeat and the global RNG is untouched.
+        self.stochastic_rounding = bool(stochastic_rounding)
+        self._round_gen = torch.Generator().manual_seed(0x5EED) if self.stochastic_rounding else None
         self._cache = GroupCache()
         super().__init__(params, defaults)
 
+    def round_seed(self):
+        """A fresh nonzero seed for one kernel call when stochastic rounding is on, else 0 (nearest even)."""
+        if self._round_gen is None:
+            return 0
+        return int(torch.randint(1, 2 ** 62, (), generator=self._round_gen))
+
+    def state_dtype(self, p):
+        """The dtype of p's optimizer states."""
+        return torch.float32 if self.fp32_optimizer_states else p.dtype
+
     def load_state_dict(self, state_dict):
+        # torch casts every loaded state to its param's dtype: fp32 states beside a bf16 master would be rounded
+        # to bf16. Each state is taken from the saved tensor instead, converted explicitly to this optimizer's
+        # state dtype (a bf16-state checkpoint into an fp32-state run and back).
+        saved = state_dict.get("state", {})
+        saved_ids = [i for g in state_dict.get("param_groups", []) for i in g["params"]]
         super().load_state_dict(state_dict)
-        for group in self.param_groups:
-            for p in group["params"]:
-                normalise_state(self.state.get(p))
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(saved_ids, params):
+            state = self.state.get(p)
+            for key in _STATE_TENSORS:
+                original = saved.get(i, {}).get(key)
+                if state and isinstance(original, torch.Tensor) and original.is_floating_point():
+                    state[key] = original.to(device=p.device, dtype=self.state_dtype(p), copy=True)
+            normalise_state(state)
 
     @staticmethod
     def _amp_arguments(fp16_param_groups, grad_scale, found_inf, clip_coef, out16):

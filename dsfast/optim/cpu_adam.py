@@ -4,7 +4,11 @@
     opt = dsfast.optim.CPUAdam(params, adamw_mode=False)                          # Adam with L2 decay
 
 * fp32 parameters and states on the CPU; gradients may be fp32, bf16 or fp16 and are read
-  directly by the kernel (no conversion pass).
+  directly by the kernel (no conversion pass). bf16 / fp16 parameters (ZeRO's 16-bit masters:
+  bf16_master_weights_and_grads) are stepped in place too, with fp32 states, or states in their own
+  dtype with fp32_optimizer_states=False (bf16_optimizer_states); every element is computed in fp32
+  registers and rounded to nearest even on the store, no fp32 copy made. stochastic_rounding=True (off by
+  default) rounds bf16 parameters stochastically instead (reproducibly: the seeds come from a private generator).
 * One native call per param group updates every tensor of the group in ONE OpenMP parallel
   region, with torch.get_num_threads() threads; the kernel body (AVX-512, AVX2 or scalar) is
   picked for the running CPU; `isa=` forces one (tests, benchmarks).
@@ -53,16 +57,15 @@ class CPUAdam(_cpu_op.CPUOptimizer):
     """Adam/AdamW on CPU tensors (DeepSpeedCPUAdam's signature; adamw_mode=True by default)."""
 
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 amsgrad=False, adamw_mode=True, fp32_optimizer_states=True, *, maximize=False, isa="auto"):
+                 amsgrad=False, adamw_mode=True, fp32_optimizer_states=True, *, maximize=False, isa="auto",
+                 stochastic_rounding=False):
         check_adam_hparams(lr, betas, eps, weight_decay, amsgrad)
-        if not fp32_optimizer_states:
-            raise ValueError("fp32_optimizer_states=False is not supported: CPUAdam keeps fp32 states")
         # decoupled_weight_decay is torch.optim.Adam's name for adamw_mode: kept equal so that
         # state dicts carry the right rule to and from torch.
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         bias_correction=bias_correction, adamw_mode=adamw_mode,
                         decoupled_weight_decay=adamw_mode, maximize=maximize)
-        super().__init__(params, defaults, isa)
+        super().__init__(params, defaults, isa, fp32_optimizer_states, stochastic_rounding)
 
     def __setstate__(self, state):
         super().__setstate__(state)
@@ -105,6 +108,7 @@ class CPUAdam(_cpu_op.CPUOptimizer):
             adamw = bool(group["adamw_mode"])
             group["decoupled_weight_decay"] = adamw
             grad_scale = -multiplier if group.get("maximize") else multiplier
+            seed = self.round_seed()
             if cached is not None and _cpu_op.tables_usable():
                 native = _cpu_op.op()
                 if self._cache.table_step(
@@ -112,12 +116,12 @@ class CPUAdam(_cpu_op.CPUOptimizer):
                         lambda: _cpu_op.call(native.adam_table, gi, indices, params, gs, ms, vs, outs, steps),
                         lambda table: native.adam_table_step(table, lr, beta1, beta2, eps, wd, adamw,
                                                              bool(group["bias_correction"]), grad_scale,
-                                                             _cpu_op.num_threads(), self.isa)):
+                                                             _cpu_op.num_threads(), self.isa, seed)):
                     continue
             functional.adam_(params, gs, ms, vs, steps, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd,
                              adamw=adamw, bias_correction=bool(group["bias_correction"]),
                              grad_scale=grad_scale, out16=outs, isa=self.isa,
-                             group_index=gi, indices=indices)
+                             group_index=gi, indices=indices, round_seed=seed)
         return loss
 
     def _gather(self, group, halves, listed=None):
@@ -129,8 +133,9 @@ class CPUAdam(_cpu_op.CPUOptimizer):
             state = self.state[p]
             if len(state) == 0:
                 state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                dtype = self.state_dtype(p)
+                state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)
             params.append(p)
             grads.append(g)
             ms.append(state["exp_avg"])

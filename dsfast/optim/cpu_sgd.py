@@ -1,7 +1,9 @@
 """CPUSGD: torch.optim.SGD semantics (momentum, dampening, nesterov, weight decay) over
 dsfast's SIMD CPU kernels, one parallel region per param group.
 
-fp32 parameters and momentum buffers; gradients fp32, bf16 or fp16 read directly. State is
+fp32 parameters and momentum buffers; gradients fp32, bf16 or fp16 read directly. bf16 / fp16 parameters
+(16-bit masters) with fp32 buffers, or buffers in their own dtype with fp32_optimizer_states=False;
+stochastic_rounding=True as CPUAdam's. State is
 torch's layout (`momentum_buffer`, present once a step with momentum != 0 has run), so state
 dicts move between this and torch.optim.SGD both ways. `step(fp16_param_groups=...)` also
 writes the updated parameters into bf16/fp16 tensors in the same pass.
@@ -32,11 +34,11 @@ def sgd_flat_step(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampen
 
 class CPUSGD(_cpu_op.CPUOptimizer):
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
-                 maximize=False, isa="auto"):
+                 maximize=False, isa="auto", fp32_optimizer_states=True, stochastic_rounding=False):
         check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                         nesterov=nesterov, maximize=maximize)
-        super().__init__(params, defaults, isa)
+        super().__init__(params, defaults, isa, fp32_optimizer_states, stochastic_rounding)
 
     def __setstate__(self, state):
         super().__setstate__(state)
@@ -71,17 +73,18 @@ class CPUSGD(_cpu_op.CPUOptimizer):
             if not params:
                 continue
             grad_scale = -multiplier if group.get("maximize") else multiplier
+            seed = self.round_seed()
             if cached is not None and _cpu_op.tables_usable():   # buffers all seeded: the table path
                 native = _cpu_op.op()
                 if self._cache.table_step(
                         gi, ("sgd", momentum != 0), gs, (bufs,), outs,
                         lambda: _cpu_op.call(native.sgd_table, gi, indices, params, gs, bufs, outs),
                         lambda table: native.sgd_table_step(table, lr, momentum, dampening, wd, nesterov,
-                                                            grad_scale, _cpu_op.num_threads(), self.isa)):
+                                                            grad_scale, _cpu_op.num_threads(), self.isa, seed)):
                     continue
             functional.sgd_(params, gs, bufs, firsts, lr=lr, momentum=momentum, dampening=dampening,
                             weight_decay=wd, nesterov=nesterov, grad_scale=grad_scale,
-                            out16=outs, isa=self.isa, group_index=gi, indices=indices)
+                            out16=outs, isa=self.isa, group_index=gi, indices=indices, round_seed=seed)
             if cached is None:
                 # new buffers enter the state only once seeded: a refused step leaves no garbage buffer
                 for p, buf, first in zip(params, bufs, firsts):
@@ -105,7 +108,7 @@ class CPUSGD(_cpu_op.CPUOptimizer):
                 buf = state.get("momentum_buffer")
                 first = buf is None
                 if first:   # torch seeds the buffer with the first gradient; the kernel does the same
-                    buf = torch.empty_like(p, memory_format=torch.contiguous_format)
+                    buf = torch.empty_like(p, dtype=self.state_dtype(p), memory_format=torch.contiguous_format)
                 bufs.append(buf)
                 firsts.append(first)
             if halves is not None:

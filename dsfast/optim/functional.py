@@ -5,7 +5,8 @@
 CPU tensors run dsfast's SIMD kernel (one OpenMP region over every tensor of the call); CUDA tensors the
 multi-tensor CUDA kernel (dsfast.ops.multi_tensor). Gradients may be fp32, bf16 or fp16 and are read as they are;
 `grad_scale` multiplies them first (1/world x 1/loss_scale x clip coefficient in the ZeRO step: no separate pass);
-`out16`, when given, receives each updated parameter rounded to 16 bits in the same pass. CPUAdam, CPUSGD and the
+`out16`, when given, receives each updated parameter rounded to 16 bits in the same pass. `round_seed` nonzero
+(CPU kernels, bf16 params): stochastic rounding of the updated params, a new seed per call. CPUAdam, CPUSGD and the
 ZeRO shard step all call these; `label` names the tensors in errors (default "the partition").
 """
 import torch
@@ -16,7 +17,7 @@ from .validation import check_adam_hparams, check_sgd_hparams
 
 def adam_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
           adamw=True, bias_correction=True, grad_scale=1.0, out16=(), isa="auto", group_index=None,
-          indices=None):
+          indices=None, round_seed=0):
     """One step on every tensor of the lists, in place; steps (float32 one-element tensors) are incremented."""
     if not params:
         return
@@ -25,8 +26,12 @@ def adam_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, betas=(0.9, 0.999)
     if device.type != "cuda":   # CPU (any other device gets the CPU kernel's error naming the tensor)
         _cpu_op.call(_cpu_op.op().adam_step, group_index, indices or range(len(params)), list(params), list(grads),
                      list(exp_avgs), list(exp_avg_sqs), list(out16), list(steps), lr, beta1, beta2, eps,
-                     weight_decay, bool(adamw), bool(bias_correction), float(grad_scale), _cpu_op.num_threads(), isa)
+                     weight_decay, bool(adamw), bool(bias_correction), float(grad_scale), _cpu_op.num_threads(), isa,
+                     round_seed=int(round_seed))
         return
+    if round_seed:
+        raise ValueError("stochastic rounding (round_seed) is implemented by the CPU kernels only; the CUDA kernel "
+                         "rounds to nearest even")
     from ..ops import multi_tensor
     inv = torch.full((), float(grad_scale), dtype=torch.float32, device=device)   # multiplies the gradients
     torch._foreach_add_(list(steps), 1)
@@ -36,7 +41,7 @@ def adam_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, betas=(0.9, 0.999)
 
 
 def sgd_(params, grads, momentum_buffers, first_steps, *, lr, momentum=0.0, dampening=0.0, weight_decay=0.0,
-         nesterov=False, grad_scale=1.0, out16=(), isa="auto", group_index=None, indices=None):
+         nesterov=False, grad_scale=1.0, out16=(), isa="auto", group_index=None, indices=None, round_seed=0):
     """One SGD step in place; with momentum, first_steps[i] True seeds momentum_buffers[i] with the gradient."""
     if not params:
         return
@@ -48,4 +53,4 @@ def sgd_(params, grads, momentum_buffers, first_steps, *, lr, momentum=0.0, damp
     firsts = [bool(f) for f in first_steps] if momentum != 0 else []
     _cpu_op.call(_cpu_op.op().sgd_step, group_index, indices or range(len(params)), list(params), list(grads), bufs,
                  list(out16), firsts, lr, momentum, dampening, weight_decay, nesterov, float(grad_scale),
-                 _cpu_op.num_threads(), isa)
+                 _cpu_op.num_threads(), isa, round_seed=int(round_seed))

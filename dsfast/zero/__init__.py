@@ -4,7 +4,7 @@ Files, one job each:
   state_owner.py       StateOwner: what every stage's owner provides the engine and checkpoints; memory counting
   owners.py            build_owner (the one place a stage picks its owner); what ZeRO owners offer the optimizer
   placement.py         where a unit's tensors live (device / host / pinned; the distinct-host test placement)
-  precision.py         the param / reduce / master dtypes (communication_data_type)
+  precision.py         the param / reduce / master dtypes (communication_data_type, 16-bit masters)
   shard_unit.py        one bucket's slice, master, optimizer shard, gradient and host copies, in one object
   replicated.py        stage 0's owner: every rank holds everything (precision strategy + all-reduce)
   mixed_precision.py   stage 0's fp32 / fp16 / bf16 strategy (fp32 masters, where the 16-bit copies go)

@@ -2,9 +2,12 @@
 the ones the memory tests check against memory_breakdown()).
 
     python -m dsfast.zero.estimate --params 7e9 --world-size 8 [--fp32] [--offload] [--largest-layer 1e8]
+                                   [--bf16-master [--bf16-optimizer-states]]
     dsfast.zero.estimate_model_states(7e9, 8) -> [{"stage", "offload_optimizer", "offload_param", "device",
                                                    "host"}, ...]  (bytes per rank)
-Adam is assumed (two fp32 moments). Stage 3 adds its gathered working set when the largest layer is given: that
+Adam is assumed (two fp32 moments; bf16 ones with --bf16-optimizer-states). --bf16-master: the masters are the
+16-bit parameter shards (bf16_master_weights_and_grads; stages 1-3 only, so no stage 0 row).
+Stage 3 adds its gathered working set when the largest layer is given: that
 layer whole in the model dtype (the one being computed; prefetching may hold the next one too). Activations and
 temporary buffers are not model states and are not counted.
 """
@@ -17,9 +20,12 @@ _CHOICES = [(0, False, False), (1, False, False), (1, True, False), (2, False, F
             (3, False, False), (3, True, False), (3, False, True), (3, True, True)]
 
 
-def estimate_model_states(params, world_size, mixed=True, largest_layer=0, offload=None):
+def estimate_model_states(params, world_size, mixed=True, largest_layer=0, offload=None, master16=False,
+                          states16=False):
     """Rows for every (stage, offload_optimizer, offload_param) choice; offload=True/False keeps only the rows with
-    (any) / without offload."""
+    (any) / without offload. master16 / states16: 16-bit masters / optimizer states (stages 1-3)."""
+    if master16 and not mixed:
+        raise ValueError("16-bit masters (bf16_master_weights_and_grads) need a 16-bit model, not --fp32")
     psi, world = int(float(params)), int(world_size)
     if psi < 1 or world < 1:
         raise ValueError(f"params and world_size must be >= 1 (got {params!r}, {world_size!r})")
@@ -27,7 +33,9 @@ def estimate_model_states(params, world_size, mixed=True, largest_layer=0, offlo
     for stage, off_opt, off_param in _CHOICES:
         if offload is not None and bool(offload) != (off_opt or off_param):
             continue
-        b = model_state_bytes(psi, world, stage, mixed, off_opt, off_param)
+        if master16 and (stage == 0 or (not states16 and not off_opt)):
+            continue   # where DeepSpeed refuses them (config/master_precision.py)
+        b = model_state_bytes(psi, world, stage, mixed, off_opt, off_param, master16, states16)
         if stage == 3 and largest_layer:
             b["device"] += (2 if mixed else 4) * int(float(largest_layer))
         rows.append({"stage": stage, "offload_optimizer": off_opt, "offload_param": off_param, **b})
@@ -82,15 +90,24 @@ def main(argv=None):
     ap.add_argument("--fp32", action="store_true", help="fp32 training (default: fp16/bf16 with fp32 masters)")
     ap.add_argument("--offload", action="store_true", help="only the rows that offload to host memory")
     ap.add_argument("--largest-layer", default="0", help="parameters of the largest layer (stage 3 working set)")
+    ap.add_argument("--bf16-master", action="store_true",
+                    help="bf16 masters and gradients (bf16_master_weights_and_grads; without the next flag only "
+                         "with offload_optimizer)")
+    ap.add_argument("--bf16-optimizer-states", action="store_true", help="bf16 Adam moments (bf16_optimizer_states)")
     args = ap.parse_args(argv)
+    if args.bf16_optimizer_states and not args.bf16_master:
+        ap.error("--bf16-optimizer-states needs --bf16-master (as bf16_optimizer_states needs "
+                 "bf16_master_weights_and_grads)")
     try:
         rows = estimate_model_states(args.params, args.world_size, not args.fp32, args.largest_layer,
-                                     True if args.offload else None)
+                                     True if args.offload else None, args.bf16_master, args.bf16_optimizer_states)
     except ValueError as err:
         ap.error(str(err))
     gib = 1024 ** 3
     print(f"model states per rank: {float(args.params):.3g} params, {args.world_size} ranks, "
-          f"{'fp32' if args.fp32 else 'mixed precision'}, Adam")
+          f"{'fp32' if args.fp32 else 'mixed precision'}, "
+          f"{'bf16' if args.bf16_master else 'fp32'} masters, Adam with "
+          f"{'bf16' if args.bf16_optimizer_states else 'fp32'} moments")
     print(f"{'stage':>5}  {'offload_optimizer':>17}  {'offload_param':>13}  {'device GiB':>10}  {'host GiB':>9}")
     for r in rows:
         print(f"{r['stage']:>5}  {str(r['offload_optimizer']):>17}  {str(r['offload_param']):>13}  "

@@ -1,4 +1,5 @@
-"""The partitioned storage of ZeRO stages 1 and 2: flat parameter buckets and each rank's fp32 master shards.
+"""The partitioned storage of ZeRO stages 1 and 2: flat parameter buckets and each rank's master shards (fp32, or
+16-bit ones in the model's dtype, kept as an fp32 model's are).
 
 Model parameters become views into flat buckets (one per partition.BucketPlan, in the model's dtype, padded), so
 that the post-step all-gather writes every parameter at once and a rank's shard is a plain slice. Each rank keeps,
@@ -20,15 +21,18 @@ from .shard_unit import ShardUnit, UnitStore
 
 
 class FlatShards(UnitStore):
-    def __init__(self, params, group_of, model_dtype, bucket_elems, world, rank, placement, allocate=None):
+    def __init__(self, params, group_of, model_dtype, bucket_elems, world, rank, placement, allocate=None,
+                 master_dtype=torch.float32):
         """params: trainable parameters in model order (still fp32 when model_dtype is 16-bit: the masters are
         taken from them before the cast); group_of: param-group index per param. `allocate(numel, dtype, device)`
         (shm_reduce.SharedTable), when given, provides one storage for every parameter bucket: same-host ranks then
-        all-gather through shared memory (`table` is set when it did). placement: placement.Placement."""
+        all-gather through shared memory (`table` is set when it did). placement: placement.Placement.
+        master_dtype: fp32, or model_dtype (16-bit masters: kept as an fp32 model's masters are)."""
         self.params = list(params)
         self.world, self.rank = world, rank
         self.model_dtype = model_dtype
-        self.mixed = model_dtype != torch.float32
+        self.master_dtype = master_dtype
+        self.mixed = model_dtype != master_dtype   # the optimizer writes 16-bit copies of fp32 masters
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.placement = placement
         self.offload = placement.offload_states
@@ -70,7 +74,7 @@ class FlatShards(UnitStore):
                     p.data = flat[e.offset:e.offset + e.numel].view(p.shape)
                 if master is None:
                     master = flat[lo:hi] if self.masters_are_params else \
-                        flat[lo:hi].to(self.master_device, copy=True)
+                        flat[lo:hi].to(self.master_device, copy=True)   # (16-bit masters: of the rounded values)
                     if self.pin:
                         master = master.pin_memory()
                 self.flats.append(flat)

@@ -10,6 +10,7 @@ owner.adopt_client_optimizer.
 """
 import torch
 
+from ..config.master_precision import master_dtype_name
 from .placement import placement_of
 from .precision import precision_policy
 from .shm_reduce import shm_allocator
@@ -21,7 +22,8 @@ def build_owner(cfg, model, trainable, groups, bucket, dp, device):
     world, rank, group = dp.world, dp.rank, dp.group
     device = torch.device(device or "cpu")
     placement = placement_of(cfg.zero_optimization, device)
-    policy = precision_policy(cfg.precision, cfg.zero_stage, cfg.communication_data_type)
+    policy = precision_policy(cfg.precision, cfg.zero_stage, cfg.communication_data_type,
+                              master=master_dtype_name(cfg), states_16bit=cfg.bf16.bf16_optimizer_states)
     if cfg.zero_stage == 3:
         from .stage3 import build_stage3_owner
         return build_stage3_owner(model, trainable, group_of, policy, world, rank, placement,

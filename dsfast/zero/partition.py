@@ -89,19 +89,32 @@ def owned_pieces(plan: BucketPlan, rank: int):
 
 
 def model_state_bytes(psi: int, world: int, stage: int, mixed: bool, offload: bool = False,
-                      offload_param: bool = False):
+                      offload_param: bool = False, master16: bool = False, states16: bool = False):
     """ZeRO's model-state formulas for Adam (bytes per rank): {"device": ..., "host": ...}.
 
     Mixed precision (16-bit model, fp32 masters + 2 fp32 moments = 12 bytes/param of optimizer state):
       stage 0: 16 psi          stage 1: 4 psi + 12 psi/N      stage 2: 2 psi + 14 psi/N    stage 3: 16 psi/N
     fp32 (the parameters are the masters):
       stage 0: 16 psi          stage 1: 8 psi + 8 psi/N       stage 2: 4 psi + 12 psi/N    stage 3: 16 psi/N
+    16-bit masters (master16: bf16_master_weights_and_grads / fp16_master_weights_and_grads, stages 1-3): the
+    masters are the 16-bit parameter shards themselves, and the moments fp32 (8 bytes) or, with states16
+    (bf16_optimizer_states), 16-bit (4 bytes):
+      stage 1: 4 psi + 4 psi/N      stage 2: 2 psi + 6 psi/N      stage 3: 8 psi/N      (fp32 moments: 4 more psi/N)
+      with offload_optimizer the host keeps its own 16-bit master copy beside the moments: 6 psi/N (fp32 moments:
+      10 psi/N), DeepSpeed's "6 bytes per parameter instead of 12"
     offload_optimizer moves masters and moments (12 or 8 bytes/param, /N from stage 1 on) to the host;
     offload_param (stage 3 only) moves the parameter partitions there too (the fp32 one doubles as the master
     only when both are on the same side, which the counts here ignore: they are upper bounds by a p psi/N)."""
+    if master16 and not (mixed and stage in (1, 2, 3)):
+        raise ValueError(f"16-bit masters need a 16-bit model at ZeRO stage 1-3 (got mixed={mixed}, stage {stage})")
+    if states16 and not master16:
+        raise ValueError("16-bit optimizer states need 16-bit masters (bf16_optimizer_states needs "
+                         "bf16_master_weights_and_grads)")
     n = world
     p, g = (2, 2) if mixed else (4, 4)       # 16-bit or fp32 params and grads
     opt = 12 if mixed else 8                 # masters + exp_avg + exp_avg_sq (fp32 keeps no master copy)
+    if master16:                             # the parameter shards are the masters, but for the host's own copy
+        opt = (2 if offload else 0) + 2 * (2 if states16 else 4)
     if stage == 0:
         params, grads, states = p * psi, (4 if mixed else g) * psi, opt * psi
     elif stage == 1:

@@ -4,7 +4,8 @@ the units; the owner's reduction fills in their gradients; the step applies the 
 
     plan       the bucket's layout (partition.BucketPlan): its parameters, padding, param group, this rank's range
     slice16    this rank's slice of the bucket in the model's dtype (what the all-gather publishes)
-    master     the fp32 master of that slice (the slice itself for an fp32 model when the placement allows)
+    master     the master of that slice, in the precision policy's master dtype (fp32, or the model's 16-bit dtype);
+               the slice itself when it is in the slice's dtype and the placement allows
     shard      the torch.nn.Parameter over `master` the optimizer steps: optimizer.state[shard] is the unit's state
     host16     offload to a distinct host: the host copy the CPU optimizer writes 16-bit values into
     grad       the reduced gradient slice (the precision policy's reduce dtype)
@@ -44,8 +45,9 @@ class ShardUnit:
 
     @torch.no_grad()
     def finish_step(self, mixed, masters_are_params):
-        """After an applied update: the 16-bit values onto the device slice (host copies), or, for fp32 masters
-        apart from the parameters, the masters into the slice. (A skipped step wrote nothing to copy.)"""
+        """After an applied update: the 16-bit values onto the device slice (host copies), or, for masters in the
+        slice's own dtype (fp32 model, 16-bit masters) kept apart from it, the masters into the slice. `mixed`: the
+        masters are fp32 beside a 16-bit model. (A skipped step wrote nothing to copy.)"""
         if mixed:
             if self.host16 is not None:
                 self.slice16.copy_(self.host16, non_blocking=True)

@@ -34,12 +34,13 @@ class Stage3Store(UnitStore):
     """The trained parameters' shards, in the shape stage 1/2's step and records read (one plan per param)."""
 
     def __init__(self, params, group_of, records, all_records, model_dtype, placement, masters_fp32,
-                 grad_dtype=None):
+                 grad_dtype=None, master_dtype=torch.float32):
         self.params = list(params)
         self.records = list(records)
         self.all_records = list(all_records)
         self.model_dtype = model_dtype
-        self.mixed = model_dtype != torch.float32
+        self.master_dtype = master_dtype   # fp32, or model_dtype (16-bit masters: handled as an fp32 model's)
+        self.mixed = model_dtype != master_dtype   # the optimizer writes 16-bit copies of fp32 masters
         self.placement = placement
         self.device = placement.device
         self.world = records[0].world if records else 1
@@ -52,7 +53,7 @@ class Stage3Store(UnitStore):
         self.bucket_host = None   # offload to a distinct host: one host buffer per gradient bucket (stage3 build)
         for r, m32, plan in zip(self.records, masters_fp32, self.plans):
             master = r.shard if self.masters_are_params else \
-                m32.to(self.master_device, dtype=torch.float32, copy=True)
+                m32.to(self.master_device, dtype=master_dtype, copy=True)
             if placement.pin and not master.is_pinned():
                 master = master.pin_memory()
             shard = torch.nn.Parameter(master, requires_grad=True)
@@ -232,7 +233,8 @@ def build_stage3_owner(model, params, group_of, policy, world, rank, placement, 
             r.cast(dtype)
     persistent = _persistent(records, int(zero_cfg.param_persistence_threshold),
                              int(zero_cfg.model_persistence_threshold))
-    store = Stage3Store(params, group_of, trained, records, dtype, placement, masters_fp32, policy.reduce_dtype)
+    store = Stage3Store(params, group_of, trained, records, dtype, placement, masters_fp32, policy.reduce_dtype,
+                        policy.master_dtype)
     allocate = _shm_allocator(records, device, world, group) if world > 1 else None
     if allocate is not None:
         shared = SharedParams(records, allocate)

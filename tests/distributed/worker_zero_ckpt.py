@@ -32,8 +32,12 @@ def main():
         first = client["step"]
     train(dsfast.initialize, spec, rank, world, engine=engine, first=first)
     params = full_params(engine)
+    states = {str(v.dtype) for st in engine.optimizer.state.values() for v in st.values()
+              if torch.is_tensor(v) and v.numel() > 1}
+    masters = {str(p.dtype) for g in engine.optimizer.param_groups for p in g["params"]}
     if rank == 0:
-        torch.save({"params": params, "global_steps": engine.global_steps}, out)
+        torch.save({"params": params, "global_steps": engine.global_steps, "state_dtypes": states,
+                    "master_dtypes": masters}, out)
     torch.distributed.barrier()
 
 

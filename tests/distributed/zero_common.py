@@ -10,7 +10,9 @@ same with nesterov) or "client" (a torch.optim.AdamW instance) or "torch_adam" (
 same step call a GPU makes). inject: "inf" (default: the loss times inf on inject_rank at step 1) or "huge" (times
 1e22: finite gradients whose squares overflow fp32). backward: "engine" (default: engine.backward(loss)) or "plain"
 (loss.backward(), DeepSpeed 0.19.8's hooks on the engine's outputs). comm: the config's communication_data_type
-("-" or absent: not set).
+("-" or absent: not set). precision "bf16m": bf16 with bf16 masters and optimizer states
+(bf16_master_weights_and_grads + bf16_optimizer_states), "bf16mo": bf16 masters with fp32 states (offload only),
+"fp16mo": fp16 with fp16 masters (fp16_master_weights_and_grads; offload only).
 """
 import torch
 
@@ -70,10 +72,14 @@ def config(spec, world):
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if spec.get("comm"):
         cfg["communication_data_type"] = spec["comm"]
-    if spec["precision"] == "bf16":
+    if spec["precision"] in ("bf16", "bf16m", "bf16mo"):
         cfg["bf16"] = {"enabled": True, "check_grad_overflow": spec["inject_rank"] >= 0}
-    if spec["precision"] == "fp16":
-        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8, "hysteresis": 1}
+        if spec["precision"] != "bf16":
+            cfg["bf16"].update(bf16_master_weights_and_grads=True,
+                               bf16_optimizer_states=spec["precision"] == "bf16m")
+    if spec["precision"] in ("fp16", "fp16mo"):
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8, "hysteresis": 1,
+                       "fp16_master_weights_and_grads": spec["precision"] == "fp16mo"}
     return cfg
 
 
@@ -118,7 +124,7 @@ def run_steps(engine, spec, rank, world, first=0, after_step=None):
             if step == 1 and rank == spec["inject_rank"]:
                 loss = loss * (1e22 if spec.get("inject") == "huge" else float("inf"))
             if spec.get("backward") == "plain":
-                (engine.scale(loss) if spec["precision"] == "fp16" else loss).backward()
+                (engine.scale(loss) if spec["precision"].startswith("fp16") else loss).backward()
             else:
                 engine.backward(loss)
             engine.step()

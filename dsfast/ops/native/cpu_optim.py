@@ -18,11 +18,11 @@ _adam_table = torch.ops.dsfast.cpu_adam_table_.default
 _sgd_fill = torch.ops.dsfast.cpu_sgd_table_fill_.default
 _sgd_table = torch.ops.dsfast.cpu_sgd_table_.default
 _release = torch.ops.dsfast.cpu_table_release_.default
-# Per row: param, grad, exp_avg, exp_avg_sq, out16, step addresses; numel; grad, out dtype codes; then a
-# reference to each of those six tensors (0 where there is none).
-ADAM_TABLE_COLUMNS, ADAM_HELD = 15, 9
-# param, grad, momentum_buffer, out16 addresses; numel; grad, out dtype codes; references to the four.
-SGD_TABLE_COLUMNS, SGD_HELD = 11, 7
+# Per row: param, grad, exp_avg, exp_avg_sq, out16, step addresses; numel; grad, out, param, state dtype codes;
+# then a reference to each of those six tensors (0 where there is none).
+ADAM_TABLE_COLUMNS, ADAM_HELD = 17, 11
+# param, grad, momentum_buffer, out16 addresses; numel; grad, out, param, state dtype codes; references to the four.
+SGD_TABLE_COLUMNS, SGD_HELD = 13, 9
 
 
 def abi():
@@ -54,24 +54,26 @@ def _fill_missing_outs(params, outs):
 
 
 def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps, weight_decay, adamw,
-              bias_correction, grad_scale=1.0, num_threads=0, isa="auto", label="params"):
-    """Adam/AdamW over lists of fp32 CPU tensors in one parallel region; increments each step."""
+              bias_correction, grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
+    """Adam/AdamW over lists of CPU tensors (fp32, or 16-bit masters / states) in one parallel region; increments
+    each step. round_seed nonzero: bf16 params are rounded stochastically (a new seed each call)."""
     outs = _fill_missing_outs(params, outs)
     try:
         _adam(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps, weight_decay, adamw,
-              bias_correction, grad_scale, num_threads, isa, label)
+              bias_correction, grad_scale, num_threads, isa, label, round_seed)
     except RuntimeError as e:
         raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads, exp_avgs=exp_avgs,
                                                   exp_avg_sqs=exp_avg_sqs, outs=outs, steps=steps)) from None
 
 
 def sgd_step(params, grads, momentum_buffers, outs, first_steps, lr, momentum, dampening, weight_decay, nesterov,
-             grad_scale=1.0, num_threads=0, isa="auto", label="params"):
-    """SGD (momentum, dampening, nesterov, weight decay) over lists of fp32 CPU tensors."""
+             grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
+    """SGD (momentum, dampening, nesterov, weight decay) over lists of CPU tensors (fp32, or 16-bit masters /
+    states); round_seed as adam_step."""
     outs = _fill_missing_outs(params, outs)
     try:
         _sgd(params, grads, momentum_buffers, outs, first_steps, lr, momentum, dampening, weight_decay, nesterov,
-             grad_scale, num_threads, isa, label)
+             grad_scale, num_threads, isa, label, round_seed)
     except RuntimeError as e:
         raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads,
                                                   momentum_buffers=momentum_buffers, outs=outs)) from None
@@ -116,11 +118,11 @@ def adam_table(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label="params"
 
 
 def adam_table_step(table, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale=1.0,
-                    num_threads=0, isa="auto"):
+                    num_threads=0, isa="auto", round_seed=0):
     """adam_step over the tensors of a work table (adam_table), incrementing each step; False (and
     nothing written) if a tensor of the table has moved since it was filled."""
     return _table_ran(_adam_table, table, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale,
-                      num_threads, isa)
+                      num_threads, isa, round_seed)
 
 
 def sgd_table(params, grads, momentum_buffers, outs, label="params"):
@@ -136,11 +138,11 @@ def sgd_table(params, grads, momentum_buffers, outs, label="params"):
 
 
 def sgd_table_step(table, lr, momentum, dampening, weight_decay, nesterov, grad_scale=1.0, num_threads=0,
-                   isa="auto"):
+                   isa="auto", round_seed=0):
     """sgd_step over a work table (sgd_table) whose momentum buffers are already seeded; False (and
     nothing written) if a tensor of the table has moved."""
     return _table_ran(_sgd_table, table, lr, momentum, dampening, weight_decay, nesterov, grad_scale, num_threads,
-                      isa)
+                      isa, round_seed)
 
 
 def _check_table(table, columns, op, rows=None):
@@ -155,13 +157,13 @@ def _check_table(table, columns, op, rows=None):
 # also refuses real meta-device tensors, which dispatch here, with the kernel's message.
 @torch.library.register_fake("dsfast::cpu_adam_step")
 def _adam_fake(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps, weight_decay, adamw,
-               bias_correction, grad_scale=1.0, num_threads=0, isa="auto", label="params"):
+               bias_correction, grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
     _ref.check_adam_args(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label)
 
 
 @torch.library.register_fake("dsfast::cpu_sgd_step")
 def _sgd_fake(params, grads, momentum_buffers, outs, first_steps, lr, momentum, dampening, weight_decay, nesterov,
-              grad_scale=1.0, num_threads=0, isa="auto", label="params"):
+              grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
     _ref.check_sgd_args(params, grads, momentum_buffers, outs, first_steps, momentum, label)
 
 
@@ -173,7 +175,7 @@ def _adam_fill_fake(table, params, grads, exp_avgs, exp_avg_sqs, outs, steps, la
 
 @torch.library.register_fake("dsfast::cpu_adam_table_")
 def _adam_table_fake(table, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale=1.0,
-                     num_threads=0, isa="auto"):
+                     num_threads=0, isa="auto", round_seed=0):
     _check_table(table, ADAM_TABLE_COLUMNS, "cpu_adam_table_")
 
 
@@ -186,7 +188,7 @@ def _sgd_fill_fake(table, params, grads, momentum_buffers, outs, label="params")
 
 @torch.library.register_fake("dsfast::cpu_sgd_table_")
 def _sgd_table_fake(table, lr, momentum, dampening, weight_decay, nesterov, grad_scale=1.0, num_threads=0,
-                    isa="auto"):
+                    isa="auto", round_seed=0):
     _check_table(table, SGD_TABLE_COLUMNS, "cpu_sgd_table_")
 
 

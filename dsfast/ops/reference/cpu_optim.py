@@ -1,6 +1,7 @@
 """Pure-torch stand-in for the native `cpu_optim` op: the same functions and arguments
 (csrc/bindings/cpu_optim.cpp), the same math (csrc/include/dsfast/optim_math.h), one
-tensor at a time. Used when the extension cannot be built; slower, never silently wrong.
+tensor at a time. Used when the extension cannot be built; slower, never silently wrong. 16-bit params (masters) and states
+are computed in fp32 and rounded to nearest even on the way back, as the kernels do.
 """
 import math
 
@@ -20,6 +21,48 @@ def best_isa():
 
 def openmp_enabled():
     return False
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x, c):
+    """(x * c) mod 2^32 for int64 tensors of 32-bit values, without overflowing int64."""
+    return ((x & 0xFFFF) * c + ((((x >> 16) * c) & 0xFFFF) << 16)) & _M32
+
+
+def _row_seed(seed, row):
+    """csrc/bindings/cpu_optim.cpp's row_seed: the call's seed made distinct per tensor (never 0)."""
+    x = (seed & _M32) ^ ((seed >> 32) & _M32) ^ ((row * 0x85EBCA6B) & _M32)
+    x ^= x >> 15
+    x = (x * 0x2C1B3C6D) & _M32
+    x ^= x >> 12
+    return x or 1
+
+
+def _stochastic_bf16(x, seed):
+    """half_convert.h's stochastic rounding of an fp32 tensor to bf16, bit for bit (murmur3's finaliser over the
+    seed and each element's index gives the 16 bits added before truncating)."""
+    h = _mul32(torch.arange(x.numel(), dtype=torch.int64) & _M32, 0x9E3779B1) ^ seed
+    h ^= h >> 16
+    h = _mul32(h, 0x85EBCA6B)
+    h ^= h >> 13
+    h = _mul32(h, 0xC2B2AE35)
+    h ^= h >> 16
+    b = x.reshape(-1).view(torch.int32).to(torch.int64) & _M32
+    r = ((b + (h & 0xFFFF)) >> 16) & 0xFFFF
+    r = torch.where(torch.isnan(x.reshape(-1)), (b >> 16) | 0x40, r)
+    return (r - ((r >> 15) << 16)).to(torch.int16).view(torch.bfloat16).view(x.shape)
+
+
+def _store(stored, value, seed, row):
+    """The kernel's store of an updated param: nearest even, or stochastic rounding of a bf16 one (seed != 0)."""
+    if value is stored:
+        return
+    if seed and stored.dtype == torch.bfloat16:
+        stored.copy_(_stochastic_bf16(value, _row_seed(seed, row)))
+    else:
+        stored.copy_(value)
 
 
 def _check_isa(isa):
@@ -47,13 +90,14 @@ def _check_lengths(n, outs, **others):
         raise ValueError(f"outs has {len(outs)} entries; pass [] or one per param ({n})")
 
 
-def _check_fp32(t, p, w, what):
+def _check_state(t, p, w, what):
+    """An optimizer state: fp32, or the (16-bit) parameter's own dtype."""
     if t is None:
         raise ValueError(f"{w} {what} is missing")
     if t.device.type != "cpu":
         raise ValueError(f"{w} {what} is on {t.device}, not cpu")
-    if t.dtype != torch.float32:
-        raise TypeError(f"{w} {what} has dtype {t.dtype}; it must be float32")
+    if t.dtype not in (torch.float32, p.dtype):
+        raise TypeError(f"{w} {what} has dtype {t.dtype}; it must be float32 or the parameter's dtype ({p.dtype})")
     if not t.is_contiguous():
         raise ValueError(f"{w} {what} is not contiguous; updating a contiguous copy would lose the update")
     if t.numel() != p.numel():
@@ -63,8 +107,8 @@ def _check_fp32(t, p, w, what):
 def _check_param(p, w):
     if p.device.type != "cpu":
         raise ValueError(f"{w} is on device {p.device}; CPU optimizers update cpu tensors only")
-    if p.dtype != torch.float32:
-        raise TypeError(f"{w} has dtype {p.dtype}; CPU optimizers keep fp32 parameters")
+    if p.dtype not in _GRAD_DTYPES:
+        raise TypeError(f"{w} has dtype {p.dtype}; CPU optimizers update float32, bfloat16 or float16 parameters")
     if not p.is_contiguous():
         raise ValueError(f"{w} is not contiguous; updating a contiguous copy would silently lose the update")
 
@@ -91,6 +135,9 @@ def _check_out(o, p, w):
         raise TypeError(f"{w} 16-bit output has dtype {o.dtype}; it must be bfloat16 or float16")
     if o.numel() != p.numel() or not o.is_contiguous():
         raise ValueError(f"{w} 16-bit output must be contiguous with {p.numel()} elements, got {o.numel()}")
+    if p.dtype != torch.float32:
+        raise ValueError(f"{w} has a 16-bit output but is itself {p.dtype}: a 16-bit master is its own 16-bit copy; "
+                         "pass no output for it")
 
 
 def _check_step(s, w):
@@ -108,8 +155,10 @@ def check_adam_args(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label="pa
         w = f"{label}[{i}]"
         _check_param(p, w)
         _check_grad(grads[i], p, w)
-        _check_fp32(exp_avgs[i], p, w, "state['exp_avg']")
-        _check_fp32(exp_avg_sqs[i], p, w, "state['exp_avg_sq']")
+        _check_state(exp_avgs[i], p, w, "state['exp_avg']")
+        _check_state(exp_avg_sqs[i], p, w, "state['exp_avg_sq']")
+        if exp_avgs[i].dtype != exp_avg_sqs[i].dtype:
+            raise TypeError(f"{w} state['exp_avg'] and state['exp_avg_sq'] have different dtypes")
         _check_out(outs[i] if outs else None, p, w)
         _check_step(steps[i], w)
 
@@ -126,16 +175,17 @@ def check_sgd_args(params, grads, momentum_buffers, outs, first_steps, momentum,
         _check_param(p, w)
         _check_grad(grads[i], p, w)
         if momentum != 0:
-            _check_fp32(momentum_buffers[i], p, w, "state['momentum_buffer']")
+            _check_state(momentum_buffers[i], p, w, "state['momentum_buffer']")
         _check_out(outs[i] if outs else None, p, w)
 
 
 def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps, weight_decay, adamw,
-              bias_correction, grad_scale=1.0, num_threads=0, isa="auto", label="params"):
+              bias_correction, grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
     check_adam_args(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label)
     _check_isa(isa)
     with torch.no_grad():
-        for i, p in enumerate(params):
+        for i, stored in enumerate(params):
+            p, m, v = stored.float(), exp_avgs[i].float(), exp_avg_sqs[i].float()   # copies only of 16-bit ones
             step = int(steps[i].item()) + 1
             bc1 = 1 - beta1 ** step if bias_correction else 1.0
             bc2 = 1 - beta2 ** step if bias_correction else 1.0
@@ -146,34 +196,41 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta
                 p.mul_(1 - lr * weight_decay)
             elif weight_decay != 0:
                 g = g.add(p, alpha=weight_decay)
-            m, v = exp_avgs[i], exp_avg_sqs[i]
             m.lerp_(g, 1 - beta1)
             v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
             denom = (v.sqrt() / math.sqrt(bc2)).add_(eps)
             p.addcdiv_(m, denom, value=-lr / bc1)
+            _store(stored, p, round_seed, i)
+            for t, t32 in ((exp_avgs[i], m), (exp_avg_sqs[i], v)):
+                if t is not t32:
+                    t.copy_(t32)
             if outs and outs[i] is not None:
                 outs[i].view(-1).copy_(p.view(-1))
             steps[i].add_(1)
 
 
 def sgd_step(params, grads, momentum_buffers, outs, first_steps, lr, momentum, dampening, weight_decay, nesterov,
-             grad_scale=1.0, num_threads=0, isa="auto", label="params"):
+             grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
     check_sgd_args(params, grads, momentum_buffers, outs, first_steps, momentum, label)
     _check_isa(isa)
     with torch.no_grad():
-        for i, p in enumerate(params):
+        for i, stored in enumerate(params):
+            p = stored.float()   # a copy only of a 16-bit master
             g = grads[i].float()
             if grad_scale != 1.0:
                 g = g * grad_scale
             if weight_decay != 0:
                 g = g.add(p, alpha=weight_decay)
             if momentum != 0:
-                buf = momentum_buffers[i]
+                buf = momentum_buffers[i].float()
                 if first_steps[i]:
                     buf.copy_(g)
                 else:
                     buf.mul_(momentum).add_(g, alpha=1 - dampening)
                 g = g.add(buf, alpha=momentum) if nesterov else buf
+                if buf is not momentum_buffers[i]:
+                    momentum_buffers[i].copy_(buf)
             p.add_(g, alpha=-lr)
+            _store(stored, p, round_seed, i)
             if outs and outs[i] is not None:
                 outs[i].view(-1).copy_(p.view(-1))
