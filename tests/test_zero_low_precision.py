@@ -1,5 +1,5 @@
 """16-bit masters and optimizer states at ZeRO stages 1-3 in one process (tests/distributed/
-test_zero_low_precision.py runs them on 2 and 4 ranks): one answer across stages and offload, no fp32 copy of the
+test_zero_low_precision_dp.py runs them on 2 and 4 ranks): one answer across stages and offload, no fp32 copy of the
 masters or moments, DeepSpeed 0.19.8's optimizer rules at initialize, the memory formulas and estimate rows."""
 import pytest
 import torch
