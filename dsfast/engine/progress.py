@@ -59,7 +59,10 @@ class Progress:
         if self.device is not None and torch.device(self.device).type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def on_step(self, step, samples, lrs, loss_scale, skipped):
+    _swapped0 = None
+
+    def on_step(self, step, samples, lrs, loss_scale, skipped, swapped=None):
+        """swapped: (bytes read, bytes written) by the NVMe swap so far (None without one)."""
         if not self.enabled or step % self.every:
             return
         now = time.perf_counter()
@@ -73,6 +76,11 @@ class Progress:
         parts.append("lr " + ",".join(f"{lr:.2e}" for lr in lrs))
         parts.append(f"{rate:.1f} samples/s")
         parts.append(f"skipped {skipped}")
+        if swapped is not None:   # the wear on the disk: per step, averaged since the previous line
+            before = self._swapped0 or (0, 0)
+            r, w = ((now_ - was) / self.every / 2**20 for now_, was in zip(swapped, before))
+            parts.append(f"nvme read {r:.1f} MiB written {w:.1f} MiB per step")
+            self._swapped0 = tuple(swapped)
         if self.breakdown and self._phase:
             parts.append(" ".join(f"{k} {1000 * v / self.every:.1f}ms" for k, v in self._phase.items()))
             self._phase.clear()

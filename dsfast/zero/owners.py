@@ -8,6 +8,8 @@ owner.optimizer_groups(groups) on owner.optimizer_device (the fp32 masters at st
 ZeRO stages, on the host with offload_optimizer), and a client optimizer is re-pointed by
 owner.adopt_client_optimizer.
 """
+import contextlib
+
 import torch
 
 from .placement import placement_of
@@ -20,7 +22,7 @@ def build_owner(cfg, model, trainable, groups, bucket, dp, device):
     group_of = group_index(groups, trainable)
     world, rank, group = dp.world, dp.rank, dp.group
     device = torch.device(device or "cpu")
-    placement = placement_of(cfg.zero_optimization, device)
+    placement = placement_of(cfg.zero_optimization, device, aio=cfg.aio)
     policy = precision_policy(cfg.precision, cfg.zero_stage, cfg.communication_data_type)
     if cfg.zero_stage == 3:
         from .stage3 import build_stage3_owner
@@ -59,6 +61,16 @@ class ShardOptimizer:
 
     def empty_partition_cache(self):
         """Nothing is gathered outside a forward below stage 3."""
+
+    @property
+    def swap(self):
+        """The NVMe placement of the units' states (nvme_states.NvmeStates), or None."""
+        return getattr(self.store, "swap", None)
+
+    def states_in_memory(self, writes=True):
+        """A block inside which every master and optimizer state is in host memory (checkpoints); writes=False
+        when the block only reads them."""
+        return self.swap.in_memory(writes) if self.swap is not None else contextlib.nullcontext()
 
     @property
     def trains(self):

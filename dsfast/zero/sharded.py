@@ -18,6 +18,7 @@ from .decide import decide
 from .flat_shards import FlatShards
 from .grad_buffers import GradBuffers
 from .grad_sync import AllReduceGradSync
+from .nvme_states import agreed_swap_errors
 from .owners import ShardOptimizer
 from .precision import PrecisionPolicy
 from .shard_step import step_shards
@@ -50,7 +51,8 @@ class _ShardedBase(ShardOptimizer):
         decision = decide(self.grad_shards(), factor, clip, check_overflow, self.world, self.group,
                           device=self.store.device)
         self.host_copies()
-        step_shards(self.store, optimizer, decision)
+        with agreed_swap_errors(self.swap, self.world, self.rank, self.group):
+            step_shards(self.store, optimizer, decision)
         applied = decision.applied()
         if applied:
             self.store.all_gather(self.group)
@@ -92,7 +94,8 @@ class _ShardedBase(ShardOptimizer):
         lo, _ = plan.shard_range(self.rank)
         a, b = max(lo, e.offset), min(lo + plan.shard, e.offset + e.numel)
         if a < b:
-            full[a - e.offset:b - e.offset].copy_(source(plan.index)[a - lo:b - lo])
+            with self.states_in_memory(writes=False):
+                full[a - e.offset:b - e.offset].copy_(source(plan.index)[a - lo:b - lo])
         if self.world > 1:
             dist.all_reduce(full, group=self.group)
         return full.view(self._shape_of(param))
@@ -104,7 +107,10 @@ class _ShardedBase(ShardOptimizer):
         plan, e = self.store.bucket_of[id(param)]
         lo, _ = plan.shard_range(self.rank)
         a, b = max(lo, e.offset), min(lo + plan.shard, e.offset + e.numel)
-        return source(plan.index)[max(a - lo, 0):max(b - lo, 0)]
+        if self.swap is None:
+            return source(plan.index)[max(a - lo, 0):max(b - lo, 0)]
+        with self.states_in_memory(writes=False):   # a copy: the swap takes the states' memory back after
+            return source(plan.index)[max(a - lo, 0):max(b - lo, 0)].clone()
 
     def _state_of(self, key):
         def source(i):
@@ -124,6 +130,8 @@ class _ShardedBase(ShardOptimizer):
         """The optimizer steps flat shards, so its own zero_grad() would clear nothing the user means: make it
         clear this owner's gradients too (what DeepSpeed's ZeRO optimizer's zero_grad() does)."""
         self._optimizer = optimizer
+        if self.swap is not None:
+            self.swap.optimizer = optimizer
         if optimizer is None or getattr(optimizer, "_dsfast_clears", None) is self:
             return
         own = optimizer.zero_grad
@@ -177,6 +185,8 @@ class _ShardedBase(ShardOptimizer):
                 else list(self.store.masters), "optimizer_states": [], "grads": [], "comm_buffers": []}
         cats["comm_buffers"] += [u.host16 for u in self.store.units if u.host16 is not None]
         cats["comm_buffers"] += [u.host_grad for u in self.store.units if u.host_grad is not None]
+        if self.swap is not None:   # the window of states on the host (the rest are in files: swap.nvme_bytes)
+            cats["swap_window"] = self.swap.host_buffers()
         if self._optimizer is not None:
             for shard in self.store.shards:
                 cats["optimizer_states"] += [t for t in self._optimizer.state.get(shard, {}).values()

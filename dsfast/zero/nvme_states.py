@@ -1,0 +1,209 @@
+"""The NVMe placement of the shard units' fp32 masters and optimizer states (offload_optimizer.device = nvme).
+
+Every unit's master and per-element optimizer states live in one swap file (master first, then the states by
+key); between steps their tensors keep their objects, shapes and dtypes (optimizer.state[unit.shard] stays valid)
+over storages resized to nothing, as engine.offload_states() does. The step walks the units in order through a
+window (nvme_window.UnitWindow): a unit's tensors become views of its host buffer while it is stepped, so the
+optimizer reads and writes the buffer that goes back to disk (no copy), while the next units are read and the
+previous ones written. States the optimizer creates at its first step (in ordinary memory) are packed into the
+unit's buffer when it leaves the window. Scalars (the step count) stay in memory.
+
+Checkpoints and dsfast.utils read every unit at once through in_memory() (each unit in memory of its own for the
+duration, written back afterwards when changed): it does not bound host memory (a later change streams them).
+"""
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from .nvme_checks import check_host_memory, check_nvme_path
+from .nvme_files import SwapDir
+from .nvme_io import SwapError, SwapIO
+from .nvme_window import UnitWindow
+from .nvme_buffers import aligned_size
+
+# The optimizer states per element that the start-up checks budget for (Adam's two moments; SGD needs fewer).
+# Buffers are sized from the real states once they exist.
+BUDGETED_STATES = 2
+_ALIGN = 64   # each tensor of a unit file starts on a cache line
+
+
+class NvmeStates:
+    def __init__(self, units, nvme_path, buffer_count, rank, pin=False, threads=2, block_size=1 << 20,
+                 key="offload_optimizer"):
+        """units: shard_unit.ShardUnit (their masters hold the initial fp32 values); the files go under
+        nvme_path (checked first, with host memory, before anything is written or allocated)."""
+        self.units = list(units)
+        largest = max((u.master.numel() for u in self.units), default=0) * 4 * (1 + BUDGETED_STATES)
+        total = sum(u.master.numel() for u in self.units) * 4 * (1 + BUDGETED_STATES)
+        window = int(buffer_count) * aligned_size(largest)
+        check_nvme_path(nvme_path, total + window, key=f"{key}.nvme_path")   # + the files being replaced
+        check_host_memory(window, pinned_bytes=window if pin else 0,
+                          lower=f"{key}.buffer_count or zero_optimization.reduce_bucket_size (the unit size)")
+        self.dir = SwapDir(nvme_path, rank)
+        self.io = SwapIO(threads=threads, block_size=block_size)
+        self.window = UnitWindow(self.io, self.dir, buffer_count, pin=pin)
+        self.optimizer = None
+        self.layouts = {}      # unit index -> ((key, byte offset, numel, dtype), ...)
+        self.steps = 0         # steps applied through windows(): named in I/O errors
+        self._resident = 0
+        for u in self.units:
+            u.master = u.shard     # one tensor object for the master (the optimizer's parameter)
+            self._evict(u)
+        self.window.flush()
+
+    # ---- the step --------------------------------------------------------------------------------------------
+    def windows(self, units):
+        """Yield each unit in order with its master and states in host memory; read ahead, write behind. Every
+        write of the step has landed when the walk ends (an I/O error is raised then)."""
+        self.steps += 1
+        self.window.step = self.steps
+        ahead = max(1, self.window.buffer_count - 2)   # one unit stepped, one written, the rest read ahead
+        for u in units[:ahead]:
+            self.window.prefetch(u.index)
+        for j, u in enumerate(units):
+            self._load(u)
+            yield u
+            self._evict(u)
+            if j + ahead < len(units):
+                self.window.prefetch(units[j + ahead].index)
+        self.window.flush()
+        for u in self.units[:ahead]:   # the next step's first units, read during forward and backward
+            self.window.prefetch(u.index)
+
+    @contextlib.contextmanager
+    def in_memory(self, writes=True):
+        """Every unit's master and states in memory of their own inside the block (checkpoints, full_* reads);
+        afterwards back to their files (writes=False: nothing changed, the files are current) and released."""
+        if self._resident:
+            self._resident += 1
+            try:
+                yield
+            finally:
+                self._resident -= 1
+            return
+        self.window.flush()
+        loaded = []
+        try:
+            for u in self.units:
+                self._load(u)
+                with torch.no_grad():
+                    for _, t in self._tensors(u):
+                        t.set_(t.clone())
+                self.window.discard(u.index)
+                loaded.append(u)
+            self._resident = 1
+            yield
+        finally:
+            self._resident = 0
+            for u in loaded:
+                if writes:
+                    self._evict(u)
+                else:
+                    self._park_all(u)
+            self.window.flush()
+
+    # ---- what the engine reports -----------------------------------------------------------------------------
+    @property
+    def nvme_bytes(self):
+        return sum(aligned_size(n) for n in self.window.sizes.values())
+
+    def host_buffers(self):
+        return [s.buffer.tensor for s in self.window._slots if s.buffer is not None]
+
+    def close(self):
+        try:
+            self.window.close()
+        finally:
+            self.io.close()
+            self.dir.close()
+
+    # ---- internals -------------------------------------------------------------------------------------------
+    def _tensors(self, u):
+        out = [("master", u.shard)]
+        state = self.optimizer.state.get(u.shard, {}) if self.optimizer is not None else {}
+        for key in sorted(state):
+            v = state[key]
+            if torch.is_tensor(v) and key != "step" and v.numel() == u.shard.numel() and v.dim() > 0:
+                out.append((key, v))
+        return out
+
+    @torch.no_grad()
+    def _load(self, u):
+        buf = self.window.acquire(u.index)
+        storage = buf.tensor.untyped_storage()
+        tensors = dict(self._tensors(u))
+        for key, offset, numel, dtype in self.layouts[u.index]:
+            t = tensors.get(key)
+            if t is not None:
+                t.set_(storage, offset // t.element_size(), t.shape)
+
+    @torch.no_grad()
+    def _evict(self, u):
+        tensors = self._tensors(u)
+        layout, offset = [], 0
+        for key, t in tensors:
+            layout.append((key, offset, t.numel(), t.dtype))
+            offset = -(-(offset + t.numel() * t.element_size()) // _ALIGN) * _ALIGN
+        layout = tuple(layout)
+        moved = layout != self.layouts.get(u.index)
+
+        def fill(buf):
+            for (key, off, numel, dtype), (_, t) in zip(layout, sources):
+                view = buf.view(off, numel, dtype)
+                if view.data_ptr() != t.data_ptr():
+                    view.copy_(t.reshape(-1))
+        # a new layout may move bytes within the buffer: copy the sources out first
+        sources = [(k, t.clone()) for k, t in tensors] if moved else tensors
+        self.window.store(u.index, fill, offset)
+        self.layouts[u.index] = layout
+        self._park_all(u)
+
+    def _park_all(self, u):
+        for _, t in self._tensors(u):
+            _park(t)
+
+
+def nvme_states(units, placement, rank):
+    """The NvmeStates of `units` where the placement puts the states on NVMe, else None."""
+    target = placement.nvme
+    if target is None:
+        return None
+    return NvmeStates(units, target.path, target.buffer_count, rank, pin=target.pin, threads=target.threads,
+                      block_size=target.block_size)
+
+
+@torch.no_grad()
+def _park(t):
+    """t keeps its object, shape and dtype over a storage of no bytes (its values are in the unit's file)."""
+    s = torch.UntypedStorage(t.numel() * t.element_size())
+    t.set_(s, 0, t.shape)
+    s.resize_(0)
+
+
+@contextlib.contextmanager
+def agreed_swap_errors(swap, world, rank, group=None):
+    """Around a step: with a swap, every rank learns whether any rank's NVMe I/O failed, and all raise."""
+    error = None
+    try:
+        yield
+    except SwapError as err:
+        if swap is None:
+            raise
+        error = err
+    if swap is not None:
+        raise_on_every_rank(error, world, rank, group)
+
+
+def raise_on_every_rank(error, world, rank, group=None):
+    """An NVMe I/O error on any rank stops every rank (none waits in the next collective for a failed one)."""
+    if world > 1:
+        failed = torch.zeros(world, dtype=torch.int32)
+        failed[rank] = int(error is not None)
+        dist.all_reduce(failed, group=group)
+        if error is None and int(failed.sum()):
+            first = int(torch.nonzero(failed)[0])
+            raise SwapError(f"rank {first} failed to read or write its NVMe swap files (its own error names the "
+                            f"file and the step); rank {rank} stops too")
+    if error is not None:
+        raise error
