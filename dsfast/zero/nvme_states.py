@@ -96,8 +96,8 @@ class NvmeStates:
             yield
         finally:
             self._resident = 0
-            for u in loaded:
-                if writes:
+            for u in loaded:   # (states that appeared inside the block are written whatever `writes` says)
+                if writes or self._layout(u)[0] != self.layouts[u.index]:
                     self._evict(u)
                 else:
                     self._park_all(u)
@@ -138,14 +138,18 @@ class NvmeStates:
             if t is not None:
                 t.set_(storage, offset // t.element_size(), t.shape)
 
+    def _layout(self, u):
+        """((key, byte offset, numel, dtype) per tensor of u's file, file bytes), from u's tensors now."""
+        layout, offset = [], 0
+        for key, t in self._tensors(u):
+            layout.append((key, offset, t.numel(), t.dtype))
+            offset = -(-(offset + t.numel() * t.element_size()) // _ALIGN) * _ALIGN
+        return tuple(layout), offset
+
     @torch.no_grad()
     def _evict(self, u):
         tensors = self._tensors(u)
-        layout, offset = [], 0
-        for key, t in tensors:
-            layout.append((key, offset, t.numel(), t.dtype))
-            offset = -(-(offset + t.numel() * t.element_size()) // _ALIGN) * _ALIGN
-        layout = tuple(layout)
+        layout, offset = self._layout(u)
         moved = layout != self.layouts.get(u.index)
 
         def fill(buf):

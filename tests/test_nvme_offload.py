@@ -1,0 +1,155 @@
+"""offload_optimizer on NVMe at ZeRO stages 1-2, one process (zero/nvme_states.py through the engine): training
+is bitwise the CPU offload's, every unit's master and states really sit in their file between steps, checkpoints
+save and load (and cross to CPU offload), the bytes show in memory_breakdown and the progress line, and faults
+are clear errors that keep the previous step's files. (Two gloo ranks: tests/distributed/test_zero_nvme.py.)"""
+import errno
+import os
+import shutil
+
+import pytest
+import torch
+
+import dsfast
+from dsfast.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+from dsfast.zero import nvme_io
+from dsfast.zero.nvme_files import SWAP_ROOT
+from dsfast.zero.nvme_io import SwapError
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 33), torch.nn.GELU(), torch.nn.Linear(33, 8))
+
+
+def _cfg(stage, offload, precision="fp32", gas=1, buffer_count=3, every=1000):
+    zero = {"stage": stage, "reduce_bucket_size": 300}   # 3 units (buckets): each really swaps
+    zero["offload_optimizer"] = {"device": "cpu"} if offload == "cpu" else \
+        {"device": "nvme", "nvme_path": offload, "buffer_count": buffer_count}
+    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": gas, "steps_per_print": every,
+           "gradient_clipping": 0.1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
+           "zero_optimization": zero}
+    if precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    if precision == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    return cfg
+
+
+def _engine(cfg):
+    model = _model()
+    return dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg,
+                             dist_init_required=False)[0]
+
+
+def _train(engine, steps, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        for _ in range(engine.gradient_accumulation_steps()):
+            x, y = torch.randn(4, 16, generator=g), torch.randn(4, 8, generator=g)
+            engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
+            engine.step()
+    return engine
+
+
+def _same(a, b):
+    for p, q in zip(a.module.parameters(), b.module.parameters()):
+        assert torch.equal(p, q)
+
+
+def _swap_dir(engine):
+    return engine.state_owner.swap.dir.path
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("stage", [1, 2])
+def test_nvme_trains_bitwise_as_cpu_offload(tmp_path, precision, stage):
+    gas = 2 if precision == "fp32" else 1
+    ref = _train(_engine(_cfg(stage, "cpu", precision, gas)), 5)
+    got = _train(_engine(_cfg(stage, str(tmp_path), precision, gas)), 5)
+    assert type(got.optimizer) is type(ref.optimizer)
+    _same(got, ref)
+    swap = got.state_owner.swap
+    assert len(swap.units) == 3 and swap.window.peak_in_use <= swap.window.buffer_count == 3
+    # between steps every master and state is in its file only: no bytes in memory
+    for u in swap.units:
+        state = got.optimizer.state[u.shard]
+        assert sorted(state) == ["exp_avg", "exp_avg_sq", "step"]
+        for t in (u.shard, u.master, state["exp_avg"], state["exp_avg_sq"]):
+            assert t.untyped_storage().nbytes() == 0 and t.numel() == u.plan.shard
+        raw = torch.frombuffer(bytearray(open(swap.window.path(u.index), "rb").read()), dtype=torch.float32)
+        ref_unit = ref.state_owner.store.units[u.index]
+        assert torch.equal(raw[:u.plan.shard], ref_unit.master)   # the master, first in the file
+    for p, q in zip(got.module.parameters(), ref.module.parameters()):   # read back through the API
+        assert torch.equal(safe_get_full_fp32_param(p), safe_get_full_fp32_param(q))
+        assert torch.equal(safe_get_full_optimizer_state(p, "exp_avg_sq"), safe_get_full_optimizer_state(q,
+                                                                                                      "exp_avg_sq"))
+    assert got.state_owner.store.units[0].shard.untyped_storage().nbytes() == 0   # and back to disk
+    where = _swap_dir(got)
+    got.destroy()
+    assert not os.path.exists(where) and os.listdir(tmp_path / SWAP_ROOT) == []
+
+
+def test_checkpoints_save_and_load_with_states_on_nvme_and_cross_to_cpu(tmp_path):
+    nvme = str(tmp_path / "nvme")
+    os.mkdir(nvme)
+    ref = _train(_engine(_cfg(2, "cpu", "bf16")), 6)
+    first = _train(_engine(_cfg(2, nvme, "bf16")), 3)
+    first.save_checkpoint(str(tmp_path / "ck"), tag="t3")
+    assert first.state_owner.store.units[1].shard.untyped_storage().nbytes() == 0   # parked again after save
+    _train(first, 3, seed=5)   # moves on: the checkpoint must not follow
+    for resume in (_cfg(2, nvme, "bf16"), _cfg(2, "cpu", "bf16")):
+        e = _engine(resume)
+        e.load_checkpoint(str(tmp_path / "ck"), tag="t3")
+        g = torch.Generator().manual_seed(1)   # the data of steps 4-6 of ref
+        for _ in range(3):
+            torch.randn(4, 16, generator=g), torch.randn(4, 8, generator=g)
+        _train_from(e, g, 3)
+        _same(e, ref)
+
+
+def _train_from(engine, g, steps):
+    for _ in range(steps):
+        x, y = torch.randn(4, 16, generator=g), torch.randn(4, 8, generator=g)
+        engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
+        engine.step()
+
+
+def test_memory_breakdown_and_progress_line_show_the_nvme_bytes(tmp_path, capsys):
+    e = _train(_engine(_cfg(1, str(tmp_path), every=2)), 4)
+    files = [os.path.join(_swap_dir(e), f) for f in os.listdir(_swap_dir(e))]
+    on_disk = sum(os.path.getsize(f) for f in files)
+    mb = e.memory_breakdown()
+    assert mb["total"]["nvme"] == mb["nvme_files"]["nvme"] == on_disk > 0
+    assert mb["swap_window"]["host"] == sum(b.numel() for b in e.state_owner.swap.host_buffers())
+    assert "optimizer_states" not in mb or not mb["optimizer_states"]   # none held in memory
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[dsfast] step 4")]
+    per_step = on_disk / 2**20   # every file read and written once per step
+    assert lines and f"nvme read {per_step:.1f} MiB written {per_step:.1f} MiB per step" in lines[0]
+    assert e.swap_bytes() == (e.state_owner.swap.io.bytes_read, e.state_owner.swap.io.bytes_written)
+
+
+def test_a_missing_nvme_path_is_refused_at_initialize(tmp_path):
+    with pytest.raises(ValueError, match=r"offload_optimizer.nvme_path='.*nowhere' does not exist"):
+        _engine(_cfg(2, str(tmp_path / "nowhere")))
+
+
+def test_a_failed_write_mid_run_names_file_and_step_and_keeps_the_previous_files(tmp_path, monkeypatch):
+    e = _train(_engine(_cfg(2, str(tmp_path))), 2)
+    where = _swap_dir(e)
+    before = {f: open(os.path.join(where, f), "rb").read() for f in os.listdir(where)}
+    real = os.pwritev
+    calls = []
+
+    def fails_second(fd, buffers, offset):   # the second unit's write of step 3 finds the disk full
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, buffers, offset)
+    monkeypatch.setattr(nvme_io.os, "pwritev", fails_second)
+    with pytest.raises(SwapError, match=r"write of '.*unit1\.swap' at step 3 failed: No space left on device.*"
+                                        "previous step is intact"):
+        _train(e, 1, seed=9)
+    monkeypatch.undo()
+    assert open(os.path.join(where, "unit1.swap"), "rb").read() == before["unit1.swap"]
+    assert sorted(os.listdir(where)) == sorted(before)   # no partial file left
+    shutil.rmtree(where, ignore_errors=True)
