@@ -83,6 +83,28 @@ def test_a_failed_write_names_file_and_step_and_keeps_the_previous_file(tmp_path
     assert os.listdir(tmp_path) == ["unit3.swap"]
 
 
+def test_a_write_over_a_spare_reuses_it_and_retires_the_previous_file(tmp_path, monkeypatch):
+    io = SwapIO()
+    path, spare = str(tmp_path / "unit0.swap"), str(tmp_path / "spare0.swap")
+    first, second, third = _filled(8192, 1), _filled(8192, 2), _filled(4096, 3)
+    io.write(path, first, 8192, spare=spare).result()     # no spare file yet: created
+    assert sorted(os.listdir(tmp_path)) == ["unit0.swap"]
+    io.write(path, second, 8192, spare=spare).result()    # the first version retires as the spare
+    assert open(spare, "rb").read() == bytes(first.tensor.numpy())
+    inode = os.stat(spare).st_ino
+    io.write(path, third, 4096, spare=spare).result()     # written into the spare's blocks, in place
+    assert os.stat(path).st_ino == inode and open(path, "rb").read()[:4096] == bytes(third.tensor.numpy())
+    assert open(spare, "rb").read() == bytes(second.tensor.numpy())
+
+    def broken(fd, buffers, offset):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(nvme_io.os, "pwritev", broken)
+    with pytest.raises(SwapError, match="unit0.swap' at step 4 failed"):
+        io.write(path, first, 8192, step=4, spare=spare).result()
+    assert open(path, "rb").read()[:4096] == bytes(third.tensor.numpy())   # the unit's file untouched
+    assert sorted(os.listdir(tmp_path)) == ["spare0.swap", "unit0.swap"]
+
+
 def test_a_truncated_file_is_a_short_read_naming_it(tmp_path):
     io = SwapIO()
     path = str(tmp_path / "u")

@@ -2,6 +2,7 @@
 bit-exactly, the window never holds more than buffer_count units, reads and writes run in the pool while the
 caller computes, and an I/O error reaches the caller."""
 import errno
+import os
 import time
 
 import pytest
@@ -53,6 +54,9 @@ def test_every_unit_goes_to_disk_and_back_bit_exactly(window):
             assert window.in_use <= window.buffer_count
     window.flush()
     assert window.peak_in_use == window.buffer_count == 2
+    # the disk holds the units and at most one spare per buffer (retired versions, overwritten by later writes)
+    files = os.listdir(window.dir.path)
+    assert 0 < window.spare_files <= 2 and len(files) == len(SIZES) + window.spare_files
     assert window.io.bytes_read == 3 * sum(-(-n * 4 // 4096) * 4096 for n in SIZES)
     for i, v in enumerate(values):
         assert torch.equal(window.acquire(i).view(0, v.numel(), torch.float32), v)
@@ -120,8 +124,8 @@ class _Timed(SwapIO):
     def _read(self, path, buffer, n):
         self._timed("read", super()._read, path, buffer, n)
 
-    def _write(self, path, buffer, n):
-        self._timed("write", super()._write, path, buffer, n)
+    def _write(self, path, buffer, n, spare=None):
+        self._timed("write", super()._write, path, buffer, n, spare)
 
 
 def test_reads_and_writes_overlap_the_callers_compute(tmp_path):

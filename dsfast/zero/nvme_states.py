@@ -12,6 +12,7 @@ Checkpoints and dsfast.utils read every unit at once through in_memory() (each u
 duration, written back afterwards when changed): it does not bound host memory (a later change streams them).
 """
 import contextlib
+import os
 
 import torch
 import torch.distributed as dist
@@ -106,7 +107,8 @@ class NvmeStates:
     # ---- what the engine reports -----------------------------------------------------------------------------
     @property
     def nvme_bytes(self):
-        return sum(aligned_size(n) for n in self.window.sizes.values())
+        """Bytes of this rank's swap files on disk (the units' and the spares of the writes in flight)."""
+        return sum(e.stat().st_size for e in os.scandir(self.dir.path) if e.is_file())
 
     def host_buffers(self):
         return [s.buffer.tensor for s in self.window._slots if s.buffer is not None]

@@ -5,7 +5,9 @@
     window.release(i, n)      schedule writing the first n bytes back; the buffer is free once the write lands
 
 At most `buffer_count` buffers exist, each holding one unit that is being read, used or written, so reading the
-next units, the caller's work on this one and writing the previous ones overlap in the I/O pool. A buffer is
+next units, the caller's work on this one and writing the previous ones overlap in the I/O pool. A write goes into a
+spare file (a unit's retired version, overwritten in place), which then replaces the unit's file: a failed write
+leaves the unit's previous file whole, and the disk's blocks are reused rather than allocated anew. A buffer is
 allocated at the size of the largest unit it held (grow() when a unit's bytes grow, e.g. its optimizer states
 appear). A read or write error is raised to the caller at the next call that waits on it, or at flush().
 """
@@ -18,7 +20,7 @@ FREE, READING, HELD, WRITING = "free", "reading", "held", "writing"
 
 class _Slot:
     def __init__(self):
-        self.buffer, self.unit, self.state, self.future = None, None, FREE, None
+        self.buffer, self.unit, self.state, self.future, self.spare = None, None, FREE, None, None
 
 
 class UnitWindow:
@@ -32,6 +34,8 @@ class UnitWindow:
         self._slots = [_Slot() for _ in range(self.buffer_count)]
         self._where = {}          # unit -> its slot while in the window
         self._writes = OrderedDict()   # slot -> None, oldest write first
+        self._spares = []         # files no unit needs (retired versions): the next writes overwrite them
+        self.spare_files = 0      # at most one per write in flight, so at most buffer_count
         self.step = None          # named in I/O errors (the caller sets it)
         self.peak_in_use = 0
 
@@ -78,6 +82,9 @@ class UnitWindow:
         if slot.future is not None:
             future, slot.future = slot.future, None
             self._settle(slot, future)
+        if slot.spare is not None:
+            self._spares.append(slot.spare)
+            slot.spare = None
         slot.state = HELD
         return slot.buffer
 
@@ -93,7 +100,11 @@ class UnitWindow:
         if nbytes > slot.buffer.nbytes:
             raise ValueError(f"unit {i}: release of {nbytes} bytes from a buffer of {slot.buffer.nbytes} (grow it)")
         slot.state = WRITING
-        slot.future = self.io.write(self.path(i), slot.buffer, nbytes, step=self.step)
+        if not self._spares:   # a name for one more spare (the write creates it)
+            self._spares.append(self.dir.file(f"spare{self.spare_files}.swap"))
+            self.spare_files += 1
+        slot.spare = self._spares.pop()
+        slot.future = self.io.write(self.path(i), slot.buffer, nbytes, step=self.step, spare=slot.spare)
         self._writes[id(slot)] = slot
         self.sizes[i] = nbytes
 
@@ -171,6 +182,9 @@ class UnitWindow:
             raise
 
     def _free(self, slot):
+        if slot.spare is not None:   # a write settled: its spare file (the retired version) serves the next
+            self._spares.append(slot.spare)
+            slot.spare = None
         self._where.pop(slot.unit, None)
         slot.unit, slot.state, slot.future = None, FREE, None
 
