@@ -186,14 +186,10 @@ class ZeroConfig(StrictModel):
         if self.offload_param is not None and self.offload_param.device != "none" and self.stage != 3:
             raise nested_error([(("offload_param",), f"offloading parameters needs ZeRO stage 3 "
                                                      f"(stage is {self.stage})")])
-        # NVMe runs for the optimizer's states at stages 1 and 2 (zero/nvme_states.py); not yet elsewhere
+        # NVMe runs for the optimizer's states at stages 1-3 (zero/nvme_states.py); not yet for parameters
         if self.offload_param_device == "nvme":
             raise nested_error([(("offload_param", "device"), 'NVMe offload of parameters is not supported by '
                                                               'dsfast yet; use "cpu" (host memory) or "none"')])
-        if self.offload_optimizer_device == "nvme" and self.stage == 3:
-            raise nested_error([(("offload_optimizer", "device"), 'NVMe offload of optimizer states runs at ZeRO '
-                                                                  'stages 1 and 2 in dsfast (not yet at stage 3); '
-                                                                  'use "cpu" or stage 2')])
         if self.offload_optimizer_device == "nvme" and self.offload_optimizer.buffer_count < 1:
             raise nested_error([(("offload_optimizer", "buffer_count"), "NVMe offload needs at least 1 host "
                                                                         "buffer (3 or more overlap reading, the "

@@ -60,14 +60,19 @@ class NvmeStates:
         self.steps += 1
         self.window.step = self.steps
         ahead = max(1, self.window.buffer_count - 2)   # one unit stepped, one written, the rest read ahead
-        for u in units[:ahead]:
-            self.window.prefetch(u.index)
-        for j, u in enumerate(units):
-            self._load(u)
-            yield u
-            self._evict(u)
-            if j + ahead < len(units):
-                self.window.prefetch(units[j + ahead].index)
+        try:
+            for u in units[:ahead]:
+                self.window.prefetch(u.index)
+            for j, u in enumerate(units):
+                self._load(u)
+                yield u
+                self._evict(u)
+                if j + ahead < len(units):
+                    self.window.prefetch(units[j + ahead].index)
+        except SwapError:
+            with contextlib.suppress(SwapError):   # the writes in flight land before the error goes up
+                self.window.flush()
+            raise
         self.window.flush()
         for u in self.units[:ahead]:   # the next step's first units, read during forward and backward
             self.window.prefetch(u.index)

@@ -127,9 +127,16 @@ class UnitWindow:
         self.release(i, nbytes)
 
     def flush(self):
-        """Every write-back landed (raises the first I/O error); buffers stay allocated, prefetched units read."""
+        """Every write-back landed (then the first I/O error is raised); buffers stay allocated, prefetched units
+        read."""
+        first = None
         for slot in list(self._writes.values()):
-            self._finish_write(slot)
+            try:
+                self._finish_write(slot)
+            except Exception as err:   # the other writes still land (nothing left running behind an error)
+                first = first or err
+        if first is not None:
+            raise first
 
     def close(self):
         """Flush, then free every buffer (reads in flight land first)."""

@@ -1,5 +1,5 @@
 """offload_optimizer on NVMe on 2 gloo ranks (worker_zero_nvme.py): bitwise the CPU offload's training at stages
-1 and 2 (fp32, bf16), checkpoints across the two placements, and a full disk on one rank stopping every rank."""
+1-3 (fp32, bf16), checkpoints across the two placements, and a full disk on one rank stopping every rank."""
 import os
 import sys
 

@@ -1,6 +1,6 @@
 """One rank of the NVMe offload checks (tests/distributed/test_zero_nvme.py). argv: out nvme_path case.
 
-  parity   stages 1-2 x fp32/bf16 (GAS 2, clipping): NVMe offload against CPU offload, parameters and every
+  parity   stages 1-3 x fp32/bf16 (GAS 2, clipping): NVMe offload against CPU offload, parameters and every
            rank's full masters and Adam states bitwise; then a checkpoint saved from NVMe, loaded into CPU
            offload and into NVMe, trained on, bitwise the uninterrupted run
   fault    rank 1's disk fills up at step 2: every rank raises (none waits in a collective), rank 1's error
@@ -65,7 +65,7 @@ def same(a, b, what):
 
 def parity(nvme):
     ck = os.path.join(nvme, "..", "ck")
-    for stage in (1, 2):
+    for stage in (1, 2, 3):
         for precision in ("fp32", "bf16"):
             ref = train(engine_for(cfg(stage, precision, "cpu")), 4)
             got = train(engine_for(cfg(stage, precision, nvme)), 2)
