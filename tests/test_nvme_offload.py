@@ -154,3 +154,34 @@ def test_a_failed_write_mid_run_names_file_and_step_and_keeps_the_previous_files
     assert open(os.path.join(where, "unit1.swap"), "rb").read() == before["unit1.swap"]
     assert not [f for f in os.listdir(where) if not f.endswith(".swap")]   # the partial bytes: in a spare
     shutil.rmtree(where, ignore_errors=True)
+
+
+def test_too_little_host_memory_for_the_window_is_refused_before_allocating(tmp_path, monkeypatch):
+    from dsfast.zero import nvme_checks
+    monkeypatch.setattr(nvme_checks, "meminfo_available", lambda: 1000)
+    with pytest.raises(ValueError, match=r"the host swap buffers need 24576 bytes .* only 1000 bytes .* lower "
+                                         r"offload_optimizer.buffer_count or zero_optimization.reduce_bucket_size"):
+        _engine(_cfg(2, str(tmp_path)))   # 3 buffers of the largest unit's file (the 33x16 weight's bucket:
+        # 528 elements x 12 bytes -> 2 pages)
+    assert os.listdir(tmp_path) == []   # nothing written
+
+
+def test_the_estimate_adds_the_nvme_rows_and_column():
+    import subprocess
+    import sys
+    from dsfast.zero import estimate_model_states
+    from dsfast.zero.nvme_states import window_bytes
+    rows = estimate_model_states(1e9, 4, nvme=True, buffer_count=3, bucket=1e8, largest_layer=4e7)
+    by = {(r["stage"], r["offload_optimizer"], r["offload_param"]): r for r in rows}
+    assert len(rows) == 13 and "nvme" not in by[(2, True, False)]
+    for stage, unit in ((1, 1e8), (2, 1e8), (3, 4e7)):
+        cpu, nvme = by[(stage, True, False)], by[(stage, "nvme", False)]
+        assert nvme["nvme"] == 12 * 1e9 / 4 and nvme["device"] == cpu["device"]
+        assert nvme["host"] == cpu["host"] - 12 * 1e9 / 4 + window_bytes(int(unit) // 4 + 1, 3)
+    assert len(estimate_model_states(1e9, 4)) == 9   # without nvme=True: the rows as before
+    run = subprocess.run([sys.executable, "-m", "dsfast.zero.estimate", "--params", "1e9", "--world-size", "4",
+                          "--nvme", "--bucket", "1e8", "--buffer-count", "3"], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr
+    line = [ln.split() for ln in run.stdout.splitlines() if ln.split()[:3] == ["2", "nvme", "False"]][0]
+    assert float(line[5]) == pytest.approx(12 * 1e9 / 4 / 2**30, abs=0.01) and "nvme GiB" in run.stdout

@@ -29,15 +29,24 @@ BUDGETED_STATES = 2
 _ALIGN = 64   # each tensor of a unit file starts on a cache line
 
 
+def unit_file_bytes(numel):
+    """The budgeted bytes of a unit of `numel` elements on disk: its fp32 master and BUDGETED_STATES states."""
+    return numel * 4 * (1 + BUDGETED_STATES)
+
+
+def window_bytes(largest_numel, buffer_count):
+    """Host memory of the window: buffer_count buffers, each the size of the largest unit's file."""
+    return int(buffer_count) * aligned_size(unit_file_bytes(largest_numel))
+
+
 class NvmeStates:
     def __init__(self, units, nvme_path, buffer_count, rank, pin=False, threads=2, block_size=1 << 20,
                  key="offload_optimizer"):
         """units: shard_unit.ShardUnit (their masters hold the initial fp32 values); the files go under
         nvme_path (checked first, with host memory, before anything is written or allocated)."""
         self.units = list(units)
-        largest = max((u.master.numel() for u in self.units), default=0) * 4 * (1 + BUDGETED_STATES)
-        total = sum(u.master.numel() for u in self.units) * 4 * (1 + BUDGETED_STATES)
-        window = int(buffer_count) * aligned_size(largest)
+        total = sum(unit_file_bytes(u.master.numel()) for u in self.units)
+        window = window_bytes(max((u.master.numel() for u in self.units), default=0), buffer_count)
         check_nvme_path(nvme_path, total + window, key=f"{key}.nvme_path")   # + the files being replaced
         check_host_memory(window, pinned_bytes=window if pin else 0,
                           lower=f"{key}.buffer_count or zero_optimization.reduce_bucket_size (the unit size)")
