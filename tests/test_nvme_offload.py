@@ -14,6 +14,7 @@ from dsfast.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 from dsfast.zero import nvme_io
 from dsfast.zero.nvme_files import SWAP_ROOT
 from dsfast.zero.nvme_io import SwapError
+from dsfast.zero.placement import TEST_PLACEMENT_ENV
 
 
 def _model():
@@ -60,9 +61,11 @@ def _swap_dir(engine):
     return engine.state_owner.swap.dir.path
 
 
+@pytest.mark.parametrize("placement", ["", "distinct-host"])   # the second runs every offload copy (placement.py)
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_nvme_trains_bitwise_as_cpu_offload(tmp_path, precision, stage):
+def test_nvme_trains_bitwise_as_cpu_offload(tmp_path, monkeypatch, precision, stage, placement):
+    monkeypatch.setenv(TEST_PLACEMENT_ENV, placement)
     gas = 2 if precision == "fp32" else 1
     ref = _train(_engine(_cfg(stage, "cpu", precision, gas)), 5)
     got = _train(_engine(_cfg(stage, str(tmp_path), precision, gas)), 5)
