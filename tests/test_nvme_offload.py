@@ -13,6 +13,7 @@ import dsfast
 from dsfast.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 from dsfast.zero import nvme_io
 from dsfast.zero.nvme_files import SWAP_ROOT
+from dsfast.zero.nvme_buffers import aligned_size
 from dsfast.zero.nvme_io import SwapError
 from dsfast.zero.placement import TEST_PLACEMENT_ENV
 
@@ -98,12 +99,26 @@ def test_checkpoints_save_and_load_with_states_on_nvme_and_cross_to_cpu(tmp_path
     os.mkdir(nvme)
     ref = _train(_engine(_cfg(2, "cpu", "bf16")), 6)
     first = _train(_engine(_cfg(2, nvme, "bf16")), 3)
+    swap = first.state_owner.swap
+    unit_bytes = sum(aligned_size(n) for n in swap.window.sizes.values())
+    read, written = swap.io.bytes_read, swap.io.bytes_written
     first.save_checkpoint(str(tmp_path / "ck"), tag="t3")
+    # streamed: every unit read at most once (the next step's first is in the window already), one at a time
+    # (within the window), nothing written
+    assert 0 < swap.io.bytes_read - read <= unit_bytes and swap.io.bytes_written == written
+    assert swap.window.peak_in_use <= swap.window.buffer_count
     assert first.state_owner.store.units[1].shard.untyped_storage().nbytes() == 0   # parked again after save
-    _train(first, 3, seed=5)   # moves on: the checkpoint must not follow
-    for resume in (_cfg(2, nvme, "bf16"), _cfg(2, "cpu", "bf16")):
+    first.save_checkpoint(str(tmp_path / "ck"), tag="t3async", async_save=True)   # copied unit by unit
+    _train(first, 3, seed=5)   # moves on: the checkpoints must not follow
+    for resume, tag in ((_cfg(2, nvme, "bf16"), "t3"), (_cfg(2, "cpu", "bf16"), "t3"), (_cfg(2, nvme, "bf16"),
+                                                                                        "t3async")):
         e = _engine(resume)
-        e.load_checkpoint(str(tmp_path / "ck"), tag="t3")
+        if e.state_owner.swap is not None:
+            read, written = e.state_owner.swap.io.bytes_read, e.state_owner.swap.io.bytes_written
+        e.load_checkpoint(str(tmp_path / "ck"), tag=tag)
+        if e.state_owner.swap is not None:   # each unit read, filled and written once (states appear: a new
+            io = e.state_owner.swap.io       # layout), and read once more to write the 16-bit values back
+            assert io.bytes_written - written == unit_bytes and io.bytes_read - read < 3 * unit_bytes
         g = torch.Generator().manual_seed(1)   # the data of steps 4-6 of ref
         for _ in range(3):
             torch.randn(4, 16, generator=g), torch.randn(4, 8, generator=g)

@@ -15,8 +15,6 @@ Files, one job each:
   consolidate.py      full fp32 state_dict without GPU or process group; `dsfast consolidate`
   deepspeed_import.py DeepSpeed 0.19 checkpoints through restricted unpickling; `dsfast convert-deepspeed`
 """
-import contextlib
-
 from .errors import CheckpointCorruptError, CheckpointError, CheckpointTimeoutError, UnsafeStateError
 from .layout import Layout, SliceRecord, checkpoint_layout, engine_after_load
 
@@ -24,9 +22,7 @@ from .layout import Layout, SliceRecord, checkpoint_layout, engine_after_load
 def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=True, async_save=None,
                     exclude_frozen_parameters=False, timeout_s=None):
     from .async_save import save
-    with _states_in_memory(engine, writes=False):   # states on NVMe: read for the save (async: copied)
-        return save(engine, save_dir, tag, client_state, save_latest, async_save, exclude_frozen_parameters,
-                    timeout_s)
+    return save(engine, save_dir, tag, client_state, save_latest, async_save, exclude_frozen_parameters, timeout_s)
 
 
 def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
@@ -34,15 +30,8 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
     from .async_save import wait_pending
     from .load import load_checkpoint as _load
     wait_pending()
-    with _states_in_memory(engine, writes=True):   # states on NVMe: loaded into, then written back
-        return _load(engine, load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
-                     load_module_only)
-
-
-def _states_in_memory(engine, writes):
-    """The owner's block keeping every state in host memory (NVMe offload), or nothing to do."""
-    hold = getattr(engine.state_owner, "states_in_memory", None)
-    return hold(writes) if hold is not None else contextlib.nullcontext()
+    return _load(engine, load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
+                 load_module_only)
 
 
 def consolidate(ckpt_dir, tag=None):

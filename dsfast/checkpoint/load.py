@@ -7,7 +7,7 @@ import torch
 from . import commit, jsonable, manifest, shards, state_files
 from .errors import CheckpointError
 from .safetensors_io import SafeTensorsFile
-from .layout import checkpoint_layout, engine_after_load, masters_from_module
+from .layout import checkpoint_layout, engine_after_load, masters_from_module, states_visitor
 
 
 class CheckpointReader:
@@ -94,7 +94,13 @@ def _load(engine, reader, strict, load_optimizer_states, load_lr_scheduler_state
             masters_from_module(engine, layout)
         engine_after_load(engine)
         return client
-    shards.apply(layout, engine.optimizer, reader.manifest["params"], reader.file, load_optimizer_states)
+    visitor = states_visitor(engine, writes=True)   # states on NVMe: each unit read, filled, written back
+    try:
+        shards.apply(layout, engine.optimizer, reader.manifest["params"], reader.file, load_optimizer_states,
+                     use=visitor.use if visitor is not None else None)
+    finally:
+        if visitor is not None:
+            visitor.close()
     if load_optimizer_states and engine.optimizer is not None and state.get("param_groups") is not None:
         _load_param_groups(engine.optimizer, jsonable.decode(state["param_groups"], tensors), reader.dir)
     engine.load_engine_state_dict(jsonable.decode(state["engine"], tensors))

@@ -8,8 +8,8 @@ optimizer reads and writes the buffer that goes back to disk (no copy), while th
 previous ones written. States the optimizer creates at its first step (in ordinary memory) are packed into the
 unit's buffer when it leaves the window. Scalars (the step count) stay in memory.
 
-Checkpoints and dsfast.utils read every unit at once through in_memory() (each unit in memory of its own for the
-duration, written back afterwards when changed): it does not bound host memory (a later change streams them).
+Checkpoints, dsfast.utils and GatheredParameters' updates reach the states through a Visitor: one unit at a time in
+host memory, in the order they ask for them, written back when they change.
 """
 import contextlib
 import os
@@ -41,7 +41,7 @@ def window_bytes(largest_numel, buffer_count):
 
 class NvmeStates:
     def __init__(self, units, nvme_path, buffer_count, rank, pin=False, threads=2, block_size=1 << 20,
-                 key="offload_optimizer"):
+                 key="offload_optimizer", synchronize=None):
         """units: shard_unit.ShardUnit (their masters hold the initial fp32 values); the files go under
         nvme_path (checked first, with host memory, before anything is written or allocated)."""
         self.units = list(units)
@@ -54,6 +54,8 @@ class NvmeStates:
         self.io = SwapIO(threads=threads, block_size=block_size)
         self.window = UnitWindow(self.io, self.dir, buffer_count, pin=pin)
         self.optimizer = None
+        # a device's copies out of a unit's buffer (its 16-bit values) must land before the buffer is reused
+        self.synchronize = synchronize or (lambda: None)
         self.layouts = {}      # unit index -> ((key, byte offset, numel, dtype), ...)
         self.steps = 0         # steps applied through windows(): named in I/O errors
         self._resident = 0
@@ -86,37 +88,11 @@ class NvmeStates:
         for u in self.units[:ahead]:   # the next step's first units, read during forward and backward
             self.window.prefetch(u.index)
 
-    @contextlib.contextmanager
-    def in_memory(self, writes=True):
-        """Every unit's master and states in memory of their own inside the block (checkpoints, full_* reads);
-        afterwards back to their files (writes=False: nothing changed, the files are current) and released."""
-        if self._resident:
-            self._resident += 1
-            try:
-                yield
-            finally:
-                self._resident -= 1
-            return
+    def visitor(self, writes):
+        """A Visitor: one unit at a time in host memory, for code that reads (writes=False) or writes the states of
+        units one after another (checkpoints, dsfast.utils, a GatheredParameters update)."""
         self.window.flush()
-        loaded = []
-        try:
-            for u in self.units:
-                self._load(u)
-                with torch.no_grad():
-                    for _, t in self._tensors(u):
-                        t.set_(t.clone())
-                self.window.discard(u.index)
-                loaded.append(u)
-            self._resident = 1
-            yield
-        finally:
-            self._resident = 0
-            for u in loaded:   # (states that appeared inside the block are written whatever `writes` says)
-                if writes or self._layout(u)[0] != self.layouts[u.index]:
-                    self._evict(u)
-                else:
-                    self._park_all(u)
-            self.window.flush()
+        return Visitor(self, writes)
 
     # ---- what the engine reports -----------------------------------------------------------------------------
     @property
@@ -175,11 +151,13 @@ class NvmeStates:
                     view.copy_(t.reshape(-1))
         # a new layout may move bytes within the buffer: copy the sources out first
         sources = [(k, t.clone()) for k, t in tensors] if moved else tensors
+        self.synchronize()
         self.window.store(u.index, fill, offset)
         self.layouts[u.index] = layout
         self._park_all(u)
 
     def _park_all(self, u):
+        self.synchronize()
         for _, t in self._tensors(u):
             _park(t)
 
@@ -190,7 +168,53 @@ def nvme_states(units, placement, rank):
     if target is None:
         return None
     return NvmeStates(units, target.path, target.buffer_count, rank, pin=target.pin, threads=target.threads,
-                      block_size=target.block_size)
+                      block_size=target.block_size, synchronize=placement.synchronize)
+
+
+class Visitor:
+    """visitor.use(shard): that unit's master and states are in host memory (views of its window buffer) until the
+    next use() of another unit or close(), which puts the unit back: written to its file (writes=True, or when
+    states appeared) or released unchanged. Views taken of a unit's tensors are valid only until then."""
+
+    def __init__(self, states, writes):
+        self.states, self.writes = states, writes
+        self.by_shard = {id(u.shard): u for u in states.units}
+        self.current = None
+
+    def use(self, shard):
+        u = self.by_shard.get(id(shard))
+        if u is None or u is self.current:
+            return
+        self._leave()
+        self.states._load(u)
+        self.current = u
+
+    def close(self):
+        try:
+            self._leave()
+        finally:
+            self.states.window.flush()
+
+    def _leave(self):
+        u, self.current = self.current, None
+        if u is None:
+            return
+        states = self.states
+        if self.writes or states._layout(u)[0] != states.layouts[u.index]:
+            states._evict(u)
+        else:
+            states._park_all(u)
+            states.window.discard(u.index)
+
+
+class NullVisitor:
+    """Every state is in memory already (no NVMe): nothing to do."""
+
+    def use(self, shard):
+        pass
+
+    def close(self):
+        pass
 
 
 @torch.no_grad()

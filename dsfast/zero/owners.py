@@ -67,10 +67,21 @@ class ShardOptimizer:
         """The NVMe placement of the units' states (nvme_states.NvmeStates), or None."""
         return getattr(self.store, "swap", None)
 
-    def states_in_memory(self, writes=True):
-        """A block inside which every master and optimizer state is in host memory (checkpoints); writes=False
-        when the block only reads them."""
-        return self.swap.in_memory(writes) if self.swap is not None else contextlib.nullcontext()
+    def states_visitor(self, writes):
+        """With states on NVMe, a nvme_states.Visitor: visitor.use(shard) before touching a unit's master or
+        optimizer states (one unit at a time in host memory), visitor.close() after; writes=False when nothing is
+        changed. None otherwise (every state is in memory)."""
+        return self.swap.visitor(writes) if self.swap is not None else None
+
+    @contextlib.contextmanager
+    def visiting(self, writes):
+        """`with owner.visiting(writes) as use:` use(shard) before touching that unit's states (states_visitor)."""
+        visitor = self.states_visitor(writes)
+        try:
+            yield visitor.use if visitor is not None else (lambda shard: None)
+        finally:
+            if visitor is not None:
+                visitor.close()
 
     @property
     def trains(self):

@@ -73,7 +73,8 @@ class _ShardedBase(ShardOptimizer):
         return [u.update_grad for u in self.store.units]
 
     def after_checkpoint_load(self):
-        self.store.write_back()
+        with self.visiting(writes=False) as use:
+            self.store.write_back(use)
         self.store.all_gather(self.group)
 
     # ---- what checkpoints and dsfast.utils read -------------------------------------------------------------
@@ -94,7 +95,8 @@ class _ShardedBase(ShardOptimizer):
         lo, _ = plan.shard_range(self.rank)
         a, b = max(lo, e.offset), min(lo + plan.shard, e.offset + e.numel)
         if a < b:
-            with self.states_in_memory(writes=False):
+            with self.visiting(writes=False) as use:
+                use(self.store.units[plan.index].shard)
                 full[a - e.offset:b - e.offset].copy_(source(plan.index)[a - lo:b - lo])
         if self.world > 1:
             dist.all_reduce(full, group=self.group)
@@ -109,7 +111,8 @@ class _ShardedBase(ShardOptimizer):
         a, b = max(lo, e.offset), min(lo + plan.shard, e.offset + e.numel)
         if self.swap is None:
             return source(plan.index)[max(a - lo, 0):max(b - lo, 0)]
-        with self.states_in_memory(writes=False):   # a copy: the swap takes the states' memory back after
+        with self.visiting(writes=False) as use:   # a copy: the swap takes the states' memory back after
+            use(self.store.units[plan.index].shard)
             return source(plan.index)[max(a - lo, 0):max(b - lo, 0)].clone()
 
     def _state_of(self, key):

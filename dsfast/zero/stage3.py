@@ -136,7 +136,8 @@ class Stage3(_ShardedBase):
         i = self._index.get(id(param))
         if i is not None and not self.store.masters_are_params:
             unit = self.store.units[i]
-            with self.states_in_memory():   # (on NVMe: the master is read in, then written back)
+            with self.visiting(writes=True) as use:   # (on NVMe: the master is read in, then written back)
+                use(unit.shard)
                 unit.master.copy_(unit.slice16)
 
     def _bucket_to_host(self, bucket):
