@@ -203,3 +203,28 @@ def test_the_estimate_adds_the_nvme_rows_and_column():
     assert run.returncode == 0, run.stderr
     line = [ln.split() for ln in run.stdout.splitlines() if ln.split()[:3] == ["2", "nvme", "False"]][0]
     assert float(line[5]) == pytest.approx(12 * 1e9 / 4 / 2**30, abs=0.01) and "nvme GiB" in run.stdout
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("client", [False, True], ids=["cpu_adam", "torch_adamw"])
+def test_param_groups_and_a_torch_optimizer_step_bitwise_as_cpu_offload(tmp_path, stage, client):
+    """Two groups (lr and weight decay apart) and either the config's AdamW (CPUAdam) or a torch.optim.AdamW
+    instance (the generic contract): each unit is stepped in its own group, with that group's hyperparameters."""
+    def run(offload):
+        model = _model()
+        decay = [p for p in model.parameters() if p.dim() > 1]
+        rest = [p for p in model.parameters() if p.dim() == 1]
+        groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0, "lr": 3e-2}]
+        cfg = _cfg(stage, offload, "bf16")
+        opt = None
+        if client:
+            del cfg["optimizer"]
+            opt = torch.optim.AdamW(groups, lr=1e-2)
+        e = dsfast.initialize(model=model, model_parameters=groups, optimizer=opt, config=cfg,
+                              dist_init_required=False)[0]
+        return _train(e, 4)
+    ref, got = run("cpu"), run(str(tmp_path))
+    _same(got, ref)
+    assert [g["lr"] for g in got.optimizer.param_groups] == [1e-2, 3e-2]
+    assert [len(g["params"]) for g in got.optimizer.param_groups] == \
+        [len(g["params"]) for g in ref.optimizer.param_groups]   # the groups are whole again after the step
