@@ -12,6 +12,7 @@ Checkpoints, dsfast.utils and GatheredParameters' updates reach the states throu
 host memory, in the order they ask for them, written back when they change.
 """
 import contextlib
+import ctypes
 import os
 
 import torch
@@ -57,12 +58,14 @@ class NvmeStates:
         # a device's copies out of a unit's buffer (its 16-bit values) must land before the buffer is reused
         self.synchronize = synchronize or (lambda: None)
         self.layouts = {}      # unit index -> ((key, byte offset, numel, dtype), ...)
+        self.relayouts = 0     # units whose file layout changed (states appeared) since the last trim
         self.steps = 0         # steps applied through windows(): named in I/O errors
         self._resident = 0
         for u in self.units:
             u.master = u.shard     # one tensor object for the master (the optimizer's parameter)
             self._evict(u)
         self.window.flush()
+        give_back_freed_memory()   # the masters' memory, now that they are in their files
 
     # ---- the step --------------------------------------------------------------------------------------------
     def windows(self, units):
@@ -85,6 +88,10 @@ class NvmeStates:
                 self.window.flush()
             raise
         self.window.flush()
+        # the step's freed memory (states created at a first step, parking) back to the system: glibc keeps
+        # freed blocks under its mmap threshold in the heap, and the host would hold more than the window
+        self.relayouts = 0
+        give_back_freed_memory()
         for u in self.units[:ahead]:   # the next step's first units, read during forward and backward
             self.window.prefetch(u.index)
 
@@ -102,6 +109,13 @@ class NvmeStates:
 
     def host_buffers(self):
         return [s.buffer.tensor for s in self.window._slots if s.buffer is not None]
+
+    def trim(self):
+        """After units took in states created in ordinary memory (the first step, a checkpoint load): that memory,
+        freed, goes back to the system (glibc keeps freed blocks under 32 MiB in its heap otherwise)."""
+        if self.relayouts:
+            self.relayouts = 0
+            give_back_freed_memory()
 
     def close(self):
         try:
@@ -151,6 +165,7 @@ class NvmeStates:
                     view.copy_(t.reshape(-1))
         # a new layout may move bytes within the buffer: copy the sources out first
         sources = [(k, t.clone()) for k, t in tensors] if moved else tensors
+        self.relayouts += int(moved and u.index in self.layouts)
         self.synchronize()
         self.window.store(u.index, fill, offset)
         self.layouts[u.index] = layout
@@ -194,6 +209,7 @@ class Visitor:
             self._leave()
         finally:
             self.states.window.flush()
+            self.states.trim()
 
     def _leave(self):
         u, self.current = self.current, None
@@ -214,6 +230,14 @@ class NullVisitor:
         pass
 
     def close(self):
+        pass
+
+
+def give_back_freed_memory():
+    """malloc_trim(0) where the C library has it (glibc): freed heap memory back to the system."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
         pass
 
 
