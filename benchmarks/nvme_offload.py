@@ -169,6 +169,8 @@ psi = sum(p.numel() for p in model.parameters())
 mb = engine.memory_breakdown()["total"]
 print(json.dumps({"where": "nvme" if where != "cpu" else "cpu", "params": psi, "states_bytes": 12 * psi,
                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "rss_after_steps_bytes": int(dict(l.split(":", 1) for l in open("/proc/self/status"))[
+                      "VmRSS"].split()[0]) * 1024,
                   "step_s": times, "median_step_s": statistics.median(times[1:] or times), "losses": losses,
                   "io_per_step": io, "memory_breakdown": mb}))
 """
@@ -196,7 +198,7 @@ def train(args):
         io = r["io_per_step"][-1]
         print(json.dumps(r))
         print(f"{r['where']:>4}: {r['params'] / 1e6:.0f}M params, states {r['states_bytes'] / gib:.2f} GiB, peak RSS "
-              f"{r['peak_rss_bytes'] / gib:.2f} GiB, step {r['median_step_s']:.2f} s (median after the first), "
+              f"{r['peak_rss_bytes'] / gib:.2f} GiB (after the steps {r['rss_after_steps_bytes'] / gib:.2f}), step {r['median_step_s']:.2f} s (median after the first), "
               f"loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}"
               + (f", NVMe read {io[0] / gib:.2f} GiB written {io[1] / gib:.2f} GiB per step" if io else ""))
 
