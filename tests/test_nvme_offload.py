@@ -268,3 +268,19 @@ def test_host_memory_holds_the_window_not_the_states(tmp_path):
     states = 12 * 12 * (1536 * 1536 + 1536)
     assert 0 < window <= 4 * 12 * (1536 * 1536 + 1536) + 4 * 4096   # 4 buffers of one layer's file
     assert nvme_rss < cpu_rss - 0.8 * (states - window), (cpu_rss, nvme_rss, states, window)
+
+
+def test_the_monitor_records_the_bytes_read_and_written_per_step(tmp_path):
+    import csv
+    cfg = _cfg(2, str(tmp_path / "nvme"))
+    os.mkdir(tmp_path / "nvme")
+    cfg["csv_monitor"] = {"enabled": True, "output_path": str(tmp_path / "mon"), "job_name": "j"}
+    e = _train(_engine(cfg), 3)
+    per_step = sum(aligned_size(n) for n in e.state_owner.swap.window.sizes.values())
+    for kind in ("read", "written"):
+        with open(tmp_path / "mon" / "j" / f"Train_Samples_nvme_{kind}_bytes.csv", newline="") as f:
+            rows = list(csv.reader(f))
+        assert rows[0] == ["step", f"nvme_{kind}_bytes"] and [int(r[0]) for r in rows[1:]] == [4, 8, 12]
+        values = [float(r[1]) for r in rows[1:]]
+        # every unit read and written once per step (a unit already in the window is not read again)
+        assert values[-1] <= per_step and (kind == "read" or values == [per_step] * 3)

@@ -69,6 +69,7 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         self._param_names = {id(p): n for n, p in module.named_parameters()}
         self._progress = Progress(config.steps_per_print, rank, bool(config.wall_clock_breakdown), self._device)
         self.monitor = Monitor(config, rank)
+        self._swap_mark = self.swap_bytes()   # NVMe offload: the swap's counters at the last step (init's writes)
         self._plain_backward = PlainBackward(self)
         # DeepSpeed's engine.tput_timer (programs call update_epoch_count()); silent: Progress prints samples/s
         self.tput_timer = ThroughputTimer(config.timers.throughput, batch_size=config.train_batch_size,
@@ -256,7 +257,7 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
             self._progress.start("step")
             self._take_model_step(lr_kwargs)
             self._progress.stop("step")
-            swapped = self.swap_bytes()
+            swapped = self._swapped_this_step()
             self._progress.on_step(self.global_steps, self.global_samples, self.get_lr(), self.loss_scale,
                                    self.skipped_steps, swapped)
             self.monitor.on_step(self.global_samples, self.get_lr(), self.loss_scale if self._scales_loss else None,
@@ -374,6 +375,11 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         """(bytes read, bytes written) by the NVMe swap since the start, or None without one."""
         swap = getattr(self._owner, "swap", None)
         return None if swap is None else (swap.io.bytes_read, swap.io.bytes_written)
+
+    def _swapped_this_step(self):
+        now, before = self.swap_bytes(), self._swap_mark
+        self._swap_mark = now
+        return None if now is None else tuple(a - b for a, b in zip(now, before))
 
     def zero_grad(self, set_to_none=True):
         """Drop accumulated gradients (the engine also does this after every optimizer step)."""
