@@ -284,3 +284,32 @@ def test_the_monitor_records_the_bytes_read_and_written_per_step(tmp_path):
         values = [float(r[1]) for r in rows[1:]]
         # every unit read and written once per step (a unit already in the window is not read again)
         assert values[-1] <= per_step and (kind == "read" or values == [per_step] * 3)
+
+
+def test_two_engines_on_one_nvme_path_keep_apart_and_a_refused_o_direct_falls_back(tmp_path, monkeypatch,
+                                                                                    caplog):
+    """Two jobs' engines (here in one process) point at one nvme_path: each writes under its own directory and
+    trains as CPU offload does. The filesystem refuses O_DIRECT (as tmpfs may): buffered I/O, with a warning."""
+    import logging
+    real_open = os.open
+
+    def no_direct(path, flags, mode=0o777):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, mode)
+    monkeypatch.setattr(nvme_io.os, "open", no_direct)
+    ref = _train(_engine(_cfg(2, "cpu", "bf16")), 3)
+    with caplog.at_level(logging.WARNING, logger="dsfast.zero.nvme"):
+        a, b = _engine(_cfg(2, str(tmp_path), "bf16")), _engine(_cfg(2, str(tmp_path), "bf16"))
+        assert _swap_dir(a) != _swap_dir(b)
+        ga, gb = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+        for _ in range(3):   # interleaved: each step of one between the steps of the other
+            _train_from(a, ga, 1)
+            _train_from(b, gb, 1)
+    _same(a, ref)
+    _same(b, ref)
+    assert not a.state_owner.swap.io.direct and "O_DIRECT is refused" in caplog.text
+    assert sorted(os.listdir(tmp_path / SWAP_ROOT)) == sorted(
+        os.path.basename(d) + s for d in (_swap_dir(a), _swap_dir(b)) for s in ("", ".lock"))
+    a.destroy()
+    assert os.path.exists(_swap_dir(b)) and len(os.listdir(_swap_dir(b))) >= 3   # b's files untouched
