@@ -394,6 +394,9 @@ def test_aio_is_acted_on_with_nvme_offload_and_the_rest_noted():
     both = cfg(zero_optimization=zero, aio={"intra_op_parallelism": 3, "thread_count": 5})
     assert "aio.thread_count is ignored: aio.intra_op_parallelism sets" in "\n".join(both.ignored_settings())
     assert placement_of(both.zero_optimization, "cpu", aio=both.aio).nvme.threads == 3
+    one = cfg(zero_optimization=zero, aio={"intra_op_parallelism": 1})
+    assert "the NVMe swap uses 2 threads, not 1" in "\n".join(one.ignored_settings())
+    assert placement_of(one.zero_optimization, "cpu", aio=one.aio).nvme.threads == 2
     for bad in ({"block_size": 0}, {"thread_count": "4"}, {"queue_depth": True}):
         _, msg = problems({**BASE, "zero_optimization": zero, "aio": bad})
         key = next(iter(bad))

@@ -313,3 +313,14 @@ def test_two_engines_on_one_nvme_path_keep_apart_and_a_refused_o_direct_falls_ba
         os.path.basename(d) + s for d in (_swap_dir(a), _swap_dir(b)) for s in ("", ".lock"))
     a.destroy()
     assert os.path.exists(_swap_dir(b)) and len(os.listdir(_swap_dir(b))) >= 3   # b's files untouched
+
+
+def test_offload_states_and_back_with_states_on_nvme_trains_on_bitwise(tmp_path):
+    """engine.offload_states() moves what the device holds; the NVMe window is host memory mapped for the swap (not
+    resizable): it stays, and training after reload_states() is CPU offload's."""
+    e, ref = _train(_engine(_cfg(2, str(tmp_path), "bf16")), 2), _train(_engine(_cfg(2, "cpu", "bf16")), 2)
+    for engine in (e, ref):
+        engine.offload_states()
+        engine.reload_states()
+        _train(engine, 2, seed=3)
+    _same(e, ref)

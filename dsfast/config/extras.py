@@ -220,4 +220,7 @@ def aio_notes(aio: Any, nvme: bool) -> List[str]:
                          f"{', '.join(AIO_ACTED)})")
     if "intra_op_parallelism" in aio and "thread_count" in aio:
         notes.append("aio.thread_count is ignored: aio.intra_op_parallelism sets the swap's threads")
+    threads = aio.get("intra_op_parallelism", aio.get("thread_count"))
+    if threads == 1:   # placement.aio_pool
+        notes.append("the NVMe swap uses 2 threads, not 1: a read and a write must be able to run together")
     return notes
