@@ -135,12 +135,23 @@ def swap_engine(path, total, unit, buffer_count, threads, block_size, check=Fals
 
 
 TRAIN_CHILD = r"""
-import json, resource, statistics, sys, time
+import json, os, resource, statistics, sys, time
 import torch
 sys.path.insert(0, sys.argv[1])
-import dsfast
 params, where, bucket, buffers, steps = float(sys.argv[2]), sys.argv[3], float(sys.argv[4]), int(sys.argv[5]), \
     int(sys.argv[6])
+stage, impl = int(sys.argv[7]), sys.argv[8]
+if impl == "deepspeed":
+    import deepspeed as dsfast
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
+    dsfast.init_distributed(dist_backend="gloo")
+else:
+    import dsfast
+
+
+def disk_io():   # the kernel's count of this process's bytes to and from storage (both implementations alike)
+    d = dict(l.split(":") for l in open("/proc/self/io"))
+    return int(d["read_bytes"]), int(d["write_bytes"])
 width = 2048
 layers = max(1, int(params // (width * width + width)))
 torch.manual_seed(0)
@@ -149,25 +160,31 @@ model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width),
 off = {"device": "cpu"} if where == "cpu" else {"device": "nvme", "nvme_path": where, "buffer_count": buffers}
 cfg = {"train_micro_batch_size_per_gpu": 8, "steps_per_print": 10 ** 6, "bf16": {"enabled": True},
        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-       "zero_optimization": {"stage": 2, "reduce_bucket_size": int(bucket), "offload_optimizer": off}}
+       "zero_optimization": {"stage": stage, "reduce_bucket_size": int(bucket), "offload_optimizer": off,
+                             "sub_group_size": int(bucket)}}
+if where != "cpu":
+    cfg["aio"] = {"block_size": int(sys.argv[9]), "queue_depth": 8, "single_submit": False,
+                  "overlap_events": True, "thread_count": 2}
+psi = sum(p.numel() for p in model.parameters())   # before stage 3 partitions them
+t_init = time.perf_counter()
 engine = dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg,
                            dist_init_required=False)[0]
+t_init = time.perf_counter() - t_init
 g = torch.Generator().manual_seed(1)
 x, y = torch.randn(8, width, generator=g).bfloat16(), torch.randn(8, width, generator=g)
 losses, times, io = [], [], []
 for _ in range(steps):
     t0 = time.perf_counter()
-    before = engine.swap_bytes()
+    before = disk_io()
     loss = torch.nn.functional.mse_loss(engine(x).float(), y)
     engine.backward(loss)
     engine.step()
     times.append(time.perf_counter() - t0)
     losses.append(float(loss))
-    after = engine.swap_bytes()
-    io.append(None if after is None else [a - b for a, b in zip(after, before)])
-psi = sum(p.numel() for p in model.parameters())
-mb = engine.memory_breakdown()["total"]
-print(json.dumps({"where": "nvme" if where != "cpu" else "cpu", "params": psi, "states_bytes": 12 * psi,
+    io.append([a - b for a, b in zip(disk_io(), before)])
+mb = engine.memory_breakdown()["total"] if impl == "dsfast" else None
+print(json.dumps({"impl": impl, "stage": stage, "init_s": t_init,
+                  "where": "nvme" if where != "cpu" else "cpu", "params": psi, "states_bytes": 12 * psi,
                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   "rss_after_steps_bytes": int(dict(l.split(":", 1) for l in open("/proc/self/status"))[
                       "VmRSS"].split()[0]) * 1024,
@@ -183,24 +200,31 @@ def train(args):
     work = os.path.join(args.dir, f"dsfast-nvme-train-{os.getpid()}")
     os.makedirs(work)
     out = []
+    runs = [("dsfast", "cpu")] * (not args.skip_cpu) + [("dsfast", work)] + \
+        ([("deepspeed", work)] if args.deepspeed else [])
     try:
-        for where in ("cpu", work):
-            res = subprocess.run([sys.executable, "-c", TRAIN_CHILD, repo, str(args.params), where, str(args.bucket),
-                                  str(args.buffer_count), str(args.steps)], capture_output=True, text=True,
-                                 env=dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count())))
+        for impl, where in runs:
+            python = args.deepspeed if impl == "deepspeed" else sys.executable
+            env = dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count()), DS_ACCELERATOR="cpu")
+            res = subprocess.run([python, "-c", TRAIN_CHILD, repo, str(args.params), where, str(args.bucket),
+                                  str(args.buffer_count), str(args.steps), str(args.stage), impl,
+                                  str(args.block_size)],
+                                 capture_output=True, text=True, env=env)
             if res.returncode != 0:
-                sys.exit(f"the {where} run failed:\n{res.stderr[-3000:]}")
+                sys.exit(f"the {impl} {where} run failed:\n{res.stderr[-3000:]}")
             out.append(json.loads(res.stdout.strip().splitlines()[-1]))
+            shutil.rmtree(work, ignore_errors=True)
+            os.makedirs(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     gib = float(1 << 30)
     for r in out:
         io = r["io_per_step"][-1]
         print(json.dumps(r))
-        print(f"{r['where']:>4}: {r['params'] / 1e6:.0f}M params, states {r['states_bytes'] / gib:.2f} GiB, peak RSS "
+        print(f"{r['impl']:>9} {r['where']:>4} stage {r['stage']}: init {r['init_s']:.1f} s, {r['params'] / 1e6:.0f}M params, states {r['states_bytes'] / gib:.2f} GiB, peak RSS "
               f"{r['peak_rss_bytes'] / gib:.2f} GiB (after the steps {r['rss_after_steps_bytes'] / gib:.2f}), step {r['median_step_s']:.2f} s (median after the first), "
               f"loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}"
-              + (f", NVMe read {io[0] / gib:.2f} GiB written {io[1] / gib:.2f} GiB per step" if io else ""))
+              + f", disk read {io[0] / gib:.2f} GiB written {io[1] / gib:.2f} GiB in the last step")
 
 
 def main():
@@ -209,12 +233,17 @@ def main():
     ap.add_argument("--params", type=float, default=2.5e8, help="--train: model parameters")
     ap.add_argument("--bucket", type=float, default=2e7, help="--train: reduce_bucket_size (the NVMe unit)")
     ap.add_argument("--steps", type=int, default=4, help="--train: optimizer steps")
+    ap.add_argument("--stage", type=int, default=2, help="--train: ZeRO stage")
+    ap.add_argument("--skip-cpu", action="store_true", help="--train: no CPU offload run")
+    ap.add_argument("--deepspeed", default=None, metavar="PYTHON",
+                    help="--train: also DeepSpeed's NVMe offload, run by this python (DS_ACCELERATOR=cpu; its "
+                         "async_io op needs libaio-dev; DeepSpeed swaps at stage 3 only)")
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--total-mib", type=int, default=1024)
     ap.add_argument("--unit-mib", type=int, default=64)
     ap.add_argument("--buffer-count", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--block-size", type=int, default=CHUNK)
+    ap.add_argument("--block-size", type=int, default=CHUNK, help="bytes per read / write call (--train: aio.block_size)")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     kind = fs_type(args.dir)
