@@ -60,7 +60,6 @@ class NvmeStates:
         self.layouts = {}      # unit index -> ((key, byte offset, numel, dtype), ...)
         self.relayouts = 0     # units whose file layout changed (states appeared) since the last trim
         self.steps = 0         # steps applied through windows(): named in I/O errors
-        self._resident = 0
         for u in self.units:
             u.master = u.shard     # one tensor object for the master (the optimizer's parameter)
             self._evict(u)
@@ -108,7 +107,7 @@ class NvmeStates:
         return sum(e.stat().st_size for e in os.scandir(self.dir.path) if e.is_file())
 
     def host_buffers(self):
-        return [s.buffer.tensor for s in self.window._slots if s.buffer is not None]
+        return [b.tensor for b in self.window.buffers()]
 
     def trim(self):
         """After units took in states created in ordinary memory (the first step, a checkpoint load): that memory,

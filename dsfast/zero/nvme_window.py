@@ -44,9 +44,9 @@ class UnitWindow:
     def in_use(self):
         return sum(s.state != FREE for s in self._slots)
 
-    @property
-    def host_bytes(self):
-        return sum(s.buffer.nbytes for s in self._slots if s.buffer is not None)
+    def buffers(self):
+        """The host buffers allocated so far (nvme_buffers.HostBuffer)."""
+        return [s.buffer for s in self._slots if s.buffer is not None]
 
     def path(self, i):
         return self.dir.file(self.name.format(i))
