@@ -59,7 +59,7 @@ class NvmeStates:
         self.synchronize = synchronize or (lambda: None)
         self.layouts = {}      # unit index -> ((key, byte offset, numel, dtype), ...)
         self.relayouts = 0     # units whose file layout changed (states appeared) since the last trim
-        self.steps = 0         # steps applied through windows(): named in I/O errors
+        self.steps = 0         # the engine's optimizer steps so far (shard_step counts them): named in I/O errors
         for u in self.units:
             u.master = u.shard     # one tensor object for the master (the optimizer's parameter)
             self._evict(u)
@@ -70,7 +70,6 @@ class NvmeStates:
     def windows(self, units):
         """Yield each unit in order with its master and states in host memory; read ahead, write behind. Every
         write of the step has landed when the walk ends (an I/O error is raised then)."""
-        self.steps += 1
         self.window.step = self.steps
         ahead = max(1, self.window.buffer_count - 2)   # one unit stepped, one written, the rest read ahead
         try:

@@ -23,7 +23,9 @@ def step_shards(store, optimizer, decision):
     swap = getattr(store, "swap", None)
     if swap is None:
         _step_units(store, optimizer, decision, store.units)
-    elif decision.applied():   # (a skipped step reads and writes nothing; a CPU optimizer reads the flag anyway)
+        return
+    swap.steps += 1   # (named in I/O errors: the optimizer steps of this engine, skipped ones included)
+    if decision.applied():   # (a skipped step reads and writes nothing; a CPU optimizer reads the flag anyway)
         group_of = {id(p): gi for gi, g in enumerate(optimizer.param_groups) for p in g["params"]}
         for unit in swap.windows(store.units):
             with _only(optimizer, unit.shard, group_of[id(unit.shard)]):
