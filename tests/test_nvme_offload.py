@@ -324,3 +324,19 @@ def test_offload_states_and_back_with_states_on_nvme_trains_on_bitwise(tmp_path)
         engine.reload_states()
         _train(engine, 2, seed=3)
     _same(e, ref)
+
+
+def test_an_nvme_path_without_room_for_the_states_is_refused_at_initialize(tmp_path):
+    import subprocess
+    small = tmp_path / "small"
+    small.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(small)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        with pytest.raises(ValueError, match=rf"offload_optimizer.nvme_path='{small}' has 4096 bytes \(0.00 GiB\) "
+                                             r"free but the swap files need \d+ bytes"):
+            _engine(_cfg(2, str(small)))
+        assert os.listdir(small) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
