@@ -220,6 +220,10 @@ def test_16bit_master_keys_accepted_where_deepspeed_accepts_them(section, keys, 
     ("fp16", {"fp16_master_weights_and_grads": True}, {"stage": 1},
      ["fp16.fp16_master_weights_and_grads", "offload_optimizer.device"]),
     ("fp16", {"fp16_master_weights_and_grads": True}, {"stage": 0, **OFFLOAD}, ["stage"]),
+    # dsfast's own limit: 16-bit masters may be the parameter shards themselves, never put in a swap file
+    ("bf16", {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
+     {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}},
+     ["bf16.bf16_master_weights_and_grads", '"nvme" is not supported', "fp32 masters on NVMe"]),
 ])
 def test_16bit_master_keys_refused_where_deepspeed_refuses_them(section, keys, zero, words):
     _, msg = problems({**BASE, section: {"enabled": True, **keys}, "zero_optimization": zero})
@@ -302,10 +306,16 @@ def test_zero_bool_forms():
     assert cfg(zero_optimization=False).zero_stage == 0
 
 
-def test_nvme_offload_is_a_clear_error_naming_the_key():
-    _, msg = problems({**BASE, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",
-                                                                                      "nvme_path": "/tmp"}}})
-    assert "zero_optimization.offload_optimizer.device: NVMe offload is not supported by dsfast" in msg
+def test_nvme_offload_runs_for_optimizer_states_and_is_refused_for_parameters():
+    for stage in (1, 2, 3):
+        c = cfg(zero_optimization={"stage": stage, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}})
+        assert c.zero_optimization.offload_optimizer_device == "nvme"
+    _, msg = problems({**BASE, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
+                                                                                  "nvme_path": "/tmp"}}})
+    assert "zero_optimization.offload_param.device: NVMe offload of parameters is not supported" in msg
+    _, msg = problems({**BASE, "zero_optimization": {"stage": 2, "offload_optimizer": {
+        "device": "nvme", "nvme_path": "/tmp", "buffer_count": 0}}})
+    assert "zero_optimization.offload_optimizer.buffer_count: NVMe offload needs at least 1 host buffer" in msg
 
 
 def test_zero_stage_out_of_range():
@@ -412,9 +422,34 @@ def test_other_top_level_keys_accepted_or_rejected():
 def test_io_tuning_sections_are_ignored_with_a_note():
     c = cfg(aio={"block_size": 1048576, "queue_depth": 16}, nebula={"enabled": True})
     notes = "\n".join(c.ignored_settings())
-    assert '"aio" is ignored' in notes and '"nebula" is ignored' in notes
+    assert '"aio" is ignored: it tunes NVMe offload I/O, and no offload here goes to NVMe' in notes
+    assert '"nebula" is ignored' in notes
     _, msg = problems({**BASE, "aio": 3})
     assert "aio: " in msg
+
+
+def test_aio_is_acted_on_with_nvme_offload_and_the_rest_noted():
+    from dsfast.zero.placement import placement_of
+    zero = {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 3}}
+    c = cfg(zero_optimization=zero, aio={"block_size": 262144, "thread_count": 4, "queue_depth": 8,
+                                         "single_submit": False, "overlap_events": True, "nonsense": 1})
+    notes = "\n".join(c.ignored_settings())
+    assert "aio.block_size" not in notes and "aio.thread_count" not in notes and '"aio" is ignored' not in notes
+    for key in ("queue_depth", "single_submit", "overlap_events", "nonsense"):
+        assert f"aio.{key} is ignored" in notes
+    target = placement_of(c.zero_optimization, "cpu", aio=c.aio).nvme
+    assert (target.path, target.buffer_count, target.threads, target.block_size) == ("/tmp", 3, 4, 262144)
+    assert placement_of(c.zero_optimization, "cpu").nvme.threads == 2   # no aio section: the defaults
+    both = cfg(zero_optimization=zero, aio={"intra_op_parallelism": 3, "thread_count": 5})
+    assert "aio.thread_count is ignored: aio.intra_op_parallelism sets" in "\n".join(both.ignored_settings())
+    assert placement_of(both.zero_optimization, "cpu", aio=both.aio).nvme.threads == 3
+    one = cfg(zero_optimization=zero, aio={"intra_op_parallelism": 1})
+    assert "the NVMe swap uses 2 threads, not 1" in "\n".join(one.ignored_settings())
+    assert placement_of(one.zero_optimization, "cpu", aio=one.aio).nvme.threads == 2
+    for bad in ({"block_size": 0}, {"thread_count": "4"}, {"queue_depth": True}):
+        _, msg = problems({**BASE, "zero_optimization": zero, "aio": bad})
+        key = next(iter(bad))
+        assert f"aio.{key} must be a positive integer (got {bad[key]!r})" in msg
 
 
 def test_unsupported_features_error_when_enabled():

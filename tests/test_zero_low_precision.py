@@ -150,6 +150,8 @@ def test_estimate_rows_and_formula_errors(capsys):
         model_state_bytes(psi, n, 2, True, states16=True)
     with pytest.raises(ValueError, match="not --fp32"):
         estimate_model_states(psi, n, mixed=False, master16=True)
+    with pytest.raises(ValueError, match="NVMe are not supported"):
+        estimate_model_states(psi, n, master16=True, states16=True, nvme=True)
     main(["--params", "7e9", "--world-size", "8", "--bf16-master", "--bf16-optimizer-states"])
     assert "bf16 masters, Adam with bf16 moments" in capsys.readouterr().out
     with pytest.raises(SystemExit):

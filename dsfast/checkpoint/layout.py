@@ -52,8 +52,21 @@ def engine_after_load(engine):
 def masters_from_module(engine, layout):
     """load_module_only: refresh the masters from the (just loaded) model weights."""
     params = dict(engine.module.named_parameters())
-    for r in layout.records:
-        src = params[r.name].detach().reshape(-1)[r.start:r.stop]
-        dst = r.opt_param.view(-1)[r.opt_offset:r.opt_offset + r.stop - r.start]
-        if dst.data_ptr() != src.data_ptr():
-            dst.copy_(src)
+    visitor = states_visitor(engine, writes=True)
+    try:
+        for r in layout.records:
+            if visitor is not None:
+                visitor.use(r.opt_param)
+            src = params[r.name].detach().reshape(-1)[r.start:r.stop]
+            dst = r.opt_param.view(-1)[r.opt_offset:r.opt_offset + r.stop - r.start]
+            if dst.data_ptr() != src.data_ptr():
+                dst.copy_(src)
+    finally:
+        if visitor is not None:
+            visitor.close()
+
+
+def states_visitor(engine, writes):
+    """The owner's visitor of its units' states (states on NVMe: one unit at a time in memory), or None."""
+    make = getattr(engine.state_owner, "states_visitor", None)
+    return make(writes) if make is not None else None

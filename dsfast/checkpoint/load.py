@@ -7,7 +7,7 @@ import torch
 from . import commit, jsonable, manifest, module_slices, shards, state_files
 from .errors import CheckpointError
 from .safetensors_io import SafeTensorsFile
-from .layout import checkpoint_layout, engine_after_load, masters_from_module
+from .layout import checkpoint_layout, engine_after_load, masters_from_module, states_visitor
 
 
 class CheckpointReader:
@@ -107,7 +107,13 @@ def _load(engine, reader, strict, load_optimizer_states, load_lr_scheduler_state
             masters_from_module(engine, layout)
         engine_after_load(engine)
         return client
-    converted = shards.apply(layout, engine.optimizer, reader.manifest["params"], reader.file, load_optimizer_states)
+    visitor = states_visitor(engine, writes=True)   # states on NVMe: each unit read, filled, written back
+    try:
+        converted = shards.apply(layout, engine.optimizer, reader.manifest["params"], reader.file,
+                                 load_optimizer_states, use=visitor.use if visitor is not None else None)
+    finally:
+        if visitor is not None:
+            visitor.close()
     if converted:   # e.g. a bf16_optimizer_states checkpoint into an fp32-state run
         from dsfast.utils.log import log_dist
         log_dist(f"{reader.dir}: converted on load: " + ", ".join(f"{k} {a} -> {b}" for k, a, b in sorted(converted)),

@@ -34,9 +34,23 @@ def _bytes_of(t):
     return t.contiguous().reshape(-1).view(torch.uint8).numpy()
 
 
+class Deferred:
+    """A 1-D tensor of `numel` x `dtype` that write_file asks for (fetch()) only when its turn comes to be written:
+    a ZeRO unit's states on NVMe are in host memory one unit at a time."""
+
+    def __init__(self, fetch, dtype, numel):
+        self.fetch, self.dtype, self.shape = fetch, dtype, (int(numel),)
+
+    def numel(self):
+        return self.shape[0]
+
+    def element_size(self):
+        return torch.empty(0, dtype=self.dtype).element_size()
+
+
 def write_file(path, tensors, metadata=None, fault=None):
-    """Write {name: tensor} to `path` (fsynced). Returns {"size": bytes, "sha256": hex}. `fault(stage)` is the
-    test hook of the kill tests (called after the header and after each tensor)."""
+    """Write {name: tensor or Deferred} to `path` (fsynced). Returns {"size": bytes, "sha256": hex}. `fault(stage)`
+    is the test hook of the kill tests (called after the header and after each tensor)."""
     header, offset, order = {}, 0, []
     for name, t in tensors.items():
         if t.dtype not in DTYPES:
@@ -57,6 +71,11 @@ def write_file(path, tensors, metadata=None, fault=None):
         if fault:
             fault("header")
         for name, t in order:
+            if isinstance(t, Deferred):
+                got = t.fetch()
+                if got.dtype != t.dtype or got.numel() != t.numel():
+                    raise RuntimeError(f"{path}: tensor {name!r} changed between the header and its write")
+                t = got
             data = memoryview(_bytes_of(t))
             for i in range(0, len(data), _CHUNK):
                 part = data[i:i + _CHUNK]

@@ -18,7 +18,7 @@ from . import commit, manifest, module_slices, safetensors_io, shards, state_fil
 from .errors import CheckpointError
 from .rendezvous import Meeting, resolve_timeout
 from ..accelerator.cuda import synchronize_if_used
-from .layout import checkpoint_layout, param_names
+from .layout import checkpoint_layout, param_names, states_visitor
 from .tags import normalize_tag
 
 _OK = "ok"
@@ -42,6 +42,12 @@ class SaveJob:
     engine_tensors: dict = None
     nonce: str = ""
     stats: dict = field(default_factory=dict)
+    visitor: object = None   # states on NVMe: the owner's visitor the shard file's Deferred tensors go through
+
+    def close_visitor(self):
+        visitor, self.visitor = self.visitor, None
+        if visitor is not None:
+            visitor.close()
 
 
 def prepare(engine, save_dir, tag, client_state, save_latest, exclude_frozen, rank, snapshot):
@@ -52,11 +58,20 @@ def prepare(engine, save_dir, tag, client_state, save_latest, exclude_frozen, ra
     layout = checkpoint_layout(engine)
     writes_shards = rank == 0 or not layout.replicated
     tensors, slices = {}, []
-    if writes_shards:
-        tensors, slices = shards.collect(layout, engine.optimizer, manifest.optim_file(rank), snapshot=snapshot)
+    visitor = states_visitor(engine, writes=False) if writes_shards else None
+    try:
+        if writes_shards:
+            tensors, slices = shards.collect(layout, engine.optimizer, manifest.optim_file(rank), snapshot=snapshot,
+                                             use=visitor.use if visitor is not None else None)
+    except BaseException:
+        if visitor is not None:
+            visitor.close()
+        raise
     job = SaveJob(os.fspath(save_dir), text, rank, bool(save_latest),
                   {"world_size": layout.world_size, "stage": layout.stage, "replicated": layout.replicated},
-                  engine.state_owner.precision.name, tensors, slices)
+                  engine.state_owner.precision.name, tensors, slices, visitor=visitor)
+    if snapshot:
+        job.close_visitor()   # everything was copied
     sliced = module_slices.partitioned(engine)   # stage 3: every rank writes its own slice of the weights
     if sliced:
         job.module_tensors, job.module_slices = module_slices.collect(
@@ -81,6 +96,16 @@ def begin(engine, save_dir, tag, client_state=None, save_latest=True, exclude_fr
         job = prepare(engine, save_dir, tag, client_state, save_latest, exclude_frozen, meeting.rank, snapshot)
     except Exception as err:   # reported to the other ranks first, so none of them waits for this one
         error = err
+    try:
+        _agree(engine, job, error, meeting)
+    except BaseException:
+        if job is not None:
+            job.close_visitor()
+        raise
+    return job, meeting
+
+
+def _agree(engine, job, error, meeting):
     post = {"tag": job.tag if job else None, "nonce": uuid.uuid4().hex[:12],
             "error": f"{type(error).__name__}: {error}" if error else None}
     posts = [json.loads(v) for v in meeting.all_gather("begin", json.dumps(post).encode())]
@@ -92,7 +117,6 @@ def begin(engine, save_dir, tag, client_state=None, save_latest=True, exclude_fr
         raise CheckpointError(f"save_checkpoint: rank {r} cannot save ({why}); no rank saved")
     _check_tags(engine, job, posts, meeting.rank)
     job.nonce = posts[0]["nonce"]
-    return job, meeting
 
 
 def _check_tags(engine, job, posts, rank):
@@ -124,6 +148,8 @@ def write_and_commit(job, meeting):
     except Exception as err:
         local_error = err
         report = {"error": f"{type(err).__name__}: {err}"}
+    finally:
+        job.close_visitor()
     commit.fault_point("written", job.rank)
     reports = meeting.gather("written", json.dumps(report).encode())
     if meeting.rank == 0:
@@ -154,6 +180,7 @@ def _write_files(job, tmp):
 
     if job.shard_tensors or job.slices:
         put(manifest.optim_file(job.rank), job.shard_tensors, fault=fault)
+        job.close_visitor()   # (write_and_commit closes it on an error)
     if job.module_slices:
         put(module_slices.model_file(job.rank), job.module_tensors)
     if job.rank == 0:

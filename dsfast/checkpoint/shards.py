@@ -12,6 +12,7 @@ import warnings
 import torch
 
 from .errors import CheckpointError
+from .safetensors_io import Deferred
 from .snapshot import host_copy
 
 
@@ -32,14 +33,23 @@ def _scalar(where, key, value):
                           "numbers can be checkpointed")
 
 
-def collect(layout, optimizer, file_name, snapshot=False):
-    """(tensors, slice entries) for this rank's records; snapshot=True copies to host memory (async saves)."""
+def collect(layout, optimizer, file_name, snapshot=False, use=None):
+    """(tensors, slice entries) for this rank's records; snapshot=True copies to host memory (async saves).
+    use(opt_param): the owner's visitor (states on NVMe): the values become safetensors_io.Deferred, fetched unit by
+    unit as the file is written (snapshot=True: copied now, unit by unit)."""
     tensors, entries = {}, []
     for r in layout.records:
         n = r.stop - r.start
         base = f"{r.name}@{r.start}"
+        if use is not None and snapshot:
+            use(r.opt_param)
 
-        def part(t, name):
+        def part(t, name, r=r, n=n):
+            if use is not None and not snapshot:
+                def fetch():
+                    use(r.opt_param)   # t is the same object after: its storage is the unit's buffer now
+                    return t.detach().reshape(-1)[r.opt_offset:r.opt_offset + n]
+                return Deferred(fetch, t.dtype, n)
             flat = t.detach().reshape(-1)[r.opt_offset:r.opt_offset + n]
             return host_copy(name, flat) if snapshot else flat
 
@@ -76,11 +86,14 @@ def state_dtype(optimizer, param, saved_dtype):
 
 
 @torch.no_grad()
-def apply(layout, optimizer, params_manifest, open_file, load_optimizer_states=True):
+def apply(layout, optimizer, params_manifest, open_file, load_optimizer_states=True, use=None):
     """Fill every record's master (and, if asked, optimizer state) from the saved slices overlapping it. Returns
-    {(key, saved dtype, loaded dtype)} of the values converted on the way (e.g. bf16 moments into fp32 ones)."""
+    {(key, saved dtype, loaded dtype)} of the values converted on the way (e.g. bf16 moments into fp32 ones).
+    use(opt_param): the owner's visitor (states on NVMe) brings the record's unit into memory first."""
     created, scalars_set, differing, converted = set(), set(), [], set()
     for r in layout.records:
+        if use is not None:
+            use(r.opt_param)
         saved = params_manifest.get(r.name)
         if saved is None:
             raise CheckpointError(f"the checkpoint has no master weights for parameter {r.name!r} (it holds "

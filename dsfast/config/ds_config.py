@@ -12,7 +12,7 @@ from .batch import BatchSizeError, resolve_batch_sizes
 from .extras import (IGNORED_SECTIONS, UNSUPPORTED_FEATURES, ActivationCheckpointingConfig, CheckpointConfig, CometConfig,
                      CommsLoggerConfig, CompileConfig, CsvMonitorConfig, DataTypesConfig, FlopsProfilerConfig,
                      TensorboardConfig, TimersConfig, WandbConfig, check_unsupported_feature,
-                     normalize_dtype)
+                     aio_notes, check_aio, normalize_dtype)
 from .master_precision import master_precision_errors
 from .optimizer import OptimizerConfig
 from .precision import AmpConfig, Bf16Config, Fp16Config, TorchAutocastConfig
@@ -107,6 +107,11 @@ class DsConfig(StrictModel):
     _raw: Optional[dict] = PrivateAttr(None)
 
     # ----------------------------------------------------------------------------------------------- validators
+    @field_validator("aio", mode="before")
+    @classmethod
+    def _aio_numbers(cls, v):
+        return check_aio(v)
+
     @model_validator(mode="before")
     @classmethod
     def _bf16_alias_once(cls, data: Any):
@@ -314,6 +319,7 @@ class DsConfig(StrictModel):
             if getattr(self, key) is not None:
                 notes.append(f'"{key}" is present but disabled; ignored')
         for key, why in IGNORED_SECTIONS.items():
-            if getattr(self, key):
+            if getattr(self, key) and key != "aio":
                 notes.append(f'"{key}" is ignored: {why}')
+        notes += aio_notes(self.aio, self.zero_optimization.offload_optimizer_device == "nvme")
         return notes

@@ -164,8 +164,9 @@ UNSUPPORTED_FEATURES = {
 
 
 # Tuning blocks of I/O paths dsfast does not have; honouring them could not change training results.
+# ("aio" is acted on where NVMe offload runs: aio_notes below.)
 IGNORED_SECTIONS = {
-    "aio": "it tunes NVMe offload I/O, which dsfast does not have",
+    "aio": "it tunes NVMe offload I/O, and no offload here goes to NVMe",
     "nebula": "it selects DeepSpeed's Nebula checkpoint engine; dsfast writes its own checkpoints",
 }
 
@@ -178,3 +179,48 @@ def check_unsupported_feature(key: str, value: Any) -> None:
         return
     raise plain_error(f"{UNSUPPORTED_FEATURES[key]} is not supported by dsfast; remove \"{key}\""
                       + (' or set "enabled": false' if isinstance(value, dict) and "enabled" in value else ""))
+
+
+# aio keys: the NVMe swap's I/O pool acts on these (placement.aio_pool) ...
+AIO_ACTED = ("block_size", "intra_op_parallelism", "thread_count")
+# ... and has no use for these: it issues blocking preadv / pwritev calls from its threads
+AIO_NOT_ACTED = {
+    "queue_depth": "each swap thread has one read or write in flight (the thread count is the queue depth)",
+    "single_submit": "there is no submission queue (blocking preadv / pwritev per thread)",
+    "overlap_events": "reads and writes always overlap the step (the swap's thread pool)",
+    "use_gds": "GPUDirect Storage is not used (the swap reads into host buffers)",
+}
+
+
+def check_aio(aio: Any) -> Any:
+    """The aio section's numbers are positive integers (an error names the key)."""
+    if aio is None:
+        return aio
+    if not isinstance(aio, dict):
+        raise plain_error(f"must be an object of aio settings (got {type(aio).__name__})")
+    for key in AIO_ACTED + ("queue_depth",):
+        v = aio.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise plain_error(f"aio.{key} must be a positive integer (got {v!r})")
+    return aio
+
+
+def aio_notes(aio: Any, nvme: bool) -> List[str]:
+    """Notes for the aio keys that have no effect (all of them when nothing is offloaded to NVMe)."""
+    if not aio:
+        return []
+    if not nvme:
+        return [f'"aio" is ignored: {IGNORED_SECTIONS["aio"]}']
+    notes = []
+    for key in aio:
+        if key in AIO_NOT_ACTED:
+            notes.append(f"aio.{key} is ignored: {AIO_NOT_ACTED[key]}")
+        elif key not in AIO_ACTED:
+            notes.append(f"aio.{key} is ignored: not an aio setting dsfast knows (acted on: "
+                         f"{', '.join(AIO_ACTED)})")
+    if "intra_op_parallelism" in aio and "thread_count" in aio:
+        notes.append("aio.thread_count is ignored: aio.intra_op_parallelism sets the swap's threads")
+    threads = aio.get("intra_op_parallelism", aio.get("thread_count"))
+    if threads == 1:   # placement.aio_pool
+        notes.append("the NVMe swap uses 2 threads, not 1: a read and a write must be able to run together")
+    return notes

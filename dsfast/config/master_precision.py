@@ -64,4 +64,11 @@ def master_precision_errors(cfg):
                        "true without bf16_optimizer_states keeps fp32 optimizer states, which DeepSpeed allows only "
                        "on the host: set zero_optimization.offload_optimizer.device to \"cpu\", or set "
                        "bf16.bf16_optimizer_states to true"))
+    nvme = cfg.zero_optimization.offload_optimizer_device == "nvme"
+    for section, key in (("fp16", "fp16_master_weights_and_grads"), ("bf16", "bf16_master_weights_and_grads")):
+        if nvme and getattr(getattr(cfg, section), key):
+            # the 16-bit masters may be the parameter shards themselves, which must never go to a swap file
+            errors.append(((section, key), "true with zero_optimization.offload_optimizer.device \"nvme\" is not "
+                                           "supported by dsfast yet: offload the 16-bit masters to \"cpu\", or keep "
+                                           "fp32 masters on NVMe"))
     return errors

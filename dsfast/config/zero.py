@@ -186,10 +186,14 @@ class ZeroConfig(StrictModel):
         if self.offload_param is not None and self.offload_param.device != "none" and self.stage != 3:
             raise nested_error([(("offload_param",), f"offloading parameters needs ZeRO stage 3 "
                                                      f"(stage is {self.stage})")])
-        if self.offload_optimizer_device == "nvme" or self.offload_param_device == "nvme":
-            key = "offload_optimizer" if self.offload_optimizer_device == "nvme" else "offload_param"
-            raise nested_error([((key, "device"), 'NVMe offload is not supported by dsfast; use "cpu" (host '
-                                                  'memory) or "none"')])
+        # NVMe runs for the optimizer's states at stages 1-3 (zero/nvme_states.py); not yet for parameters
+        if self.offload_param_device == "nvme":
+            raise nested_error([(("offload_param", "device"), 'NVMe offload of parameters is not supported by '
+                                                              'dsfast yet; use "cpu" (host memory) or "none"')])
+        if self.offload_optimizer_device == "nvme" and self.offload_optimizer.buffer_count < 1:
+            raise nested_error([(("offload_optimizer", "buffer_count"), "NVMe offload needs at least 1 host "
+                                                                        "buffer (3 or more overlap reading, the "
+                                                                        "step and writing)")])
         if self.offload_optimizer is not None and self.offload_optimizer.ratio < 1.0:
             raise nested_error([(("offload_optimizer", "ratio"), "ratio < 1 (partial offload, a ZeRO stage 3 "
                                                                  "option) is not supported by dsfast; use 1.0")])

@@ -69,6 +69,7 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         self._param_names = {id(p): n for n, p in module.named_parameters()}
         self._progress = Progress(config.steps_per_print, rank, bool(config.wall_clock_breakdown), self._device)
         self.monitor = Monitor(config, rank)
+        self._swap_mark = self.swap_bytes()   # NVMe offload: the swap's counters at the last step (init's writes)
         self._plain_backward = PlainBackward(self)
         # DeepSpeed's engine.tput_timer (programs call update_epoch_count()); silent: Progress prints samples/s
         self.tput_timer = ThroughputTimer(config.timers.throughput, batch_size=config.train_batch_size,
@@ -256,9 +257,11 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
             self._progress.start("step")
             self._take_model_step(lr_kwargs)
             self._progress.stop("step")
+            swapped = self._swapped_this_step()
             self._progress.on_step(self.global_steps, self.global_samples, self.get_lr(), self.loss_scale,
-                                   self.skipped_steps)
-            self.monitor.on_step(self.global_samples, self.get_lr(), self.loss_scale if self._scales_loss else None)
+                                   self.skipped_steps, swapped)
+            self.monitor.on_step(self.global_samples, self.get_lr(), self.loss_scale if self._scales_loss else None,
+                                 swapped)
             if self._flops_profile is not None:
                 self._flops_profile.after_step(boundary=True)
             if self.config.memory_breakdown and self._progress.enabled and \
@@ -350,6 +353,8 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
     def destroy(self):
         """Release the engine's hooks and buffers (DeepSpeed's engine.destroy()); the module stays usable."""
         self._owner.detach()
+        if getattr(self._owner, "swap", None) is not None:   # NVMe swap files and buffers: gone
+            self._owner.swap.close()
         if getattr(self.module, "_dsfast_owner", None) is self._owner:
             object.__delattr__(self.module, "_dsfast_owner")
         for p in self.module.parameters():
@@ -359,7 +364,22 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         """Bytes this rank holds per category (params, masters, grads, optimizer_states, comm_buffers) and per
         device ("host" for CPU memory), counted from the tensors themselves; "total" sums them."""
         offloaded = self.offloaded_tensors()   # offload_states(): the host copies
-        return memory_breakdown({**self._owner.memory_tensors(), **({"offloaded": offloaded} if offloaded else {})})
+        out = memory_breakdown({**self._owner.memory_tensors(), **({"offloaded": offloaded} if offloaded else {})})
+        swap = getattr(self._owner, "swap", None)
+        if swap is not None:   # offload_optimizer on NVMe: the states' swap files ("swap_window": their host part)
+            out["nvme_files"] = {"nvme": swap.nvme_bytes}
+            out["total"]["nvme"] = swap.nvme_bytes
+        return out
+
+    def swap_bytes(self):
+        """(bytes read, bytes written) by the NVMe swap since the start, or None without one."""
+        swap = getattr(self._owner, "swap", None)
+        return None if swap is None else (swap.io.bytes_read, swap.io.bytes_written)
+
+    def _swapped_this_step(self):
+        now, before = self.swap_bytes(), self._swap_mark
+        self._swap_mark = now
+        return None if now is None else tuple(a - b for a, b in zip(now, before))
 
     def zero_grad(self, set_to_none=True):
         """Drop accumulated gradients (the engine also does this after every optimizer step)."""

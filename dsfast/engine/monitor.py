@@ -96,8 +96,8 @@ class Monitor:
         if self.writers:
             self._loss.add(loss)
 
-    def on_step(self, samples, lrs, loss_scale):
-        """The engine's events of one optimizer step."""
+    def on_step(self, samples, lrs, loss_scale, swapped=None):
+        """The engine's events of one optimizer step (swapped: the NVMe swap's bytes read and written by it)."""
         if not self.writers:
             return
         events = []
@@ -108,6 +108,9 @@ class Monitor:
             events.append(("Train/Samples/lr", lrs[0], samples))
         if loss_scale is not None:
             events.append(("Train/Samples/loss_scale", loss_scale, samples))
+        if swapped is not None:
+            events.append(("Train/Samples/nvme_read_bytes", swapped[0], samples))
+            events.append(("Train/Samples/nvme_written_bytes", swapped[1], samples))
         self.write_events(events)
 
     def close(self):

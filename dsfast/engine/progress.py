@@ -59,7 +59,12 @@ class Progress:
         if self.device is not None and torch.device(self.device).type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def on_step(self, step, samples, lrs, loss_scale, skipped):
+    _swapped = (0, 0)
+
+    def on_step(self, step, samples, lrs, loss_scale, skipped, swapped=None):
+        """swapped: (bytes read, bytes written) by the NVMe swap in this step (None without one)."""
+        if swapped is not None:
+            self._swapped = tuple(a + b for a, b in zip(self._swapped, swapped))
         if not self.enabled or step % self.every:
             return
         now = time.perf_counter()
@@ -73,6 +78,10 @@ class Progress:
         parts.append("lr " + ",".join(f"{lr:.2e}" for lr in lrs))
         parts.append(f"{rate:.1f} samples/s")
         parts.append(f"skipped {skipped}")
+        if swapped is not None:   # the wear on the disk: per step, averaged since the previous line
+            r, w = (v / self.every / 2**20 for v in self._swapped)
+            parts.append(f"nvme read {r:.1f} MiB written {w:.1f} MiB per step")
+            self._swapped = (0, 0)
         if self.breakdown and self._phase:
             parts.append(" ".join(f"{k} {1000 * v / self.every:.1f}ms" for k, v in self._phase.items()))
             self._phase.clear()

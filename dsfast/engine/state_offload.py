@@ -86,7 +86,8 @@ class StateOffload:
             if not torch.is_tensor(t) or t.device.type != device_type:
                 return
             st = t.untyped_storage()
-            if st.nbytes() == 0 or st.is_shared() or st.data_ptr() in seen:
+            # a storage that cannot be resized is a mapping (the NVMe swap's host window): host memory already
+            if st.nbytes() == 0 or st.is_shared() or not st.resizable() or st.data_ptr() in seen:
                 return
             seen.add(st.data_ptr())
             out.append(st)

@@ -3,7 +3,7 @@
 Files, one job each:
   state_owner.py       StateOwner: what every stage's owner provides the engine and checkpoints; memory counting
   owners.py            build_owner (the one place a stage picks its owner); what ZeRO owners offer the optimizer
-  placement.py         where a unit's tensors live (device / host / pinned; the distinct-host test placement)
+  placement.py         where a unit's tensors live (device / host / pinned / NVMe; the distinct-host test placement)
   precision.py         the param / reduce / master dtypes (communication_data_type, 16-bit masters)
   shard_unit.py        one bucket's slice, master, optimizer shard, gradient and host copies, in one object
   replicated.py        stage 0's owner: every rank holds everything (precision strategy + all-reduce)
@@ -26,6 +26,13 @@ Files, one job each:
   gathered.py          GatheredParameters (whole parameters inside a `with` block)
   init.py              Init (partition each module as it is built)
   estimate.py          model-state memory per rank for every stage and offload choice (also a CLI)
+ NVMe offload of the optimizer states (offload_optimizer.device = nvme):
+  nvme_states.py       the units' masters and states in swap files, stepped through a window (the placement)
+  nvme_window.py       prefetch / acquire / release of units over buffer_count host buffers
+  nvme_io.py           O_DIRECT (or buffered) whole-file reads and writes from a thread pool, as futures
+  nvme_buffers.py      page-aligned host buffers of exact size (pinned by registering, with a GPU)
+  nvme_files.py        one locked swap directory per job and rank; stale ones of killed jobs removed
+  nvme_checks.py       the start-up checks: nvme_path, free bytes, host memory, ulimit -l, /dev/shm
 """
 from .partition import model_state_bytes
 

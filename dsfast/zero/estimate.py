@@ -2,7 +2,7 @@
 the ones the memory tests check against memory_breakdown()).
 
     python -m dsfast.zero.estimate --params 7e9 --world-size 8 [--fp32] [--offload] [--largest-layer 1e8]
-                                   [--bf16-master [--bf16-optimizer-states]]
+                                   [--bf16-master [--bf16-optimizer-states]] [--nvme [--buffer-count 4] [--bucket 5e8]]
     dsfast.zero.estimate_model_states(7e9, 8) -> [{"stage", "offload_optimizer", "offload_param", "device",
                                                    "host"}, ...]  (bytes per rank)
 Adam is assumed (two fp32 moments; bf16 ones with --bf16-optimizer-states). --bf16-master: the masters are the
@@ -10,34 +10,50 @@ Adam is assumed (two fp32 moments; bf16 ones with --bf16-optimizer-states). --bf
 Stage 3 adds its gathered working set when the largest layer is given: that
 layer whole in the model dtype (the one being computed; prefetching may hold the next one too). Activations and
 temporary buffers are not model states and are not counted.
+
+nvme=True adds the rows of offload_optimizer on NVMe (offload_optimizer "nvme", a "nvme" key): every fp32 master
+and moment in swap files (12 bytes/param / N, fp32 models too: the masters are copies there), and on the host only
+the window (nvme_states.window_bytes): buffer_count units of this rank's share of a bucket (stages 1-2:
+reduce_bucket_size elements) or of the largest layer (stage 3, one unit per parameter).
 """
 import argparse
 
+from .nvme_states import unit_file_bytes, window_bytes
 from .partition import model_state_bytes
 from .partitioned_param import whole_numel
 
 _CHOICES = [(0, False, False), (1, False, False), (1, True, False), (2, False, False), (2, True, False),
             (3, False, False), (3, True, False), (3, False, True), (3, True, True)]
+_NVME_CHOICES = [(1, "nvme", False), (2, "nvme", False), (3, "nvme", False), (3, "nvme", True)]
 
 
 def estimate_model_states(params, world_size, mixed=True, largest_layer=0, offload=None, master16=False,
-                          states16=False):
+                          states16=False, nvme=False, buffer_count=4, bucket=5e8):
     """Rows for every (stage, offload_optimizer, offload_param) choice; offload=True/False keeps only the rows with
-    (any) / without offload. master16 / states16: 16-bit masters / optimizer states (stages 1-3)."""
+    (any) / without offload. master16 / states16: 16-bit masters / optimizer states (stages 1-3); nvme=True adds
+    offload_optimizer "nvme" rows (module docstring)."""
     if master16 and not mixed:
         raise ValueError("16-bit masters (bf16_master_weights_and_grads) need a 16-bit model, not --fp32")
+    if master16 and nvme:
+        raise ValueError("16-bit masters with offload_optimizer on NVMe are not supported yet (dsfast refuses the "
+                         "config too); leave out --nvme or --bf16-master")
     psi, world = int(float(params)), int(world_size)
     if psi < 1 or world < 1:
         raise ValueError(f"params and world_size must be >= 1 (got {params!r}, {world_size!r})")
     rows = []
-    for stage, off_opt, off_param in _CHOICES:
-        if offload is not None and bool(offload) != (off_opt or off_param):
+    for stage, off_opt, off_param in _CHOICES + (_NVME_CHOICES if nvme else []):
+        if offload is not None and bool(offload) != bool(off_opt or off_param):
             continue
         if master16 and (stage == 0 or (not states16 and not off_opt)):
             continue   # where DeepSpeed refuses them (config/master_precision.py)
-        b = model_state_bytes(psi, world, stage, mixed, off_opt, off_param, master16, states16)
+        b = model_state_bytes(psi, world, stage, mixed, bool(off_opt), off_param, master16, states16)
         if stage == 3 and largest_layer:
             b["device"] += (2 if mixed else 4) * int(float(largest_layer))
+        if off_opt == "nvme":
+            on_host = (12 if mixed else 8) * psi / world   # what offload to the host would keep there
+            unit = (min(int(float(bucket)), psi) if stage < 3 else int(float(largest_layer))) // world + 1
+            b["host"] += window_bytes(unit, buffer_count) - on_host
+            b["nvme"] = unit_file_bytes(psi) / world
         rows.append({"stage": stage, "offload_optimizer": off_opt, "offload_param": off_param, **b})
     return rows
 
@@ -94,13 +110,17 @@ def main(argv=None):
                     help="bf16 masters and gradients (bf16_master_weights_and_grads; without the next flag only "
                          "with offload_optimizer)")
     ap.add_argument("--bf16-optimizer-states", action="store_true", help="bf16 Adam moments (bf16_optimizer_states)")
+    ap.add_argument("--nvme", action="store_true", help="add the rows of offload_optimizer on NVMe")
+    ap.add_argument("--buffer-count", type=int, default=4, help="offload_optimizer.buffer_count (NVMe window)")
+    ap.add_argument("--bucket", default="5e8", help="reduce_bucket_size (stages 1-2: the NVMe unit)")
     args = ap.parse_args(argv)
     if args.bf16_optimizer_states and not args.bf16_master:
         ap.error("--bf16-optimizer-states needs --bf16-master (as bf16_optimizer_states needs "
                  "bf16_master_weights_and_grads)")
     try:
         rows = estimate_model_states(args.params, args.world_size, not args.fp32, args.largest_layer,
-                                     True if args.offload else None, args.bf16_master, args.bf16_optimizer_states)
+                                     True if args.offload else None, args.bf16_master, args.bf16_optimizer_states,
+                                     args.nvme, args.buffer_count, args.bucket)
     except ValueError as err:
         ap.error(str(err))
     gib = 1024 ** 3
@@ -108,10 +128,11 @@ def main(argv=None):
           f"{'fp32' if args.fp32 else 'mixed precision'}, "
           f"{'bf16' if args.bf16_master else 'fp32'} masters, Adam with "
           f"{'bf16' if args.bf16_optimizer_states else 'fp32'} moments")
-    print(f"{'stage':>5}  {'offload_optimizer':>17}  {'offload_param':>13}  {'device GiB':>10}  {'host GiB':>9}")
+    print(f"{'stage':>5}  {'offload_optimizer':>17}  {'offload_param':>13}  {'device GiB':>10}  {'host GiB':>9}  "
+          f"{'nvme GiB':>9}")
     for r in rows:
         print(f"{r['stage']:>5}  {str(r['offload_optimizer']):>17}  {str(r['offload_param']):>13}  "
-              f"{r['device'] / gib:>10.2f}  {r['host'] / gib:>9.2f}")
+              f"{r['device'] / gib:>10.2f}  {r['host'] / gib:>9.2f}  {r.get('nvme', 0) / gib:>9.2f}")
     return rows
 
 

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.flat_collectives import all_gather_flat
+from .nvme_states import nvme_states
 from .partition import plan_buckets
 from .shard_unit import ShardUnit, UnitStore
 
@@ -83,6 +84,8 @@ class FlatShards(UnitStore):
                 # offload to a distinct host: the CPU optimizer writes the 16-bit values into a host copy
                 host16 = placement.host_copy(flat[lo:hi]) if self.mixed and placement.copies_states else None
                 self.units.append(ShardUnit(plan, flat[lo:hi], master, shard, host16))
+        # offload_optimizer on NVMe: the masters (and, once they exist, the optimizer states) go to swap files
+        self.swap = nvme_states(self.units, placement, rank)
         self.bucket_of = {}   # id(param) -> (plan, entry)
         for plan in self.plans:
             for e in plan.entries:

@@ -8,6 +8,8 @@ owner.optimizer_groups(groups) on owner.optimizer_device (the fp32 masters at st
 ZeRO stages, on the host with offload_optimizer), and a client optimizer is re-pointed by
 owner.adopt_client_optimizer.
 """
+import contextlib
+
 import torch
 
 from ..config.master_precision import master_dtype_name
@@ -21,7 +23,7 @@ def build_owner(cfg, model, trainable, groups, bucket, dp, device):
     group_of = group_index(groups, trainable)
     world, rank, group = dp.world, dp.rank, dp.group
     device = torch.device(device or "cpu")
-    placement = placement_of(cfg.zero_optimization, device)
+    placement = placement_of(cfg.zero_optimization, device, aio=cfg.aio)
     policy = precision_policy(cfg.precision, cfg.zero_stage, cfg.communication_data_type,
                               master=master_dtype_name(cfg), states_16bit=cfg.bf16.bf16_optimizer_states)
     if cfg.zero_stage == 3:
@@ -61,6 +63,27 @@ class ShardOptimizer:
 
     def empty_partition_cache(self):
         """Nothing is gathered outside a forward below stage 3."""
+
+    @property
+    def swap(self):
+        """The NVMe placement of the units' states (nvme_states.NvmeStates), or None."""
+        return getattr(self.store, "swap", None)
+
+    def states_visitor(self, writes):
+        """With states on NVMe, a nvme_states.Visitor: visitor.use(shard) before touching a unit's master or
+        optimizer states (one unit at a time in host memory), visitor.close() after; writes=False when nothing is
+        changed. None otherwise (every state is in memory)."""
+        return self.swap.visitor(writes) if self.swap is not None else None
+
+    @contextlib.contextmanager
+    def visiting(self, writes):
+        """`with owner.visiting(writes) as use:` use(shard) before touching that unit's states (states_visitor)."""
+        visitor = self.states_visitor(writes)
+        try:
+            yield visitor.use if visitor is not None else (lambda shard: None)
+        finally:
+            if visitor is not None:
+                visitor.close()
 
     @property
     def trains(self):

@@ -2,6 +2,8 @@
 
     device       the compute device: model-dtype parameters, gradients as autograd produces them, reductions
     states       fp32 masters and optimizer states: the host with offload_optimizer, else the device
+    nvme         offload_optimizer on NVMe (an NvmeTarget): the states live in swap files, a window of them on
+                 the host (nvme_states.py); never the parameters' memory, so the masters do not alias them
     params       stage 3's parameter shards: the host with offload_param, else the device
     pin          the host fp32 masters are page-locked (offload_optimizer.pin_memory, with a GPU); the staging
                  buffers of the copies always are, with a GPU
@@ -15,11 +17,23 @@ with the same code a GPU runs (the stream sync is the only no-op).
 """
 import os
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 TEST_PLACEMENT_ENV = "DSFAST_TEST_PLACEMENT"
 HOST = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class NvmeTarget:
+    """Where and how a unit's states are swapped: offload_optimizer's nvme_path, buffer_count, pinning of the
+    window's buffers (with a GPU), and the I/O pool (aio.thread_count / intra_op_parallelism, aio.block_size)."""
+    path: str
+    buffer_count: int
+    pin: bool = False
+    threads: int = 2
+    block_size: int = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -29,6 +43,7 @@ class Placement:
     offload_params: bool = False
     pin: bool = False
     distinct: bool = False
+    nvme: Optional[NvmeTarget] = None
 
     @property
     def states_device(self):
@@ -45,6 +60,8 @@ class Placement:
 
     def masters_alias(self, mixed, params_offloaded=False):
         """An fp32 model's masters may be its parameter shards themselves: one copy, when both sit on one side."""
+        if self.nvme is not None:
+            return False
         return not mixed and (not self.distinct or self.offload_states == params_offloaded)
 
     def host_empty(self, numel, dtype):
@@ -62,15 +79,30 @@ class Placement:
             torch.cuda.current_stream(self.device).synchronize()
 
 
-def placement_of(zero_cfg, device):
-    """The placement for a `zero_optimization` config section on `device` (the engine's device)."""
+def placement_of(zero_cfg, device, aio=None):
+    """The placement for a `zero_optimization` config section on `device` (the engine's device); aio: the
+    config's aio section (dict or None), for the NVMe swap's I/O pool."""
     device = torch.device(device)
-    states = zero_cfg.offload_optimizer_device == "cpu"
+    nvme = zero_cfg.offload_optimizer_device == "nvme"
+    states = zero_cfg.offload_optimizer_device in ("cpu", "nvme")
     params = zero_cfg.offload_param_device == "cpu"
     gpu = device.type == "cuda"
     test = os.environ.get(TEST_PLACEMENT_ENV, "")
     if test not in ("", "distinct-host"):
         raise ValueError(f"{TEST_PLACEMENT_ENV}={test!r}: valid values are 'distinct-host' (CPU test placement: "
                          "host buffers apart from the device's) or unset")
-    pin = gpu and states and bool(zero_cfg.offload_optimizer.pin_memory)
-    return Placement(device, states, params, pin, distinct=gpu or test == "distinct-host")
+    pin_asked = gpu and states and bool(zero_cfg.offload_optimizer.pin_memory)
+    target = None
+    if nvme:
+        off = zero_cfg.offload_optimizer
+        target = NvmeTarget(off.nvme_path, off.buffer_count, pin=pin_asked, **aio_pool(aio))
+    return Placement(device, states, params, pin_asked and not nvme, distinct=gpu or test == "distinct-host",
+                     nvme=target)
+
+
+def aio_pool(aio):
+    """The I/O pool's settings from DeepSpeed's aio section: threads (intra_op_parallelism or thread_count, at
+    least 2 so that a read and a write run together) and block_size (bytes per read or write call)."""
+    aio = aio or {}
+    threads = aio.get("intra_op_parallelism", aio.get("thread_count", 2))
+    return {"threads": max(2, int(threads)), "block_size": int(aio.get("block_size", 1 << 20))}

@@ -6,6 +6,8 @@ where the placement made one) as `grads` and, for a 16-bit model, each unit's 16
 the same pass). The 1/world x 1/loss_scale factor and the clip coefficient travel as grad_scale / clip_coef and the
 overflow flag as found_inf: no separate scaling pass, and no reading or creating of optimizer.state here.
 """
+import contextlib
+
 import torch
 
 from ..optim.amp_step import amp_step
@@ -14,9 +16,23 @@ from ..optim.amp_step import amp_step
 @torch.no_grad()
 def step_shards(store, optimizer, decision):
     """Update every unit of `store` as `decision` (decide.py) says; the model-dtype slices hold the new values
-    afterwards (all-gather not included)."""
-    units = store.units
+    afterwards (all-gather not included). With the states on NVMe (store.swap, nvme_states.NvmeStates) the units
+    are stepped one by one in order, each while it is in host memory: the same kernels on the same values (an
+    optimizer whose update of a parameter reads only that parameter's state: every element-wise one)."""
     store.placement.synchronize()   # the host copies of the gradients must land before the CPU reads them
+    swap = getattr(store, "swap", None)
+    if swap is None:
+        _step_units(store, optimizer, decision, store.units)
+        return
+    swap.steps += 1   # (named in I/O errors: the optimizer steps of this engine, skipped ones included)
+    if decision.applied():   # (a skipped step reads and writes nothing; a CPU optimizer reads the flag anyway)
+        group_of = {id(p): gi for gi, g in enumerate(optimizer.param_groups) for p in g["params"]}
+        for unit in swap.windows(store.units):
+            with _only(optimizer, unit.shard, group_of[id(unit.shard)]):
+                _step_units(store, optimizer, decision, [unit])
+
+
+def _step_units(store, optimizer, decision, units):
     index = {id(u.shard): u for u in units}
     groups = [[index[id(s)] for s in group["params"]] for group in optimizer.param_groups]
     grads = [[_on(u.update_grad, u.shard) for u in us] for us in groups]
@@ -28,6 +44,20 @@ def step_shards(store, optimizer, decision):
         if decision.applied():
             for u in units:
                 u.finish_step(store.mixed, store.masters_are_params)
+
+
+@contextlib.contextmanager
+def _only(optimizer, shard, group):
+    """The optimizer's groups hold only `shard` (in its group, index `group`) for the block: one unit's step costs
+    the same whatever the number of parameters (stage 3 has one unit per parameter)."""
+    kept = [g["params"] for g in optimizer.param_groups]
+    try:
+        for gi, g in enumerate(optimizer.param_groups):
+            g["params"] = [shard] if gi == group else []
+        yield
+    finally:
+        for g, params in zip(optimizer.param_groups, kept):
+            g["params"] = params
 
 
 def _on(grad, shard):

@@ -79,8 +79,11 @@ class UnitStore:
         return owned_pieces(plan, self.rank)
 
     @torch.no_grad()
-    def write_back(self):
-        """Masters -> this rank's 16-bit slices (after a checkpoint load: the optimizer did not write them)."""
+    def write_back(self, use=None):
+        """Masters -> this rank's 16-bit slices (after a checkpoint load: the optimizer did not write them).
+        use(shard): brings a unit's master into memory first (NVMe: owners.ShardOptimizer.visiting)."""
         if not self.masters_are_params:
             for u in self.units:
+                if use is not None:
+                    use(u.shard)
                 u.slice16.copy_(u.master, non_blocking=True)

@@ -17,6 +17,7 @@ from .decide import decide
 from .flat_shards import FlatShards
 from .grad_buffers import GradBuffers
 from .grad_sync import build_grad_sync
+from .nvme_states import agreed_swap_errors
 from .owners import ShardOptimizer
 from .precision import PrecisionPolicy
 from .reducer import reducer_for
@@ -53,7 +54,8 @@ class _ShardedBase(ShardOptimizer):
         decision = decide(self.grad_shards(), factor, clip, check_overflow, self.world, self.group,
                           device=self.store.device)
         self.host_copies()
-        step_shards(self.store, optimizer, decision)
+        with agreed_swap_errors(self.swap, self.world, self.rank, self.group):
+            step_shards(self.store, optimizer, decision)
         applied = decision.applied()
         if applied:
             self.store.all_gather(self.group)
@@ -74,7 +76,8 @@ class _ShardedBase(ShardOptimizer):
         return [u.update_grad for u in self.store.units]
 
     def after_checkpoint_load(self):
-        self.store.write_back()
+        with self.visiting(writes=False) as use:
+            self.store.write_back(use)
         self.store.all_gather(self.group)
 
     # ---- what checkpoints and dsfast.utils read -------------------------------------------------------------
@@ -95,7 +98,9 @@ class _ShardedBase(ShardOptimizer):
         lo, _ = plan.shard_range(self.rank)
         a, b = max(lo, e.offset), min(lo + plan.shard, e.offset + e.numel)
         if a < b:
-            full[a - e.offset:b - e.offset].copy_(source(plan.index)[a - lo:b - lo])
+            with self.visiting(writes=False) as use:
+                use(self.store.units[plan.index].shard)
+                full[a - e.offset:b - e.offset].copy_(source(plan.index)[a - lo:b - lo])
         if self.world > 1:
             dist.all_reduce(full, group=self.group)
         return full.view(self._shape_of(param))
@@ -107,7 +112,11 @@ class _ShardedBase(ShardOptimizer):
         plan, e = self.store.bucket_of[id(param)]
         lo, _ = plan.shard_range(self.rank)
         a, b = max(lo, e.offset), min(lo + plan.shard, e.offset + e.numel)
-        return source(plan.index)[max(a - lo, 0):max(b - lo, 0)]
+        if self.swap is None:
+            return source(plan.index)[max(a - lo, 0):max(b - lo, 0)]
+        with self.visiting(writes=False) as use:   # a copy: the swap takes the states' memory back after
+            use(self.store.units[plan.index].shard)
+            return source(plan.index)[max(a - lo, 0):max(b - lo, 0)].clone()
 
     def _state_of(self, key):
         def source(i):
@@ -127,6 +136,8 @@ class _ShardedBase(ShardOptimizer):
         """The optimizer steps flat shards, so its own zero_grad() would clear nothing the user means: make it
         clear this owner's gradients too (what DeepSpeed's ZeRO optimizer's zero_grad() does)."""
         self._optimizer = optimizer
+        if self.swap is not None:
+            self.swap.optimizer = optimizer
         if optimizer is None or getattr(optimizer, "_dsfast_clears", None) is self:
             return
         own = optimizer.zero_grad
@@ -180,6 +191,8 @@ class _ShardedBase(ShardOptimizer):
                 else list(self.store.masters), "optimizer_states": [], "grads": [], "comm_buffers": []}
         cats["comm_buffers"] += [u.host16 for u in self.store.units if u.host16 is not None]
         cats["comm_buffers"] += [u.host_grad for u in self.store.units if u.host_grad is not None]
+        if self.swap is not None:   # the window of states on the host (the rest are in files: swap.nvme_bytes)
+            cats["swap_window"] = self.swap.host_buffers()
         if self._optimizer is not None:
             for shard in self.store.shards:
                 cats["optimizer_states"] += [t for t in self._optimizer.state.get(shard, {}).values()

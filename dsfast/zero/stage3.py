@@ -18,6 +18,7 @@ import torch.distributed as dist
 from .shm_reduce import shm_allocator
 from . import grad_buckets
 from .param_hooks import ParamCoordinator
+from .nvme_states import nvme_states
 from .reducer import reducer_for
 from .partitioned_param import DS_PARAM_ATTRS, PartitionedParam, gather, record_of
 from .shard_unit import ShardUnit, UnitStore
@@ -63,6 +64,7 @@ class Stage3Store(UnitStore):
                 if self.mixed and placement.copies_states and not placement.offload_params else None
             grad = torch.zeros(r.shard_numel, dtype=grad_dtype or model_dtype, device=self.device)
             self.units.append(ShardUnit(plan, r.shard, master, shard, host16, grad))
+        self.swap = nvme_states(self.units, placement, self.rank)   # offload_optimizer on NVMe: to swap files
         self.bucket_of = {id(p): (plan, plan.entries[0]) for p, plan in zip(self.params, self.plans)}
         self.shared = None   # shared_params.SharedParams when same-host ranks gather through /dev/shm
 
@@ -138,7 +140,9 @@ class Stage3(_ShardedBase):
         i = self._index.get(id(param))
         if i is not None and not self.store.masters_are_params:
             unit = self.store.units[i]
-            unit.master.copy_(unit.slice16)
+            with self.visiting(writes=True) as use:   # (on NVMe: the master is read in, then written back)
+                use(unit.shard)
+                unit.master.copy_(unit.slice16)
 
     def _bucket_to_host(self, bucket):
         """A bucket's reduced gradient shards to the host as soon as they are final (offload, distinct host)."""

@@ -1,0 +1,69 @@
+"""The checks NVMe offload runs at initialize, before it writes a file or allocates a buffer.
+
+Each error names what is wrong, the numbers (bytes needed, bytes free) and what to change.
+"""
+import os
+import resource
+import tempfile
+
+_GIB = float(1 << 30)
+
+
+def _size(n):
+    return f"{n} bytes ({n / _GIB:.2f} GiB)"
+
+
+def check_nvme_path(path, need_bytes, key="offload_optimizer.nvme_path"):
+    """`path` exists, is a writable directory with `need_bytes` free (the swap files of this rank)."""
+    if not os.path.exists(path):
+        raise ValueError(f"{key}={path!r} does not exist; create the directory (on a fast local disk) or point "
+                         f"{key} at one")
+    if not os.path.isdir(path):
+        raise ValueError(f"{key}={path!r} is not a directory; give a directory on a fast local disk")
+    try:   # a real file, not os.access: root passes access() on a read-only mount too
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise ValueError(f"{key}={path!r} is not writable by this process ({e.strerror}); give a directory it "
+                         "can write") from None
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize
+    if free < need_bytes:
+        raise ValueError(f"{key}={path!r} has {_size(free)} free but the swap files need {_size(need_bytes)}; "
+                         "free space there or use a larger disk")
+    return free
+
+
+def meminfo_available():
+    """MemAvailable from /proc/meminfo in bytes (None where there is no /proc)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_host_memory(need_bytes, pinned_bytes=0, shm_bytes=0, lower="offload_optimizer.buffer_count",
+                      available=None, memlock=None, shm_free=None):
+    """Host memory for `need_bytes` of swap buffers (`pinned_bytes` of them page-locked, within `ulimit -l`) and
+    `shm_bytes` of /dev/shm. `available`, `memlock`, `shm_free`: the measured limits (read here when None)."""
+    available = meminfo_available() if available is None else available
+    if available is not None and need_bytes > available:
+        raise ValueError(f"NVMe offload: the host swap buffers need {_size(need_bytes)} but only "
+                         f"{_size(available)} of host memory is available; lower {lower}")
+    if pinned_bytes:
+        memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] if memlock is None else memlock
+        if memlock != resource.RLIM_INFINITY and pinned_bytes > memlock:
+            raise ValueError(f"NVMe offload: pinning {_size(pinned_bytes)} of swap buffers exceeds `ulimit -l` "
+                             f"({_size(memlock)}); raise it (ulimit -l unlimited), lower {lower}, or set "
+                             "pin_memory to false")
+    if shm_bytes:
+        if shm_free is None:
+            st = os.statvfs("/dev/shm")
+            shm_free = st.f_bavail * st.f_frsize
+        if shm_bytes > shm_free:
+            raise ValueError(f"NVMe offload: /dev/shm needs {_size(shm_bytes)} but has {_size(shm_free)} free; "
+                             f"enlarge /dev/shm (docker: --shm-size) or lower {lower}")

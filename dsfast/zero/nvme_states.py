@@ -1,0 +1,275 @@
+"""The NVMe placement of the shard units' fp32 masters and optimizer states (offload_optimizer.device = nvme).
+
+Every unit's master and per-element optimizer states live in one swap file (master first, then the states by
+key); between steps their tensors keep their objects, shapes and dtypes (optimizer.state[unit.shard] stays valid)
+over storages resized to nothing, as engine.offload_states() does. The step walks the units in order through a
+window (nvme_window.UnitWindow): a unit's tensors become views of its host buffer while it is stepped, so the
+optimizer reads and writes the buffer that goes back to disk (no copy), while the next units are read and the
+previous ones written. States the optimizer creates at its first step (in ordinary memory) are packed into the
+unit's buffer when it leaves the window. Scalars (the step count) stay in memory.
+
+Checkpoints, dsfast.utils and GatheredParameters' updates reach the states through a Visitor: one unit at a time in
+host memory, in the order they ask for them, written back when they change.
+"""
+import contextlib
+import ctypes
+import os
+
+import torch
+import torch.distributed as dist
+
+from .nvme_checks import check_host_memory, check_nvme_path
+from .nvme_files import SwapDir
+from .nvme_io import SwapError, SwapIO
+from .nvme_window import UnitWindow
+from .nvme_buffers import aligned_size
+
+# The optimizer states per element that the start-up checks budget for (Adam's two moments; SGD needs fewer).
+# Buffers are sized from the real states once they exist.
+BUDGETED_STATES = 2
+_ALIGN = 64   # each tensor of a unit file starts on a cache line
+
+
+def unit_file_bytes(numel):
+    """The budgeted bytes of a unit of `numel` elements on disk: its fp32 master and BUDGETED_STATES states."""
+    return numel * 4 * (1 + BUDGETED_STATES)
+
+
+def window_bytes(largest_numel, buffer_count):
+    """Host memory of the window: buffer_count buffers, each the size of the largest unit's file."""
+    return int(buffer_count) * aligned_size(unit_file_bytes(largest_numel))
+
+
+class NvmeStates:
+    def __init__(self, units, nvme_path, buffer_count, rank, pin=False, threads=2, block_size=1 << 20,
+                 key="offload_optimizer", synchronize=None):
+        """units: shard_unit.ShardUnit (their masters hold the initial fp32 values); the files go under
+        nvme_path (checked first, with host memory, before anything is written or allocated)."""
+        self.units = list(units)
+        total = sum(unit_file_bytes(u.master.numel()) for u in self.units)
+        window = window_bytes(max((u.master.numel() for u in self.units), default=0), buffer_count)
+        check_nvme_path(nvme_path, total + window, key=f"{key}.nvme_path")   # + the files being replaced
+        check_host_memory(window, pinned_bytes=window if pin else 0,
+                          lower=f"{key}.buffer_count or zero_optimization.reduce_bucket_size (the unit size)")
+        self.dir = SwapDir(nvme_path, rank)
+        self.io = SwapIO(threads=threads, block_size=block_size)
+        self.window = UnitWindow(self.io, self.dir, buffer_count, pin=pin)
+        self.optimizer = None
+        # a device's copies out of a unit's buffer (its 16-bit values) must land before the buffer is reused
+        self.synchronize = synchronize or (lambda: None)
+        self.layouts = {}      # unit index -> ((key, byte offset, numel, dtype), ...)
+        self.relayouts = 0     # units whose file layout changed (states appeared) since the last trim
+        self.steps = 0         # the engine's optimizer steps so far (shard_step counts them): named in I/O errors
+        for u in self.units:
+            u.master = u.shard     # one tensor object for the master (the optimizer's parameter)
+            self._evict(u)
+        self.window.flush()
+        give_back_freed_memory()   # the masters' memory, now that they are in their files
+
+    # ---- the step --------------------------------------------------------------------------------------------
+    def windows(self, units):
+        """Yield each unit in order with its master and states in host memory; read ahead, write behind. Every
+        write of the step has landed when the walk ends (an I/O error is raised then)."""
+        self.window.step = self.steps
+        ahead = max(1, self.window.buffer_count - 2)   # one unit stepped, one written, the rest read ahead
+        try:
+            for u in units[:ahead]:
+                self.window.prefetch(u.index)
+            for j, u in enumerate(units):
+                self._load(u)
+                yield u
+                self._evict(u)
+                if j + ahead < len(units):
+                    self.window.prefetch(units[j + ahead].index)
+        except SwapError:
+            with contextlib.suppress(SwapError):   # the writes in flight land before the error goes up
+                self.window.flush()
+            raise
+        self.window.flush()
+        # the step's freed memory (states created at a first step, parking) back to the system: glibc keeps
+        # freed blocks under its mmap threshold in the heap, and the host would hold more than the window
+        self.relayouts = 0
+        give_back_freed_memory()
+        for u in self.units[:ahead]:   # the next step's first units, read during forward and backward
+            self.window.prefetch(u.index)
+
+    def visitor(self, writes):
+        """A Visitor: one unit at a time in host memory, for code that reads (writes=False) or writes the states of
+        units one after another (checkpoints, dsfast.utils, a GatheredParameters update)."""
+        self.window.flush()
+        return Visitor(self, writes)
+
+    # ---- what the engine reports -----------------------------------------------------------------------------
+    @property
+    def nvme_bytes(self):
+        """Bytes of this rank's swap files on disk (the units' and the spares of the writes in flight)."""
+        return sum(e.stat().st_size for e in os.scandir(self.dir.path) if e.is_file())
+
+    def host_buffers(self):
+        return [b.tensor for b in self.window.buffers()]
+
+    def trim(self):
+        """After units took in states created in ordinary memory (the first step, a checkpoint load): that memory,
+        freed, goes back to the system (glibc keeps freed blocks under 32 MiB in its heap otherwise)."""
+        if self.relayouts:
+            self.relayouts = 0
+            give_back_freed_memory()
+
+    def close(self):
+        try:
+            self.window.close()
+        finally:
+            self.io.close()
+            self.dir.close()
+
+    # ---- internals -------------------------------------------------------------------------------------------
+    def _tensors(self, u):
+        out = [("master", u.shard)]
+        state = self.optimizer.state.get(u.shard, {}) if self.optimizer is not None else {}
+        for key in sorted(state):
+            v = state[key]
+            if torch.is_tensor(v) and key != "step" and v.numel() == u.shard.numel() and v.dim() > 0:
+                out.append((key, v))
+        return out
+
+    @torch.no_grad()
+    def _load(self, u):
+        buf = self.window.acquire(u.index)
+        storage = buf.tensor.untyped_storage()
+        tensors = dict(self._tensors(u))
+        for key, offset, numel, dtype in self.layouts[u.index]:
+            t = tensors.get(key)
+            if t is not None:
+                t.set_(storage, offset // t.element_size(), t.shape)
+
+    def _layout(self, u):
+        """((key, byte offset, numel, dtype) per tensor of u's file, file bytes), from u's tensors now."""
+        layout, offset = [], 0
+        for key, t in self._tensors(u):
+            layout.append((key, offset, t.numel(), t.dtype))
+            offset = -(-(offset + t.numel() * t.element_size()) // _ALIGN) * _ALIGN
+        return tuple(layout), offset
+
+    @torch.no_grad()
+    def _evict(self, u):
+        tensors = self._tensors(u)
+        layout, offset = self._layout(u)
+        moved = layout != self.layouts.get(u.index)
+
+        def fill(buf):
+            for (key, off, numel, dtype), (_, t) in zip(layout, sources):
+                view = buf.view(off, numel, dtype)
+                if view.data_ptr() != t.data_ptr():
+                    view.copy_(t.reshape(-1))
+        # a new layout may move bytes within the buffer: copy the sources out first
+        sources = [(k, t.clone()) for k, t in tensors] if moved else tensors
+        self.relayouts += int(moved and u.index in self.layouts)
+        self.synchronize()
+        self.window.store(u.index, fill, offset)
+        self.layouts[u.index] = layout
+        self._park_all(u)
+
+    def _park_all(self, u):
+        self.synchronize()
+        for _, t in self._tensors(u):
+            _park(t)
+
+
+def nvme_states(units, placement, rank):
+    """The NvmeStates of `units` where the placement puts the states on NVMe, else None."""
+    target = placement.nvme
+    if target is None:
+        return None
+    return NvmeStates(units, target.path, target.buffer_count, rank, pin=target.pin, threads=target.threads,
+                      block_size=target.block_size, synchronize=placement.synchronize)
+
+
+class Visitor:
+    """visitor.use(shard): that unit's master and states are in host memory (views of its window buffer) until the
+    next use() of another unit or close(), which puts the unit back: written to its file (writes=True, or when
+    states appeared) or released unchanged. Views taken of a unit's tensors are valid only until then."""
+
+    def __init__(self, states, writes):
+        self.states, self.writes = states, writes
+        self.by_shard = {id(u.shard): u for u in states.units}
+        self.current = None
+
+    def use(self, shard):
+        u = self.by_shard.get(id(shard))
+        if u is None or u is self.current:
+            return
+        self._leave()
+        self.states._load(u)
+        self.current = u
+
+    def close(self):
+        try:
+            self._leave()
+        finally:
+            self.states.window.flush()
+            self.states.trim()
+
+    def _leave(self):
+        u, self.current = self.current, None
+        if u is None:
+            return
+        states = self.states
+        if self.writes or states._layout(u)[0] != states.layouts[u.index]:
+            states._evict(u)
+        else:
+            states._park_all(u)
+            states.window.discard(u.index)
+
+
+class NullVisitor:
+    """Every state is in memory already (no NVMe): nothing to do."""
+
+    def use(self, shard):
+        pass
+
+    def close(self):
+        pass
+
+
+def give_back_freed_memory():
+    """malloc_trim(0) where the C library has it (glibc): freed heap memory back to the system."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+@torch.no_grad()
+def _park(t):
+    """t keeps its object, shape and dtype over a storage of no bytes (its values are in the unit's file)."""
+    s = torch.UntypedStorage(t.numel() * t.element_size())
+    t.set_(s, 0, t.shape)
+    s.resize_(0)
+
+
+@contextlib.contextmanager
+def agreed_swap_errors(swap, world, rank, group=None):
+    """Around a step: with a swap, every rank learns whether any rank's NVMe I/O failed, and all raise."""
+    error = None
+    try:
+        yield
+    except SwapError as err:
+        if swap is None:
+            raise
+        error = err
+    if swap is not None:
+        raise_on_every_rank(error, world, rank, group)
+
+
+def raise_on_every_rank(error, world, rank, group=None):
+    """An NVMe I/O error on any rank stops every rank (none waits in the next collective for a failed one)."""
+    if world > 1:
+        failed = torch.zeros(world, dtype=torch.int32)
+        failed[rank] = int(error is not None)
+        dist.all_reduce(failed, group=group)
+        if error is None and int(failed.sum()):
+            first = int(torch.nonzero(failed)[0])
+            raise SwapError(f"rank {first} failed to read or write its NVMe swap files (its own error names the "
+                            f"file and the step); rank {rank} stops too")
+    if error is not None:
+        raise error
