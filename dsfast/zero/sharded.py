@@ -320,7 +320,7 @@ def build_sharded_owner(stage, params, group_of, policy, bucket_elems, world, ra
     shared memory and are gathered / reduced there."""
     dtype = policy.param_dtype
     if dtype != torch.float32:
-        fp32 = [p.detach().float().clone() for p in params]
+        fp32 = [p.detach().float() for p in params]
         if module is not None:
             module.to(dtype)
         for p, v in zip(params, fp32):   # FlatShards reads fp32 values for the masters, then casts
