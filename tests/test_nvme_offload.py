@@ -340,3 +340,19 @@ def test_an_nvme_path_without_room_for_the_states_is_refused_at_initialize(tmp_p
         assert os.listdir(small) == []
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+def test_an_optimizer_that_may_read_across_parameters_is_refused_with_nvme(tmp_path):
+    # the NVMe step runs the optimizer one unit at a time: exact only for element-wise optimizers (LBFGS reads every
+    # parameter through its closure and keeps its own flat history)
+    model = _model()
+    cfg = _cfg(2, str(tmp_path))
+    del cfg["optimizer"]
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r'"nvme" steps the optimizer one unit .*torch\.optim\.lbfgs\.LBFGS.*AdamW'):
+        dsfast.initialize(model=model, model_parameters=model.parameters(), optimizer=opt, config=cfg,
+                          dist_init_required=False)
+    assert not [f for _, _, files in os.walk(tmp_path) for f in files if f.endswith(".swap")]   # removed already
+    cpu = _model()   # the same optimizer is fine where nothing is swapped
+    dsfast.initialize(model=cpu, model_parameters=cpu.parameters(), optimizer=torch.optim.LBFGS(cpu.parameters()),
+                      config=_cfg(2, "cpu"), dist_init_required=False)

@@ -46,11 +46,19 @@ class SwapIO:
         overwrite it in place, and the file `path` held before becomes the spare (so the disk's blocks are
         reused: a file allocated anew costs ext4 a third of its write bandwidth). On failure `spare` holds the
         partial bytes and `path` is untouched."""
+        self._count("bytes_written", nbytes)
         return self._pool.submit(self._guarded, "write", self._write, path, buffer, nbytes, step, spare)
 
     def read(self, path, buffer, nbytes, step=None):
         """Future of reading `nbytes` of the file `path` into the start of `buffer`."""
+        self._count("bytes_read", nbytes)
         return self._pool.submit(self._guarded, "read", self._read, path, buffer, nbytes, step)
+
+    def _count(self, what, nbytes):
+        # counted when asked for, so a step's count holds its own transfers even while its last write-back is
+        # still in flight when the step ends (a failed transfer raises anyway)
+        with self._lock:
+            setattr(self, what, getattr(self, what) + aligned_size(nbytes))
 
     def close(self):
         self._pool.shutdown(wait=True)
@@ -90,8 +98,6 @@ class SwapIO:
             else:
                 _remove(fresh)
             raise
-        with self._lock:
-            self.bytes_written += n
 
     def _read(self, path, buffer, n):
         fd = self._open(path, os.O_RDONLY)
@@ -99,8 +105,6 @@ class SwapIO:
             self._transfer(os.preadv, fd, buffer, n, path)
         finally:
             os.close(fd)
-        with self._lock:
-            self.bytes_read += n
 
     def _transfer(self, call, fd, buffer, n, path):
         if n > buffer.nbytes:

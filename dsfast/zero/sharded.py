@@ -17,7 +17,7 @@ from .decide import decide
 from .flat_shards import FlatShards
 from .grad_buffers import GradBuffers
 from .grad_sync import build_grad_sync
-from .nvme_states import agreed_swap_errors
+from .nvme_states import agreed_swap_errors, check_unit_by_unit
 from .owners import ShardOptimizer
 from .precision import PrecisionPolicy
 from .reducer import reducer_for
@@ -135,9 +135,14 @@ class _ShardedBase(ShardOptimizer):
     def bind_optimizer(self, optimizer):
         """The optimizer steps flat shards, so its own zero_grad() would clear nothing the user means: make it
         clear this owner's gradients too (what DeepSpeed's ZeRO optimizer's zero_grad() does)."""
-        self._optimizer = optimizer
         if self.swap is not None:
+            try:
+                check_unit_by_unit(optimizer)
+            except ValueError:
+                self.swap.close()   # initialize fails: its swap files go now, not at the process's exit
+                raise
             self.swap.optimizer = optimizer
+        self._optimizer = optimizer
         if optimizer is None or getattr(optimizer, "_dsfast_clears", None) is self:
             return
         own = optimizer.zero_grad
