@@ -5,6 +5,7 @@ are clear errors that keep the previous step's files. (Two gloo ranks: tests/dis
 import errno
 import os
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -356,3 +357,23 @@ def test_an_optimizer_that_may_read_across_parameters_is_refused_with_nvme(tmp_p
     cpu = _model()   # the same optimizer is fine where nothing is swapped
     dsfast.initialize(model=cpu, model_parameters=cpu.parameters(), optimizer=torch.optim.LBFGS(cpu.parameters()),
                       config=_cfg(2, "cpu"), dist_init_required=False)
+
+
+def test_an_nvme_path_in_memory_warns_that_it_saves_nothing(tmp_path):
+    # /dev/shm (tmpfs) is host memory: the "swapped" states would still be there; say so, and train as asked
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here")
+    import tempfile
+    where = tempfile.mkdtemp(dir="/dev/shm", prefix="dsfast-test-nvme-")
+    try:
+        with pytest.warns(UserWarning, match=r"is on tmpfs, which lives in host memory.*saves nothing"):
+            e = _engine(_cfg(2, where))
+        _same(_train(e, 2), _train(_engine(_cfg(2, "cpu")), 2))
+        e.destroy()
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    from dsfast.zero.nvme_checks import MEMORY_FILESYSTEMS, filesystem_of
+    if filesystem_of(tmp_path) not in MEMORY_FILESYSTEMS:
+        with warnings.catch_warnings():   # a directory on a disk: no such warning
+            warnings.simplefilter("error", UserWarning)
+            _engine(_cfg(2, str(tmp_path))).destroy()

@@ -34,6 +34,38 @@ def check_nvme_path(path, need_bytes, key="offload_optimizer.nvme_path"):
     return free
 
 
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
+
+
+def filesystem_of(path):
+    """The type of the filesystem `path` is on (the longest mount point above it in /proc/mounts), or None."""
+    path = os.path.realpath(path)
+    best, kind = "", None
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        return None
+    return kind
+
+
+def memory_filesystem_note(path, key="offload_optimizer.nvme_path"):
+    """A warning's text when `path` is on a filesystem kept in memory (the swapped states would still take host
+    memory, and /dev/shm's share of it), else None."""
+    kind = filesystem_of(path)
+    if kind not in MEMORY_FILESYSTEMS:
+        return None
+    return (f"{key}={path!r} is on {kind}, which lives in host memory: the states swapped there still take host "
+            "memory (and compete with /dev/shm), so NVMe offload saves nothing; point it at a directory on a disk")
+
+
 def meminfo_available():
     """MemAvailable from /proc/meminfo in bytes (None where there is no /proc)."""
     try:

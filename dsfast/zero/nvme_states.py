@@ -14,11 +14,12 @@ host memory, in the order they ask for them, written back when they change.
 import contextlib
 import ctypes
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
 
-from .nvme_checks import check_host_memory, check_nvme_path
+from .nvme_checks import check_host_memory, check_nvme_path, memory_filesystem_note
 from .nvme_files import SwapDir
 from .nvme_io import SwapError, SwapIO
 from .nvme_window import UnitWindow
@@ -72,6 +73,9 @@ class NvmeStates:
         total = sum(unit_file_bytes(u.master.numel()) for u in self.units)
         window = window_bytes(max((u.master.numel() for u in self.units), default=0), buffer_count)
         check_nvme_path(nvme_path, total + window, key=f"{key}.nvme_path")   # + the files being replaced
+        note = memory_filesystem_note(nvme_path, key=f"{key}.nvme_path")
+        if note is not None:
+            warnings.warn(note)
         check_host_memory(window, pinned_bytes=window if pin else 0,
                           lower=f"{key}.buffer_count or zero_optimization.reduce_bucket_size (the unit size)")
         self.dir = SwapDir(nvme_path, rank)
