@@ -32,7 +32,7 @@ Files, one job each:
   nvme_io.py           O_DIRECT (or buffered) whole-file reads and writes from a thread pool, as futures
   nvme_buffers.py      page-aligned host buffers of exact size (pinned by registering, with a GPU)
   nvme_files.py        one locked swap directory per job and rank; stale ones of killed jobs removed
-  nvme_checks.py       the start-up checks: nvme_path, free bytes, host memory, ulimit -l, /dev/shm
+  nvme_checks.py       the start-up checks: nvme_path, free bytes, host memory, ulimit -l, /dev/shm, tmpfs
 """
 from .partition import model_state_bytes
 
