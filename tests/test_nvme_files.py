@@ -6,12 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from dsfast.zero.nvme_checks import check_host_memory, check_nvme_path
 from dsfast.zero.nvme_files import LOCK_SUFFIX, SWAP_ROOT, SwapDir
+from _nvme_helpers import mounted_tmpfs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,16 +86,9 @@ def test_nvme_path_checks_name_the_path_and_the_bytes(tmp_path):
 
 
 def test_a_read_only_nvme_path_is_refused(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a read-only tmpfs needs root")
-    try:
+    with mounted_tmpfs(tmp_path / "ro", "ro,size=64k") as ro:
         with pytest.raises(ValueError, match=r"nvme_path='.*ro' is not writable by this process \(Read-only"):
             check_nvme_path(str(ro), 1)
-    finally:
-        subprocess.run(["umount", str(ro)], check=True)
 
 
 def test_host_memory_checks_say_how_much_and_what_to_lower():

@@ -3,7 +3,6 @@ writes from the pool, bit-exact round trips, and the faults: a refused O_DIRECT,
 transfer, each an error naming the file (and the step) with the previous file intact."""
 import errno
 import os
-import subprocess
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import torch
 from dsfast.zero import nvme_io
 from dsfast.zero.nvme_buffers import ALIGN, HostBuffer, aligned_size
 from dsfast.zero.nvme_io import SwapError, SwapIO
+from _nvme_helpers import mounted_tmpfs, refuse_o_direct
 
 
 def _filled(nbytes, seed):
@@ -53,13 +53,7 @@ def test_write_then_read_is_bit_exact_and_counted(tmp_path, direct):
 
 
 def test_a_refused_o_direct_falls_back_to_buffered_with_a_note(tmp_path, monkeypatch):
-    real_open = os.open
-
-    def tmpfs_like(path, flags, mode=0o777):
-        if flags & os.O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(path, flags, mode)
-    monkeypatch.setattr(nvme_io.os, "open", tmpfs_like)
+    refuse_o_direct(monkeypatch)
     io = SwapIO()
     src, dst = _filled(10_000, 1), HostBuffer(10_000)
     io.write(str(tmp_path / "u"), src, 10_000).result()
@@ -126,13 +120,8 @@ def test_bad_pool_arguments_are_refused():
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A real 64 KiB filesystem (tmpfs mounted here: needs root), to run out of space on."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    yield where
-    subprocess.run(["umount", str(where)], check=True)
+    with mounted_tmpfs(tmp_path / "disk", "size=64k") as where:
+        yield where
 
 
 def test_a_full_disk_is_a_clear_error_and_the_previous_file_stays(tiny_disk):

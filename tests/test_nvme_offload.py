@@ -17,6 +17,7 @@ from dsfast.zero.nvme_files import SWAP_ROOT
 from dsfast.zero.nvme_buffers import aligned_size
 from dsfast.zero.nvme_io import SwapError
 from dsfast.zero.placement import TEST_PLACEMENT_ENV
+from _nvme_helpers import mounted_tmpfs, refuse_o_direct
 
 
 def _model():
@@ -292,13 +293,7 @@ def test_two_engines_on_one_nvme_path_keep_apart_and_a_refused_o_direct_falls_ba
     """Two jobs' engines (here in one process) point at one nvme_path: each writes under its own directory and
     trains as CPU offload does. The filesystem refuses O_DIRECT (as tmpfs may): buffered I/O, with a warning."""
     import logging
-    real_open = os.open
-
-    def no_direct(path, flags, mode=0o777):
-        if flags & os.O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(path, flags, mode)
-    monkeypatch.setattr(nvme_io.os, "open", no_direct)
+    refuse_o_direct(monkeypatch)
     ref = _train(_engine(_cfg(2, "cpu", "bf16")), 3)
     with caplog.at_level(logging.WARNING, logger="dsfast.zero.nvme"):
         a, b = _engine(_cfg(2, str(tmp_path), "bf16")), _engine(_cfg(2, str(tmp_path), "bf16"))
@@ -328,19 +323,11 @@ def test_offload_states_and_back_with_states_on_nvme_trains_on_bitwise(tmp_path)
 
 
 def test_an_nvme_path_without_room_for_the_states_is_refused_at_initialize(tmp_path):
-    import subprocess
-    small = tmp_path / "small"
-    small.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(small)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "size=4k") as small:
         with pytest.raises(ValueError, match=rf"offload_optimizer.nvme_path='{small}' has 4096 bytes \(0.00 GiB\) "
                                              r"free but the swap files need \d+ bytes"):
             _engine(_cfg(2, str(small)))
         assert os.listdir(small) == []
-    finally:
-        subprocess.run(["umount", str(small)], check=True)
 
 
 def test_an_optimizer_that_may_read_across_parameters_is_refused_with_nvme(tmp_path):

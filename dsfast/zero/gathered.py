@@ -56,10 +56,7 @@ class GatheredParameters:
                 values = r.param.data
                 if r.world > 1:
                     dist.broadcast(values, src=self.modifier_rank, group=r.group)
-                r.set_from_full(values)
-                owner = getattr(r.param, "_dsfast_owner", None)
-                if owner is not None and hasattr(owner, "shard_changed"):
-                    owner.shard_changed(r.param)
+                r.set_from_full(values)   # (the master follows)
             publish(self.records)   # same-host ranks: the shared snapshot takes the new slices
         elif self._watch is not None:
             lost = _changed(*self._watch)

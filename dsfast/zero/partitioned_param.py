@@ -109,11 +109,8 @@ class PartitionedParam:
         self.state = SHARDED
         self.shard = torch.zeros(self.shard_numel, dtype=self.dtype, device=self.shard_device, pin_memory=self.pin)
         with torch.no_grad():
-            lo, hi = self.shard_range()
-            flat = param.detach().reshape(-1)
-            a, b = min(lo, self.numel), min(hi, self.numel)
-            if a < b:
-                self.shard[:b - a].copy_(flat[a:b])
+            a, b = self.owned_range()
+            self.shard[:b - a].copy_(param.detach().reshape(-1)[a:b])
         self.full = None
         self.shared, self.shared_offset = None, 0   # shared_params.SharedParams: same-host ranks' snapshot
         self.flight = None                           # prefetch.Flight filling `full` (GATHERING)
@@ -142,6 +139,11 @@ class PartitionedParam:
     # ---- layout ----------------------------------------------------------------------------------------------
     def shard_range(self):
         return self.rank * self.shard_numel, (self.rank + 1) * self.shard_numel
+
+    def owned_range(self):
+        """[a, b): the elements of the flattened parameter in this rank's slice (the rest of it is padding)."""
+        lo, hi = self.shard_range()
+        return min(lo, self.numel), min(hi, self.numel)
 
     def plan(self, index, group_index, param_index):
         """This parameter as a one-parameter bucket (what the stage 1/2 step, records and formulas read)."""
@@ -220,12 +222,18 @@ class PartitionedParam:
     @torch.no_grad()
     def set_from_full(self, full_values):
         """This rank's slice of new whole values (GatheredParameters' modifier rank broadcast them)."""
-        lo, hi = self.shard_range()
-        flat = full_values.reshape(-1)
-        a, b = min(lo, self.numel), min(hi, self.numel)
+        a, b = self.owned_range()
+        self.set_slice(full_values.reshape(-1)[a:b])
+
+    @torch.no_grad()
+    def set_slice(self, values):
+        """New values for the elements this rank keeps (owned_range's; the padding stays zero); the owner's master
+        follows the shard."""
         self.shard.zero_()
-        if a < b:
-            self.shard[:b - a].copy_(flat[a:b])
+        self.shard[:values.numel()].copy_(values.reshape(-1))
+        owner = getattr(self.param, "_dsfast_owner", None)
+        if owner is not None and hasattr(owner, "shard_changed"):
+            owner.shard_changed(self.param)
 
 
 def record_of(param):

@@ -89,9 +89,11 @@ class Reducer:
         for index in sorted(self._late):   # the same on every rank: every rank runs the same backward graph
             self._reduce_late(self.buckets[index], self._late.pop(index))
 
+    def _buffer(self, b):
+        """Where b's gradients of this backward go: a resident bucket holds them already."""
+        return self._staging_of(b) if b.staged else b.flat
+
     def _private(self, b):
-        if not b.staged:
-            return b.flat
         buf = self._staging.get(b.index)
         if buf is None:
             buf = self._staging[b.index] = torch.zeros(self.world * b.shard_numel, dtype=b.grad_flat.dtype,
@@ -114,8 +116,8 @@ class LocalReducer(Reducer):
     in_place = True
     transport = "local"
 
-    def _buffer(self, b):
-        return b.grad_flat if b.staged else b.flat
+    def _staging_of(self, b):
+        return b.grad_flat
 
     def _launch(self, b):
         self._next += 1
@@ -133,7 +135,7 @@ class GlooReducer(Reducer):
         super().__init__(buckets, world, rank, group)
         self._in_flight = []   # (bucket, handle, out, staging)
 
-    def _buffer(self, b):
+    def _staging_of(self, b):
         return self._private(b)
 
     def _launch(self, b):
@@ -210,9 +212,7 @@ class ShmReducer(Reducer):
         # slot reused by bucket index - slots: every rank read it before arriving at that bucket's next rendezvous
         return b.index < self.slots or self._next >= b.index - self.slots + 2
 
-    def _buffer(self, b):
-        if not b.staged:
-            return b.flat
+    def _staging_of(self, b):
         if b.index in self._staging or not self._slot_free(b):
             return self._private(b)
         return self._rows(b)[self.rank]

@@ -66,9 +66,6 @@ def load_partitioned_state_dict(module, sd, strict=True):
             p.copy_(sd[name])
             continue
         rec.set_from_full(sd[name].to(rec.shard.device, rec.shard.dtype))
-        owner = getattr(p, "_dsfast_owner", None)
-        if owner is not None and hasattr(owner, "shard_changed"):
-            owner.shard_changed(p)
     for mod_name, m in module.named_modules(remove_duplicate=False):
         for b_name, b in m._buffers.items():
             full = f"{mod_name}.{b_name}" if mod_name else b_name
@@ -94,15 +91,9 @@ def load_partitioned_slices(module, read_range):
         if rec is None or id(p) in seen:
             continue
         seen.add(id(p))
-        lo, hi = rec.shard_range()
-        a, b = min(lo, rec.numel), min(hi, rec.numel)
-        values = read_range(name, a, b)
+        values = read_range(name, *rec.owned_range())
         if values is None:
             missing.append(name)
             continue
-        rec.shard.zero_()
-        rec.shard[:b - a].copy_(values.reshape(-1))
-        owner = getattr(p, "_dsfast_owner", None)
-        if owner is not None and hasattr(owner, "shard_changed"):
-            owner.shard_changed(p)
+        rec.set_slice(values)
     return missing

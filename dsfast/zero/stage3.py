@@ -159,8 +159,7 @@ class Stage3(_ShardedBase):
         for r in self.store.all_records:
             if exclude_frozen and not r.param.requires_grad:
                 continue
-            lo, hi = r.shard_range()
-            a, b = min(lo, r.numel), min(hi, r.numel)
+            a, b = r.owned_range()
             if a < b:
                 out.append(SliceRecord(names[id(r.param)], r.shape, a, b, r.shard, 0))
         return out

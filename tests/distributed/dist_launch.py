@@ -57,3 +57,13 @@ def launch(script, args=(), nprocs=2, timeout=90, extra_env=None, env_style="tor
         text = "\n".join(f"--- rank {i} (exit {rc}) ---\n{o}" for i, (rc, o) in enumerate(results))
         raise AssertionError(f"{script} failed on {nprocs} ranks:\n{text[-8000:]}")
     return results
+
+
+def launch_runs(tmp_path_factory, script, runs, nprocs, timeout, extra_env=None):
+    """All `runs` ({key: run text}) in one launch of `script` on `nprocs` ranks (the worker saves {text: records}
+    to the path given first); returns {key: records}. Process start-up dominates on a small CPU, hence one launch."""
+    import torch
+    out = tmp_path_factory.mktemp(f"{os.path.splitext(os.path.basename(script))[0]}_{nprocs}") / "out.pt"
+    launch(script, [out, *runs.values()], nprocs=nprocs, timeout=timeout, extra_env=extra_env)
+    results = torch.load(out)
+    return {key: results[text] for key, text in runs.items()}

@@ -13,7 +13,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from dist_launch import launch  # noqa: E402
+from dist_launch import launch_runs  # noqa: E402
 from zero3_common import parse, train  # noqa: E402
 from zero_common import compare_to_reference, full_params  # noqa: E402
 
@@ -46,10 +46,7 @@ RUNS4 = {
 
 
 def _launch(tmp_path_factory, runs, nprocs):
-    out = tmp_path_factory.mktemp(f"zero3_{nprocs}") / "out.pt"
-    launch(os.path.join(HERE, "worker_zero3.py"), [out, *runs.values()], nprocs=nprocs, timeout=500)
-    results = torch.load(out)
-    return {key: results[text] for key, text in runs.items()}
+    return launch_runs(tmp_path_factory, os.path.join(HERE, "worker_zero3.py"), runs, nprocs, timeout=500)
 
 
 @pytest.fixture(scope="module")

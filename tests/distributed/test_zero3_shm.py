@@ -14,7 +14,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from dist_launch import launch  # noqa: E402
+from dist_launch import launch, launch_runs  # noqa: E402
 from test_zero3_dp import _check, reference  # noqa: E402
 
 RUNS = {
@@ -33,11 +33,8 @@ RUNS3 = {k: RUNS[k] for k in ("plain_b600", "awkward_b300")}
 
 
 def _launch(tmp_path_factory, runs, nprocs, env=None):
-    out = tmp_path_factory.mktemp(f"zero3_shm_{nprocs}") / "out.pt"
-    launch(os.path.join(HERE, "worker_zero3.py"), [out, *runs.values()], nprocs=nprocs, timeout=400,
-           extra_env=env)
-    results = torch.load(out)
-    return {key: results[text] for key, text in runs.items()}
+    return launch_runs(tmp_path_factory, os.path.join(HERE, "worker_zero3.py"), runs, nprocs, timeout=400,
+                       extra_env=env)
 
 
 @pytest.fixture(scope="module")

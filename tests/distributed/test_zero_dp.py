@@ -11,7 +11,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from dist_launch import launch  # noqa: E402
+from dist_launch import launch_runs  # noqa: E402
 from zero_common import compare_to_reference, full_params, parse, train  # noqa: E402
 
 RUNS2 = {
@@ -36,10 +36,7 @@ RUNS4 = {
 
 
 def _launch(tmp_path_factory, runs, nprocs):
-    out = tmp_path_factory.mktemp(f"zero{nprocs}") / "out.pt"
-    launch(os.path.join(HERE, "worker_zero.py"), [out, *runs.values()], nprocs=nprocs, timeout=400)
-    results = torch.load(out)
-    return {key: results[text] for key, text in runs.items()}
+    return launch_runs(tmp_path_factory, os.path.join(HERE, "worker_zero.py"), runs, nprocs, timeout=400)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from dist_launch import launch  # noqa: E402
+from dist_launch import launch_runs  # noqa: E402
 from zero_common import full_params, parse, train  # noqa: E402
 
 STEPS = 4
@@ -33,11 +33,8 @@ RUNS4 = {(s, o, p): _text(s, o, p) for s, o, p in [(2, False, "bf16m"), (3, True
 
 
 def _launch(tmp_path_factory, runs, nprocs):
-    out = tmp_path_factory.mktemp(f"lowp{nprocs}") / "out.pt"
-    launch(os.path.join(HERE, "worker_zero.py"), [out, *runs.values()], nprocs=nprocs, timeout=600,
-           extra_env={"DSFAST_TEST_PLACEMENT": "distinct-host"})
-    results = torch.load(out)
-    return {key: results[text] for key, text in runs.items()}
+    return launch_runs(tmp_path_factory, os.path.join(HERE, "worker_zero.py"), runs, nprocs, timeout=600,
+                       extra_env={"DSFAST_TEST_PLACEMENT": "distinct-host"})
 
 
 @pytest.fixture(scope="module")
