@@ -306,13 +306,22 @@ def test_zero_bool_forms():
     assert cfg(zero_optimization=False).zero_stage == 0
 
 
-def test_nvme_offload_runs_for_optimizer_states_and_is_refused_for_parameters():
+def test_nvme_offload_runs_for_optimizer_states_at_stages_1_to_3_and_parameters_at_stage_3():
     for stage in (1, 2, 3):
         c = cfg(zero_optimization={"stage": stage, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}})
         assert c.zero_optimization.offload_optimizer_device == "nvme"
-    _, msg = problems({**BASE, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
+    c = cfg(zero_optimization={"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp"}},
+            aio={"queue_depth": 8})
+    assert c.zero_optimization.offload_param_device == "nvme"
+    assert any(n.startswith("aio.queue_depth is ignored: each swap thread") for n in c.ignored_settings())
+    _, msg = problems({**BASE, "zero_optimization": {"stage": 2, "offload_param": {"device": "nvme",
                                                                                   "nvme_path": "/tmp"}}})
-    assert "zero_optimization.offload_param.device: NVMe offload of parameters is not supported" in msg
+    assert "zero_optimization.offload_param: offloading parameters needs ZeRO stage 3 (stage is 2)" in msg
+    _, msg = problems({**BASE, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})
+    assert 'zero_optimization.offload_param: device "nvme" needs "nvme_path"' in msg
+    _, msg = problems({**BASE, "zero_optimization": {"stage": 3, "offload_param": {
+        "device": "nvme", "nvme_path": "/tmp", "buffer_count": 1}}})
+    assert "zero_optimization.offload_param.buffer_count: NVMe offload of parameters needs at least 2" in msg
     _, msg = problems({**BASE, "zero_optimization": {"stage": 2, "offload_optimizer": {
         "device": "nvme", "nvme_path": "/tmp", "buffer_count": 0}}})
     assert "zero_optimization.offload_optimizer.buffer_count: NVMe offload needs at least 1 host buffer" in msg

@@ -321,5 +321,6 @@ class DsConfig(StrictModel):
         for key, why in IGNORED_SECTIONS.items():
             if getattr(self, key) and key != "aio":
                 notes.append(f'"{key}" is ignored: {why}')
-        notes += aio_notes(self.aio, self.zero_optimization.offload_optimizer_device == "nvme")
+        z = self.zero_optimization
+        notes += aio_notes(self.aio, "nvme" in (z.offload_optimizer_device, z.offload_param_device))
         return notes

@@ -186,14 +186,16 @@ class ZeroConfig(StrictModel):
         if self.offload_param is not None and self.offload_param.device != "none" and self.stage != 3:
             raise nested_error([(("offload_param",), f"offloading parameters needs ZeRO stage 3 "
                                                      f"(stage is {self.stage})")])
-        # NVMe runs for the optimizer's states at stages 1-3 (zero/nvme_states.py); not yet for parameters
-        if self.offload_param_device == "nvme":
-            raise nested_error([(("offload_param", "device"), 'NVMe offload of parameters is not supported by '
-                                                              'dsfast yet; use "cpu" (host memory) or "none"')])
+        # NVMe runs for the optimizer's states at stages 1-3 (zero/nvme_states.py), for stage 3's parameter
+        # shards (zero/nvme_params.py)
         if self.offload_optimizer_device == "nvme" and self.offload_optimizer.buffer_count < 1:
             raise nested_error([(("offload_optimizer", "buffer_count"), "NVMe offload needs at least 1 host "
                                                                         "buffer (3 or more overlap reading, the "
                                                                         "step and writing)")])
+        if self.offload_param_device == "nvme" and self.offload_param.buffer_count < 2:
+            raise nested_error([(("offload_param", "buffer_count"), "NVMe offload of parameters needs at least 2 "
+                                                                    "host buffers (one read ahead while one is "
+                                                                    "used; DeepSpeed's default is 5)")])
         if self.offload_optimizer is not None and self.offload_optimizer.ratio < 1.0:
             raise nested_error([(("offload_optimizer", "ratio"), "ratio < 1 (partial offload, a ZeRO stage 3 "
                                                                  "option) is not supported by dsfast; use 1.0")])

@@ -353,8 +353,8 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
     def destroy(self):
         """Release the engine's hooks and buffers (DeepSpeed's engine.destroy()); the module stays usable."""
         self._owner.detach()
-        if getattr(self._owner, "swap", None) is not None:   # NVMe swap files and buffers: gone
-            self._owner.swap.close()
+        for swap in getattr(self._owner, "swaps", ()):   # NVMe swap files and buffers: gone
+            swap.close()
         if getattr(self.module, "_dsfast_owner", None) is self._owner:
             object.__delattr__(self.module, "_dsfast_owner")
         for p in self.module.parameters():
@@ -365,16 +365,19 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         device ("host" for CPU memory), counted from the tensors themselves; "total" sums them."""
         offloaded = self.offloaded_tensors()   # offload_states(): the host copies
         out = memory_breakdown({**self._owner.memory_tensors(), **({"offloaded": offloaded} if offloaded else {})})
-        swap = getattr(self._owner, "swap", None)
-        if swap is not None:   # offload_optimizer on NVMe: the states' swap files ("swap_window": their host part)
-            out["nvme_files"] = {"nvme": swap.nvme_bytes}
-            out["total"]["nvme"] = swap.nvme_bytes
+        swaps = getattr(self._owner, "swaps", ())
+        if swaps:   # offload to NVMe: the swap files ("swap_window", "param_swap_window": their host part)
+            on_disk = sum(s.nvme_bytes for s in swaps)
+            out["nvme_files"] = {"nvme": on_disk}
+            out["total"]["nvme"] = on_disk
         return out
 
     def swap_bytes(self):
         """(bytes read, bytes written) by the NVMe swap since the start, or None without one."""
-        swap = getattr(self._owner, "swap", None)
-        return None if swap is None else (swap.io.bytes_read, swap.io.bytes_written)
+        swaps = getattr(self._owner, "swaps", ())
+        if not swaps:
+            return None
+        return sum(s.io.bytes_read for s in swaps), sum(s.io.bytes_written for s in swaps)
 
     def _swapped_this_step(self):
         now, before = self.swap_bytes(), self._swap_mark

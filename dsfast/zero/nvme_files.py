@@ -43,6 +43,11 @@ class SwapDir:
         return os.path.join(self.path, name)
 
     @property
+    def nbytes(self):
+        """Bytes of this owner's files on disk now."""
+        return sum(e.stat().st_size for e in os.scandir(self.path) if e.is_file())
+
+    @property
     def open(self):
         return self._finalizer.alive
 

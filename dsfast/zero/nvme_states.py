@@ -13,7 +13,6 @@ host memory, in the order they ask for them, written back when they change.
 """
 import contextlib
 import ctypes
-import os
 import warnings
 
 import torch
@@ -130,7 +129,7 @@ class NvmeStates:
     @property
     def nvme_bytes(self):
         """Bytes of this rank's swap files on disk (the units' and the spares of the writes in flight)."""
-        return sum(e.stat().st_size for e in os.scandir(self.dir.path) if e.is_file())
+        return self.dir.nbytes
 
     def host_buffers(self):
         return [b.tensor for b in self.window.buffers()]
@@ -275,16 +274,17 @@ def _park(t):
 
 
 @contextlib.contextmanager
-def agreed_swap_errors(swap, world, rank, group=None):
-    """Around a step: with a swap, every rank learns whether any rank's NVMe I/O failed, and all raise."""
+def agreed_swap_errors(swaps, world, rank, group=None):
+    """Around a step: with swaps (a non-empty list), every rank learns whether any rank's NVMe I/O failed, and
+    all raise."""
     error = None
     try:
         yield
     except SwapError as err:
-        if swap is None:
+        if not swaps:
             raise
         error = err
-    if swap is not None:
+    if swaps:
         raise_on_every_rank(error, world, rank, group)
 
 

@@ -3,13 +3,15 @@
     window.prefetch(i)        start reading unit i's file into a free buffer (no-op if it is in the window)
     buf = window.acquire(i)   unit i's bytes in host memory (waits for its read); the caller computes on them
     window.release(i, n)      schedule writing the first n bytes back; the buffer is free once the write lands
+    buf = window.claim(i, n)  unit i in a buffer without reading it (the caller overwrites it all)
 
 At most `buffer_count` buffers exist, each holding one unit that is being read, used or written, so reading the
 next units, the caller's work on this one and writing the previous ones overlap in the I/O pool. A write goes into a
 spare file (a unit's retired version, overwritten in place), which then replaces the unit's file: a failed write
 leaves the unit's previous file whole, and the disk's blocks are reused rather than allocated anew. A buffer is
 allocated at the size of the largest unit it held (grow() when a unit's bytes grow, e.g. its optimizer states
-appear). A read or write error is raised to the caller at the next call that waits on it, or at flush().
+appear). A read or write error is raised to the caller at the next call that waits on it, or at flush(). A unit
+read ahead and never acquired (the caller's order changed) gives its buffer up when one is needed.
 """
 from collections import OrderedDict
 
@@ -33,7 +35,8 @@ class UnitWindow:
         self.sizes = {}           # unit -> bytes in its file (written at least once)
         self._slots = [_Slot() for _ in range(self.buffer_count)]
         self._where = {}          # unit -> its slot while in the window
-        self._writes = OrderedDict()   # slot -> None, oldest write first
+        self._writes = OrderedDict()   # id(slot) -> slot, oldest write first
+        self._reads = OrderedDict()    # id(slot) -> slot read ahead and not acquired yet, oldest first
         self._spares = []         # files no unit needs (retired versions): the next writes overwrite them
         self.spare_files = 0      # at most one per write in flight, so at most buffer_count
         self.step = None          # named in I/O errors (the caller sets it)
@@ -69,6 +72,7 @@ class UnitWindow:
         self._fit(slot, self.sizes[i], keep=0)
         slot.unit, slot.state = i, READING
         slot.future = self.io.read(self.path(i), slot.buffer, self.sizes[i], step=self.step)
+        self._reads[id(slot)] = slot
         self._where[i] = slot
         self._count()
         return True
@@ -79,6 +83,7 @@ class UnitWindow:
         slot = self._where[i]
         if slot.state == WRITING:   # released and wanted again: its bytes are current once the write lands
             self._writes.pop(id(slot), None)
+        self._reads.pop(id(slot), None)
         if slot.future is not None:
             future, slot.future = slot.future, None
             self._settle(slot, future)
@@ -115,6 +120,12 @@ class UnitWindow:
 
     def store(self, i, fill, nbytes):
         """Create or replace unit i's file: fill(buffer) writes its `nbytes` (initial values, a checkpoint load)."""
+        fill(self.claim(i, nbytes))
+        self.release(i, nbytes)
+
+    def claim(self, i, nbytes):
+        """Unit i held in a buffer of at least `nbytes` without reading its file: the caller writes all of it
+        (release() writes it back, discard() leaves the file as it was)."""
         if i in self._where and self._where[i].state != HELD:
             self.acquire(i)
         if i not in self._where:
@@ -123,8 +134,7 @@ class UnitWindow:
             slot.unit, slot.state = i, HELD
             self._where[i] = slot
             self._count()
-        fill(self.grow(i, nbytes))
-        self.release(i, nbytes)
+        return self.grow(i, nbytes)
 
     def flush(self):
         """Every write-back landed (then the first I/O error is raised); buffers stay allocated, prefetched units
@@ -151,6 +161,7 @@ class UnitWindow:
                 slot.__init__()
             self._where.clear()
             self._writes.clear()
+            self._reads.clear()
 
     # ---- internals -------------------------------------------------------------------------------------------
     def _held(self, i, what):
@@ -167,6 +178,12 @@ class UnitWindow:
         if self._writes:   # the oldest write-back frees its buffer
             slot = next(iter(self._writes.values()))
             self._finish_write(slot)
+            return slot
+        if required and self._reads:   # a read ahead nobody acquired (the caller's order changed): dropped
+            slot = self._reads.pop(next(iter(self._reads)))
+            future, slot.future = slot.future, None
+            future.exception()   # waited for; its error, if any, no longer matters
+            self._free(slot)
             return slot
         if required:
             raise RuntimeError(f"the NVMe window is full: all {self.buffer_count} host buffers hold units being "
@@ -192,6 +209,7 @@ class UnitWindow:
         if slot.spare is not None:   # a write settled: its spare file (the retired version) serves the next
             self._spares.append(slot.spare)
             slot.spare = None
+        self._reads.pop(id(slot), None)
         self._where.pop(slot.unit, None)
         slot.unit, slot.state, slot.future = None, FREE, None
 

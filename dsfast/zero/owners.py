@@ -69,6 +69,16 @@ class ShardOptimizer:
         """The NVMe placement of the units' states (nvme_states.NvmeStates), or None."""
         return getattr(self.store, "swap", None)
 
+    @property
+    def param_swap(self):
+        """Stage 3's parameter shards on NVMe (nvme_params.NvmeParams), or None."""
+        return getattr(self.store, "param_swap", None)
+
+    @property
+    def swaps(self):
+        """The NVMe swaps in use (states, parameters): what the engine reports and closes."""
+        return [s for s in (self.swap, self.param_swap) if s is not None]
+
     def states_visitor(self, writes):
         """With states on NVMe, a nvme_states.Visitor: visitor.use(shard) before touching a unit's master or
         optimizer states (one unit at a time in host memory), visitor.close() after; writes=False when nothing is

@@ -27,6 +27,7 @@ GatheredParameters blocks in progress), `backward_hold` (its module's backward h
 been reduced yet) and `persistent` (small parameters, param_persistence_threshold, are never released). `release()`
 frees it when none of them does.
 """
+import contextlib
 import enum
 import itertools
 
@@ -114,6 +115,7 @@ class PartitionedParam:
         self.full = None
         self.shared, self.shared_offset = None, 0   # shared_params.SharedParams: same-host ranks' snapshot
         self.flight = None                           # prefetch.Flight filling `full` (GATHERING)
+        self.swap = None                             # nvme_params.NvmeParams when the shard lives in a swap file
         param.data = self._empty()
         param._dsfast_z3 = self
         param.ds_id, param.ds_shape, param.ds_numel = next(_ids), torch.Size(self.shape), self.numel
@@ -177,7 +179,8 @@ class PartitionedParam:
             self.full.untyped_storage().resize_(self.padded * self.full.element_size())
 
     def _src(self):
-        return self.shard if self.shard.device == self.device else self.shard.to(self.device, non_blocking=True)
+        src = self.shard if self.swap is None else self.swap.copy_of(self)
+        return src if src.device == self.device else src.to(self.device, non_blocking=True)
 
     def _launch(self):
         """Start filling `full` from every rank's shard; returns a handle (None when done already)."""
@@ -229,11 +232,19 @@ class PartitionedParam:
     def set_slice(self, values):
         """New values for the elements this rank keeps (owned_range's; the padding stays zero); the owner's master
         follows the shard."""
-        self.shard.zero_()
-        self.shard[:values.numel()].copy_(values.reshape(-1))
-        owner = getattr(self.param, "_dsfast_owner", None)
-        if owner is not None and hasattr(owner, "shard_changed"):
-            owner.shard_changed(self.param)
+        with self.holding(read=False):
+            self.shard.zero_()
+            self.shard[:values.numel()].copy_(values.reshape(-1))
+            owner = getattr(self.param, "_dsfast_owner", None)
+            if owner is not None and hasattr(owner, "shard_changed"):
+                owner.shard_changed(self.param)
+
+    def holding(self, read=True, write=True):
+        """A block in which `shard` is in memory: with offload_param on NVMe, read from its file (read=False: the
+        block overwrites it all) and written back after (write=False: not); otherwise nothing to do."""
+        if self.swap is None:
+            return contextlib.nullcontext(self.shard)
+        return self.swap.holding(self.shard, read=read, write=write)
 
 
 def record_of(param):

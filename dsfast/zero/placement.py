@@ -5,6 +5,8 @@
     nvme         offload_optimizer on NVMe (an NvmeTarget): the states live in swap files, a window of them on
                  the host (nvme_states.py); never the parameters' memory, so the masters do not alias them
     params       stage 3's parameter shards: the host with offload_param, else the device
+    nvme_params  offload_param on NVMe (an NvmeTarget): the shards live in swap files, read through a window of
+                 host buffers (nvme_params.py); the masters do not alias them either
     pin          the host fp32 masters are page-locked (offload_optimizer.pin_memory, with a GPU); the staging
                  buffers of the copies always are, with a GPU
     distinct     host memory is not the device's: offloaded tensors need copies (gradient shards to the host as
@@ -34,6 +36,8 @@ class NvmeTarget:
     pin: bool = False
     threads: int = 2
     block_size: int = 1 << 20
+    buffer_size: int = 0    # offload_param: elements of DeepSpeed's swap buffers (a note where a shard is larger)
+    max_in_cpu: int = 0     # offload_param: elements of shards kept in host memory instead of swapped
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class Placement:
     pin: bool = False
     distinct: bool = False
     nvme: Optional[NvmeTarget] = None
+    nvme_params: Optional[NvmeTarget] = None
 
     @property
     def states_device(self):
@@ -60,7 +65,7 @@ class Placement:
 
     def masters_alias(self, mixed, params_offloaded=False):
         """An fp32 model's masters may be its parameter shards themselves: one copy, when both sit on one side."""
-        if self.nvme is not None:
+        if self.nvme is not None or self.nvme_params is not None:
             return False
         return not mixed and (not self.distinct or self.offload_states == params_offloaded)
 
@@ -85,7 +90,7 @@ def placement_of(zero_cfg, device, aio=None):
     device = torch.device(device)
     nvme = zero_cfg.offload_optimizer_device == "nvme"
     states = zero_cfg.offload_optimizer_device in ("cpu", "nvme")
-    params = zero_cfg.offload_param_device == "cpu"
+    params = zero_cfg.offload_param_device in ("cpu", "nvme")
     gpu = device.type == "cuda"
     test = os.environ.get(TEST_PLACEMENT_ENV, "")
     if test not in ("", "distinct-host"):
@@ -96,8 +101,13 @@ def placement_of(zero_cfg, device, aio=None):
     if nvme:
         off = zero_cfg.offload_optimizer
         target = NvmeTarget(off.nvme_path, off.buffer_count, pin=pin_asked, **aio_pool(aio))
+    param_target = None
+    if zero_cfg.offload_param_device == "nvme":
+        off = zero_cfg.offload_param
+        param_target = NvmeTarget(off.nvme_path, off.buffer_count, pin=gpu and bool(off.pin_memory),
+                                  buffer_size=off.buffer_size, max_in_cpu=off.max_in_cpu, **aio_pool(aio))
     return Placement(device, states, params, pin_asked and not nvme, distinct=gpu or test == "distinct-host",
-                     nvme=target)
+                     nvme=target, nvme_params=param_target)
 
 
 def aio_pool(aio):

@@ -16,20 +16,28 @@ from ..optim.amp_step import amp_step
 @torch.no_grad()
 def step_shards(store, optimizer, decision):
     """Update every unit of `store` as `decision` (decide.py) says; the model-dtype slices hold the new values
-    afterwards (all-gather not included). With the states on NVMe (store.swap, nvme_states.NvmeStates) the units
-    are stepped one by one in order, each while it is in host memory: the same kernels on the same values (an
-    optimizer whose update of a parameter reads only that parameter's state: every element-wise one)."""
+    afterwards (all-gather not included). With the states on NVMe (store.swap, nvme_states.NvmeStates) or stage 3's
+    shards there (store.param_swap, nvme_params.NvmeParams) the units are stepped one by one in order, each while
+    it is in host memory: the same kernels on the same values (an optimizer whose update of a parameter reads only
+    that parameter's state: every element-wise one)."""
     store.placement.synchronize()   # the host copies of the gradients must land before the CPU reads them
-    swap = getattr(store, "swap", None)
-    if swap is None:
+    swap, params = getattr(store, "swap", None), getattr(store, "param_swap", None)
+    if swap is None and params is None:
         _step_units(store, optimizer, decision, store.units)
         return
-    swap.steps += 1   # (named in I/O errors: the optimizer steps of this engine, skipped ones included)
-    if decision.applied():   # (a skipped step reads and writes nothing; a CPU optimizer reads the flag anyway)
-        group_of = {id(p): gi for gi, g in enumerate(optimizer.param_groups) for p in g["params"]}
-        for unit in swap.windows(store.units):
-            with _only(optimizer, unit.shard, group_of[id(unit.shard)]):
-                _step_units(store, optimizer, decision, [unit])
+    for s in (swap, params):   # (named in I/O errors: the optimizer steps of this engine, skipped ones included)
+        if s is not None:
+            s.steps += 1
+            s.window.step = s.steps
+    if not decision.applied():   # (a skipped step reads and writes nothing; a CPU optimizer reads the flag anyway)
+        return
+    group_of = {id(p): gi for gi, g in enumerate(optimizer.param_groups) for p in g["params"]}
+    for unit in (swap.windows(store.units) if swap is not None else store.units):
+        # stage 3's shards on NVMe: the 16-bit values go into a buffer written back behind the next units' step
+        with _only(optimizer, unit.shard, group_of[id(unit.shard)]), store.writing16(unit):
+            _step_units(store, optimizer, decision, [unit])
+    if params is not None:
+        params.flush()   # every rank learns of a failed write in this step (sharded.step), not in the next forward
 
 
 def _step_units(store, optimizer, decision, units):

@@ -11,6 +11,7 @@ the units; the owner's reduction fills in their gradients; the step applies the 
     grad       the reduced gradient slice (the precision policy's reduce dtype)
     host_grad  offload to a distinct host: its host copy, made as the reduction completes (or at step time)
 """
+import contextlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -75,6 +76,12 @@ class UnitStore:
     def grads(self):
         return [u.grad for u in self.units]
 
+    def writing16(self, unit):
+        """A block that overwrites `unit`'s 16-bit slice: with stage 3's shards on NVMe (param_swap) it is given a
+        buffer and written to its file after; otherwise nothing to do."""
+        swap = getattr(self, "param_swap", None)
+        return contextlib.nullcontext() if swap is None else swap.holding(unit.slice16, read=False)
+
     def pieces(self, plan):
         return owned_pieces(plan, self.rank)
 
@@ -86,4 +93,5 @@ class UnitStore:
             for u in self.units:
                 if use is not None:
                     use(u.shard)
-                u.slice16.copy_(u.master, non_blocking=True)
+                with self.writing16(u):
+                    u.slice16.copy_(u.master, non_blocking=True)

@@ -54,11 +54,13 @@ class _ShardedBase(ShardOptimizer):
         decision = decide(self.grad_shards(), factor, clip, check_overflow, self.world, self.group,
                           device=self.store.device)
         self.host_copies()
-        with agreed_swap_errors(self.swap, self.world, self.rank, self.group):
+        with agreed_swap_errors(self.swaps, self.world, self.rank, self.group):
             step_shards(self.store, optimizer, decision)
         applied = decision.applied()
         if applied:
             self.store.all_gather(self.group)
+        if self.param_swap is not None:   # the next pass reads the shards in this one's order
+            self.param_swap.new_pass()
         return applied, decision.norm
 
     def host_copies(self):
@@ -135,12 +137,14 @@ class _ShardedBase(ShardOptimizer):
     def bind_optimizer(self, optimizer):
         """The optimizer steps flat shards, so its own zero_grad() would clear nothing the user means: make it
         clear this owner's gradients too (what DeepSpeed's ZeRO optimizer's zero_grad() does)."""
-        if self.swap is not None:
+        if self.swaps:
             try:
-                check_unit_by_unit(optimizer)
+                check_unit_by_unit(optimizer, "offload_optimizer" if self.swap is not None else "offload_param")
             except ValueError:
-                self.swap.close()   # initialize fails: its swap files go now, not at the process's exit
+                for swap in self.swaps:
+                    swap.close()   # initialize fails: its swap files go now, not at the process's exit
                 raise
+        if self.swap is not None:
             self.swap.optimizer = optimizer
         self._optimizer = optimizer
         if optimizer is None or getattr(optimizer, "_dsfast_clears", None) is self:
@@ -198,6 +202,8 @@ class _ShardedBase(ShardOptimizer):
         cats["comm_buffers"] += [u.host_grad for u in self.store.units if u.host_grad is not None]
         if self.swap is not None:   # the window of states on the host (the rest are in files: swap.nvme_bytes)
             cats["swap_window"] = self.swap.host_buffers()
+        if self.param_swap is not None:   # the window of stage 3's shards (the rest are in their files)
+            cats["param_swap_window"] = self.param_swap.host_buffers()
         if self._optimizer is not None:
             for shard in self.store.shards:
                 cats["optimizer_states"] += [t for t in self._optimizer.state.get(shard, {}).values()

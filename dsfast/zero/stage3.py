@@ -18,6 +18,7 @@ import torch.distributed as dist
 from .shm_reduce import shm_allocator
 from . import grad_buckets
 from .param_hooks import ParamCoordinator
+from .nvme_params import nvme_params
 from .nvme_states import nvme_states
 from .reducer import reducer_for
 from .partitioned_param import DS_PARAM_ATTRS, PartitionedParam, gather, record_of
@@ -65,6 +66,8 @@ class Stage3Store(UnitStore):
             grad = torch.zeros(r.shard_numel, dtype=grad_dtype or model_dtype, device=self.device)
             self.units.append(ShardUnit(plan, r.shard, master, shard, host16, grad))
         self.swap = nvme_states(self.units, placement, self.rank)   # offload_optimizer on NVMe: to swap files
+        self.param_swap = None   # offload_param on NVMe: nvme_params.NvmeParams (stage3 build, once persistent
+        #                          parameters are known)
         self.bucket_of = {id(p): (plan, plan.entries[0]) for p, plan in zip(self.params, self.plans)}
         self.shared = None   # shared_params.SharedParams when same-host ranks gather through /dev/shm
 
@@ -137,7 +140,7 @@ class Stage3(_ShardedBase):
     @torch.no_grad()
     def shard_changed(self, param):
         """GatheredParameters(modifier_rank=...) wrote new values into the shard: the master follows."""
-        i = self._index.get(id(param))
+        i = self._index.get(id(param))   # (a shard on NVMe is held in memory by the caller: set_slice)
         if i is not None and not self.store.masters_are_params:
             unit = self.store.units[i]
             with self.visiting(writes=True) as use:   # (on NVMe: the master is read in, then written back)
@@ -160,8 +163,9 @@ class Stage3(_ShardedBase):
             if exclude_frozen and not r.param.requires_grad:
                 continue
             a, b = r.owned_range()
-            if a < b:
-                out.append(SliceRecord(names[id(r.param)], r.shape, a, b, r.shard, 0))
+            if a < b:   # (a shard on NVMe: a copy read from its file)
+                shard = r.shard if r.swap is None else r.swap.copy_of(r, trace=False)
+                out.append(SliceRecord(names[id(r.param)], r.shape, a, b, shard, 0))
         return out
 
     def prepare_step(self, names):
@@ -238,8 +242,10 @@ def build_stage3_owner(model, params, group_of, policy, world, rank, placement, 
                              int(zero_cfg.model_persistence_threshold))
     store = Stage3Store(params, group_of, trained, records, dtype, placement, masters_fp32, policy.reduce_dtype,
                         policy.master_dtype)
+    persistent_set = {id(r) for r in persistent}
+    store.param_swap = nvme_params(records, placement, rank, keep=[r for r in records if id(r) in persistent_set])
     allocate = _shm_allocator(records, device, world, group) if world > 1 else None
-    if allocate is not None:
+    if allocate is not None and store.param_swap is None:   # (a /dev/shm snapshot would hold every shard)
         shared = SharedParams(records, allocate)
         store.shared = shared if shared.ok else None
     bucket = max(1, min(int(zero_cfg.reduce_bucket_size), STAGE3_BUCKET_ELEMS))

@@ -1,0 +1,162 @@
+"""The NVMe placement of ZeRO stage 3's parameter shards (offload_param.device = nvme).
+
+Each partitioned parameter's shard (this rank's slice, in the model dtype) lives in its own swap file; between
+uses `rec.shard` keeps its object, shape and dtype over a storage of no bytes, as the swapped states do
+(nvme_states.py), so the owner's units and `param.ds_tensor` stay the same tensors. Who reads and writes them:
+  gathers     `copy_of(rec)`: the shard read through the window into a private copy that the all-gather sends
+              (the buffer goes back at once, so a module with more parameters than buffers still gathers). Reads
+              follow the order of the previous step's (forward, backward, the gathers after the step): while one
+              shard is copied, the next buffer_count - 1 are being read.
+  the step    `holding(shard, read=False)`: a buffer the optimizer writes the new 16-bit values into, written
+              back behind the next units' step (nothing read: the step overwrites all of it)
+  the rest    checkpoints, GatheredParameters' updates, the write-back after a load: `holding` one at a time
+Up to offload_param.max_in_cpu elements of shards stay in host memory instead (persistent parameters first:
+they are gathered after every step). Gathers go through collectives, never a /dev/shm snapshot of every shard
+(which would hold the whole model in host memory again).
+"""
+import contextlib
+import warnings
+
+import torch
+
+from .nvme_buffers import aligned_size
+from .nvme_checks import check_host_memory, check_nvme_path, memory_filesystem_note
+from .nvme_files import SwapDir
+from .nvme_io import SwapIO
+from .nvme_states import _park, give_back_freed_memory
+from .nvme_window import UnitWindow
+
+KEY = "offload_param"
+
+
+def shard_bytes(rec):
+    return rec.shard_numel * rec.shard.element_size()
+
+
+class NvmeParams:
+    def __init__(self, records, target, rank, keep=(), synchronize=None):
+        """records: every partitioned parameter (shards in host memory, in the model dtype); target: the
+        placement's nvme_params (placement.NvmeTarget); keep: records to keep in memory first (persistent)."""
+        self.resident, self.records = _split(records, keep, target.max_in_cpu)
+        self.buffer_count = int(target.buffer_count)
+        largest = max((shard_bytes(r) for r in self.records), default=0)
+        window = self.buffer_count * aligned_size(largest)
+        check_nvme_path(target.path, sum(aligned_size(shard_bytes(r)) for r in self.records) + window,
+                        key=f"{KEY}.nvme_path")
+        note = memory_filesystem_note(target.path, key=f"{KEY}.nvme_path")
+        if note is not None:
+            warnings.warn(note)
+        check_host_memory(window, pinned_bytes=window if target.pin else 0,
+                          lower=f"{KEY}.buffer_count or the largest parameter (its shard is a buffer's size)")
+        self.notes = []
+        largest_numel = max((r.shard_numel for r in self.records), default=0)
+        if target.buffer_size and largest_numel > target.buffer_size:
+            self.notes.append(f"{KEY}.buffer_size={target.buffer_size} is below the largest shard "
+                              f"({largest_numel} elements): its buffers are allocated at that size instead")
+        self.dir = SwapDir(target.path, rank)
+        self.io = SwapIO(threads=target.threads, block_size=target.block_size)
+        self.window = UnitWindow(self.io, self.dir, self.buffer_count, pin=target.pin, name="param{}.swap")
+        self.synchronize = synchronize or (lambda: None)
+        self.index = {id(r.shard): i for i, r in enumerate(self.records)}
+        self.steps = 0             # the engine's optimizer steps so far: named in I/O errors
+        self.trace, self.seen, self.follow = [], [], False   # the order of the gathers' reads (read-ahead)
+        for i, r in enumerate(self.records):
+            r.swap = self
+            self.window.store(i, lambda buf, r=r: buf.view(0, r.shard_numel, r.dtype).copy_(r.shard),
+                              shard_bytes(r))
+            _park(r.shard)
+        self.window.flush()
+        give_back_freed_memory()
+
+    # ---- gathers ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def copy_of(self, rec, trace=True):
+        """rec's shard values in a tensor of their own (read through the window; the buffer is given back).
+        trace=False: a read outside the training passes (a checkpoint), not part of the order read ahead in."""
+        i = self.index[id(rec.shard)]
+        if trace:
+            self._read_ahead(i)
+        buf = self.window.acquire(i)
+        out = buf.view(0, rec.shard_numel, rec.dtype).clone()
+        self.window.discard(i)
+        return out
+
+    def _read_ahead(self, i):
+        k = len(self.seen)
+        self.seen.append(i)
+        if self.follow and k < len(self.trace) and self.trace[k] == i:
+            for j in self.trace[k + 1:k + self.buffer_count]:
+                if not self.window.prefetch(j):
+                    break
+        else:
+            self.follow = False   # off the last pass's order (an eval forward): no guessing until the next step
+
+    def new_pass(self):
+        """After a step: this pass's reads are the order to read ahead in next time; its first ones start now."""
+        self.trace, self.seen = self.seen, []
+        self.follow = bool(self.trace)
+        for j in self.trace[:self.buffer_count - 1]:
+            self.window.prefetch(j)
+
+    # ---- writers ---------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def holding(self, shard, read=True, write=True):
+        """`shard` (a record's) in host memory for the block: read from its file (read=False: the block writes
+        all of it) and written back after (write=False: left as its file has it). A resident shard: as it is."""
+        i = self.index.get(id(shard))
+        if i is None:
+            yield shard
+            return
+        buf = self.window.acquire(i) if read else self.window.claim(i, shard.numel() * shard.element_size())
+        shard.set_(buf.tensor.untyped_storage(), 0, shard.shape)
+        done = False
+        try:
+            yield shard
+            done = True
+        finally:
+            self.synchronize()   # a device's copies into or out of the buffer land before it is reused
+            _park(shard)
+            if write and done:
+                self.window.release(i, shard.numel() * shard.element_size())
+            else:
+                self.window.discard(i)
+
+    def flush(self):
+        """Every write-back landed (the first I/O error is raised)."""
+        self.window.flush()
+
+    # ---- what the engine reports -----------------------------------------------------------------------------
+    @property
+    def nvme_bytes(self):
+        """Bytes of this rank's parameter swap files on disk."""
+        return self.dir.nbytes
+
+    def host_buffers(self):
+        return [b.tensor for b in self.window.buffers()]
+
+    def close(self):
+        try:
+            self.window.close()
+        finally:
+            self.io.close()
+            self.dir.close()
+
+
+def _split(records, keep, max_in_cpu):
+    """(resident, swapped): shards kept in memory while their elements total at most max_in_cpu, `keep` first."""
+    kept = {id(r) for r in keep}
+    order = [r for r in records if id(r) in kept] + [r for r in records if id(r) not in kept]
+    resident, total = set(), 0
+    for r in order:
+        if total + r.shard_numel <= max_in_cpu:
+            resident.add(id(r))
+            total += r.shard_numel
+    return ([r for r in records if id(r) in resident], [r for r in records if id(r) not in resident])
+
+
+def nvme_params(records, placement, rank, keep=()):
+    """The NvmeParams of stage 3's `records` where the placement puts the parameters on NVMe, else None."""
+    target = placement.nvme_params
+    if target is None:
+        return None
+    return NvmeParams(records, target, rank, keep=keep, synchronize=placement.synchronize)
