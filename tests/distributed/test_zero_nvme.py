@@ -1,5 +1,6 @@
-"""offload_optimizer on NVMe on 2 gloo ranks (worker_zero_nvme.py): bitwise the CPU offload's training at stages
-1-3 (fp32, bf16), checkpoints across the two placements, and a full disk on one rank stopping every rank."""
+"""offload_optimizer (and at stage 3 offload_param) on NVMe on 2 gloo ranks (worker_zero_nvme.py): bitwise the CPU
+offload's training at stages 1-3 (fp32, bf16), checkpoints across the two placements, and a full disk on one rank
+stopping every rank."""
 import os
 import sys
 
@@ -32,3 +33,17 @@ def test_a_full_disk_on_one_rank_stops_every_rank(tmp_path):
     assert texts[0] == ("raised: rank 1 failed to read or write its NVMe swap files (its own error names the file "
                         "and the step); rank 0 stops too")
     assert os.listdir(nvme / SWAP_ROOT) == []   # removed at exit
+
+
+def test_parameters_on_nvme_are_bitwise_cpu_offload_on_two_ranks_and_checkpoints_cross(tmp_path):
+    texts, nvme, _ = _run(tmp_path, "params")
+    assert texts == ["params ok", "params ok"]
+    assert os.listdir(nvme / SWAP_ROOT) == []
+
+
+def test_a_full_disk_under_the_parameters_on_one_rank_stops_every_rank(tmp_path):
+    texts, nvme, _ = _run(tmp_path, "params-fault")
+    assert texts[1].startswith("raised: NVMe swap write of ") and "at step 2 failed: No space left" in texts[1]
+    assert "rank1/param" in texts[1]
+    assert texts[0].startswith("raised: rank 1 failed to read or write its NVMe swap files")
+    assert os.listdir(nvme / SWAP_ROOT) == []

@@ -5,6 +5,9 @@
            offload and into NVMe, trained on, bitwise the uninterrupted run
   fault    rank 1's disk fills up at step 2: every rank raises (none waits in a collective), rank 1's error
            names its file and step
+  params   stage 3 with offload_param on NVMe (states on the host, then on NVMe too), fp32/bf16: the same
+           parity and checkpoints against CPU offload, gathers by collectives (no /dev/shm snapshot)
+  params-fault   the same fault with only the parameters on NVMe
 """
 import errno
 import os
@@ -19,10 +22,14 @@ from dsfast.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 from dsfast.zero import nvme_io  # noqa: E402
 
 
-def cfg(stage, precision, where):
+def cfg(stage, precision, where, params=None):
     zero = {"stage": stage, "reduce_bucket_size": 400}   # several units per rank
     zero["offload_optimizer"] = {"device": "cpu"} if where == "cpu" else \
         {"device": "nvme", "nvme_path": where, "buffer_count": 3}
+    if params is not None:   # stage 3: offload_param too ("cpu" or an nvme_path), every shard swapped
+        zero["offload_param"] = {"device": "cpu"} if params == "cpu" else \
+            {"device": "nvme", "nvme_path": params, "buffer_count": 2, "max_in_cpu": 0}
+        zero["stage3_param_persistence_threshold"] = 0
     c = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2, "steps_per_print": 1000,
          "gradient_clipping": 0.05, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
          "zero_optimization": zero}
@@ -85,8 +92,32 @@ def parity(nvme):
     return "parity ok"
 
 
-def fault(nvme):
-    e = train(engine_for(cfg(2, "fp32", nvme)), 1)
+def params_parity(nvme):
+    ck = os.path.join(nvme, "..", "ck")
+    for precision in ("fp32", "bf16"):
+        ref = train(engine_for(cfg(3, precision, "cpu", "cpu")), 4)
+        for states in ("cpu", nvme):
+            got = train(engine_for(cfg(3, precision, states, nvme)), 2)
+            swap = got.state_owner.param_swap
+            assert got.state_owner.gathers_through == "collectives" and len(swap.records) >= 2
+            assert swap.window.peak_in_use <= 2
+            tag = f"p{precision}{states == nvme}"
+            got.save_checkpoint(ck, tag=tag)
+            train(got, 2, first=2)
+            same(everything(got), everything(ref), f"{precision} params on nvme, states on {states}")
+            assert all(r.shard.untyped_storage().nbytes() == 0 for r in swap.records)
+            got.destroy()
+            for where in ("cpu", nvme):
+                e = engine_for(cfg(3, precision, states, where))
+                e.load_checkpoint(ck, tag=tag)
+                train(e, 2, first=2)
+                same(everything(e), everything(ref), f"{precision} resumed with params on {where}")
+                e.destroy()
+    return "params ok"
+
+
+def fault(nvme, params=None):
+    e = train(engine_for(cfg(2, "fp32", nvme) if params is None else cfg(3, "fp32", "cpu", nvme)), 1)
     if torch.distributed.get_rank() == 1:
         def full(fd, buffers, offset):
             raise OSError(errno.ENOSPC, "No space left on device")
@@ -102,7 +133,8 @@ def main():
     out, nvme, case = sys.argv[1:4]
     dsfast.init_distributed()
     rank = torch.distributed.get_rank()
-    result = {"parity": parity, "fault": fault}[case](nvme)
+    result = {"parity": parity, "fault": fault, "params": params_parity,
+              "params-fault": lambda where: fault(where, params=where)}[case](nvme)
     with open(f"{out}.{rank}", "w") as f:
         f.write(result)
 
