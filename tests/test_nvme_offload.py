@@ -193,7 +193,11 @@ def test_the_estimate_adds_the_nvme_rows_and_column():
     from dsfast.zero.nvme_states import window_bytes
     rows = estimate_model_states(1e9, 4, nvme=True, buffer_count=3, bucket=1e8, largest_layer=4e7)
     by = {(r["stage"], r["offload_optimizer"], r["offload_param"]): r for r in rows}
-    assert len(rows) == 13 and "nvme" not in by[(2, True, False)]
+    assert len(rows) == 15 and "nvme" not in by[(2, True, False)]
+    # offload_param on NVMe too: the 16-bit shards leave the host for files; the host keeps 5 shard buffers
+    both, states_only = by[(3, "nvme", "nvme")], by[(3, "nvme", True)]
+    assert both["nvme"] == states_only["nvme"] + 2 * 1e9 / 4
+    assert both["host"] == states_only["host"] - 2 * 1e9 / 4 + 5 * aligned_size(2 * (int(4e7) // 4 + 1))
     for stage, unit in ((1, 1e8), (2, 1e8), (3, 4e7)):
         cpu, nvme = by[(stage, True, False)], by[(stage, "nvme", False)]
         assert nvme["nvme"] == 12 * 1e9 / 4 and nvme["device"] == cpu["device"]

@@ -2,7 +2,8 @@
 the ones the memory tests check against memory_breakdown()).
 
     python -m dsfast.zero.estimate --params 7e9 --world-size 8 [--fp32] [--offload] [--largest-layer 1e8]
-                                   [--bf16-master [--bf16-optimizer-states]] [--nvme [--buffer-count 4] [--bucket 5e8]]
+                                   [--bf16-master [--bf16-optimizer-states]] [--nvme [--buffer-count 4] [--bucket 5e8]
+                                   [--param-buffer-count 5]]
     dsfast.zero.estimate_model_states(7e9, 8) -> [{"stage", "offload_optimizer", "offload_param", "device",
                                                    "host"}, ...]  (bytes per rank)
 Adam is assumed (two fp32 moments; bf16 ones with --bf16-optimizer-states). --bf16-master: the masters are the
@@ -14,21 +15,26 @@ temporary buffers are not model states and are not counted.
 nvme=True adds the rows of offload_optimizer on NVMe (offload_optimizer "nvme", a "nvme" key): every fp32 master
 and moment in swap files (12 bytes/param / N, fp32 models too: the masters are copies there), and on the host only
 the window (nvme_states.window_bytes): buffer_count units of this rank's share of a bucket (stages 1-2:
-reduce_bucket_size elements) or of the largest layer (stage 3, one unit per parameter).
+reduce_bucket_size elements) or of the largest layer (stage 3, one unit per parameter). They also add stage 3's
+offload_param on NVMe (offload_param "nvme"): the model-dtype shards (2 or 4 bytes/param / N) in swap files too,
+and on the host param_buffer_count buffers of this rank's shard of the largest layer (nvme_params.py; max_in_cpu
+0, and stage3_param_persistence_threshold's small parameters not counted).
 """
 import argparse
 
+from .nvme_buffers import aligned_size
 from .nvme_states import unit_file_bytes, window_bytes
 from .partition import model_state_bytes
 from .partitioned_param import whole_numel
 
 _CHOICES = [(0, False, False), (1, False, False), (1, True, False), (2, False, False), (2, True, False),
             (3, False, False), (3, True, False), (3, False, True), (3, True, True)]
-_NVME_CHOICES = [(1, "nvme", False), (2, "nvme", False), (3, "nvme", False), (3, "nvme", True)]
+_NVME_CHOICES = [(1, "nvme", False), (2, "nvme", False), (3, "nvme", False), (3, "nvme", True), (3, True, "nvme"),
+                 (3, "nvme", "nvme")]
 
 
 def estimate_model_states(params, world_size, mixed=True, largest_layer=0, offload=None, master16=False,
-                          states16=False, nvme=False, buffer_count=4, bucket=5e8):
+                          states16=False, nvme=False, buffer_count=4, bucket=5e8, param_buffer_count=5):
     """Rows for every (stage, offload_optimizer, offload_param) choice; offload=True/False keeps only the rows with
     (any) / without offload. master16 / states16: 16-bit masters / optimizer states (stages 1-3); nvme=True adds
     offload_optimizer "nvme" rows (module docstring)."""
@@ -54,6 +60,11 @@ def estimate_model_states(params, world_size, mixed=True, largest_layer=0, offlo
             unit = (min(int(float(bucket)), psi) if stage < 3 else int(float(largest_layer))) // world + 1
             b["host"] += window_bytes(unit, buffer_count) - on_host
             b["nvme"] = unit_file_bytes(psi) / world
+        if off_param == "nvme":
+            shards = (2 if mixed else 4) * psi / world   # what offload_param "cpu" keeps on the host
+            largest = (2 if mixed else 4) * (int(float(largest_layer)) // world + 1)
+            b["host"] += param_buffer_count * aligned_size(largest) - shards
+            b["nvme"] = b.get("nvme", 0) + shards
         rows.append({"stage": stage, "offload_optimizer": off_opt, "offload_param": off_param, **b})
     return rows
 
@@ -110,7 +121,8 @@ def main(argv=None):
                     help="bf16 masters and gradients (bf16_master_weights_and_grads; without the next flag only "
                          "with offload_optimizer)")
     ap.add_argument("--bf16-optimizer-states", action="store_true", help="bf16 Adam moments (bf16_optimizer_states)")
-    ap.add_argument("--nvme", action="store_true", help="add the rows of offload_optimizer on NVMe")
+    ap.add_argument("--nvme", action="store_true", help="add the rows of offload_optimizer / offload_param on NVMe")
+    ap.add_argument("--param-buffer-count", type=int, default=5, help="offload_param.buffer_count (NVMe window)")
     ap.add_argument("--buffer-count", type=int, default=4, help="offload_optimizer.buffer_count (NVMe window)")
     ap.add_argument("--bucket", default="5e8", help="reduce_bucket_size (stages 1-2: the NVMe unit)")
     args = ap.parse_args(argv)
@@ -120,7 +132,7 @@ def main(argv=None):
     try:
         rows = estimate_model_states(args.params, args.world_size, not args.fp32, args.largest_layer,
                                      True if args.offload else None, args.bf16_master, args.bf16_optimizer_states,
-                                     args.nvme, args.buffer_count, args.bucket)
+                                     args.nvme, args.buffer_count, args.bucket, args.param_buffer_count)
     except ValueError as err:
         ap.error(str(err))
     gib = 1024 ** 3

@@ -54,8 +54,12 @@ class Stage3Store(UnitStore):
         self.units = []   # one shard_unit.ShardUnit per trained parameter (a one-parameter bucket)
         self.bucket_host = None   # offload to a distinct host: one host buffer per gradient bucket (stage3 build)
         for r, m32, plan in zip(self.records, masters_fp32, self.plans):
-            master = r.shard if self.masters_are_params else \
-                m32.to(self.master_device, dtype=master_dtype, copy=True)
+            if self.masters_are_params:
+                master = r.shard
+            elif m32 is not r.shard and m32.device == self.master_device and m32.dtype == master_dtype:
+                master = m32   # the fp32 values the 16-bit cast left behind: nobody else holds them, no copy
+            else:
+                master = m32.to(self.master_device, dtype=master_dtype, copy=True)
             if placement.pin and not master.is_pinned():
                 master = master.pin_memory()
             shard = torch.nn.Parameter(master, requires_grad=True)
