@@ -174,6 +174,15 @@ def test_memory_breakdown_and_progress_count_both_swaps(tmp_path):
                                    for k in ("bytes_read", "bytes_written"))
 
 
+def test_a_buffer_size_below_the_largest_shard_is_a_note_and_the_buffers_fit_the_shards(tmp_path, caplog):
+    cfg = _cfg(str(tmp_path))
+    cfg["zero_optimization"]["offload_param"]["buffer_size"] = 100
+    with caplog.at_level("WARNING", logger="dsfast.zero.nvme"):
+        e = _train(_engine(cfg), 1)
+    assert "offload_param.buffer_size=100 is below the largest parameter shard (528 elements)" in caplog.text
+    assert all(b.numel() == 4096 for b in e.state_owner.param_swap.host_buffers())   # 528 fp32: one page
+
+
 def test_a_missing_nvme_path_for_parameters_is_refused_at_initialize(tmp_path):
     with pytest.raises(ValueError, match=r"offload_param.nvme_path='.*nowhere' does not exist"):
         _engine(_cfg(str(tmp_path / "nowhere")))

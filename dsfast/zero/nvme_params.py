@@ -15,6 +15,7 @@ they are gathered after every step). Gathers go through collectives, never a /de
 (which would hold the whole model in host memory again).
 """
 import contextlib
+import logging
 import warnings
 
 import torch
@@ -27,6 +28,7 @@ from .nvme_states import _park, give_back_freed_memory
 from .nvme_window import UnitWindow
 
 KEY = "offload_param"
+logger = logging.getLogger("dsfast.zero.nvme")
 
 
 def shard_bytes(rec):
@@ -48,11 +50,10 @@ class NvmeParams:
             warnings.warn(note)
         check_host_memory(window, pinned_bytes=window if target.pin else 0,
                           lower=f"{KEY}.buffer_count or the largest parameter (its shard is a buffer's size)")
-        self.notes = []
         largest_numel = max((r.shard_numel for r in self.records), default=0)
         if target.buffer_size and largest_numel > target.buffer_size:
-            self.notes.append(f"{KEY}.buffer_size={target.buffer_size} is below the largest shard "
-                              f"({largest_numel} elements): its buffers are allocated at that size instead")
+            logger.warning(f"{KEY}.buffer_size={target.buffer_size} is below the largest parameter shard "
+                           f"({largest_numel} elements): the swap buffers are allocated at that size instead")
         self.dir = SwapDir(target.path, rank)
         self.io = SwapIO(threads=target.threads, block_size=target.block_size)
         self.window = UnitWindow(self.io, self.dir, self.buffer_count, pin=target.pin, name="param{}.swap")
