@@ -36,7 +36,7 @@ class Stage3Store(UnitStore):
     """The trained parameters' shards, in the shape stage 1/2's step and records read (one plan per param)."""
 
     def __init__(self, params, group_of, records, all_records, model_dtype, placement, masters_fp32,
-                 grad_dtype=None, master_dtype=torch.float32):
+                 master_dtype=torch.float32):
         self.params = list(params)
         self.records = list(records)
         self.all_records = list(all_records)
@@ -67,8 +67,8 @@ class Stage3Store(UnitStore):
             # the CPU optimizer writes 16-bit values into host copies when the shards stay on the device
             host16 = placement.host_copy(r.shard) \
                 if self.mixed and placement.copies_states and not placement.offload_params else None
-            grad = torch.zeros(r.shard_numel, dtype=grad_dtype or model_dtype, device=self.device)
-            self.units.append(ShardUnit(plan, r.shard, master, shard, host16, grad))
+            # (the gradient: a view of its bucket's flat shard, set by build_stage3_owner once buckets exist)
+            self.units.append(ShardUnit(plan, r.shard, master, shard, host16))
         self.swap = nvme_states(self.units, placement, self.rank)   # offload_optimizer on NVMe: to swap files
         self.param_swap = None   # offload_param on NVMe: nvme_params.NvmeParams (stage3 build, once persistent
         #                          parameters are known)
@@ -244,8 +244,7 @@ def build_stage3_owner(model, params, group_of, policy, world, rank, placement, 
             r.cast(dtype)
     persistent = _persistent(records, int(zero_cfg.param_persistence_threshold),
                              int(zero_cfg.model_persistence_threshold))
-    store = Stage3Store(params, group_of, trained, records, dtype, placement, masters_fp32, policy.reduce_dtype,
-                        policy.master_dtype)
+    store = Stage3Store(params, group_of, trained, records, dtype, placement, masters_fp32, policy.master_dtype)
     persistent_set = {id(r) for r in persistent}
     store.param_swap = nvme_params(records, placement, rank, keep=[r for r in records if id(r) in persistent_set])
     allocate = _shm_allocator(records, device, world, group) if world > 1 else None
