@@ -221,3 +221,21 @@ def test_a_failed_parameter_write_names_file_and_step_and_keeps_the_previous_fil
         _train(e, 1, torch.Generator().manual_seed(9))
     monkeypatch.undo()
     assert open(swap.window.path(1), "rb").read() == before
+
+
+def test_states_that_cannot_fit_in_host_memory_are_refused_before_the_first_step(monkeypatch):
+    """CPU offload of a model whose optimizer states exceed the host's memory: a clear error at initialize (it
+    names the bytes and NVMe offload), not the OOM killer at the first step. 4 ranks share this host."""
+    from dsfast.zero import nvme_checks
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setattr(nvme_checks, "meminfo_available", lambda: 20000)
+    # 4 shards (528 + 48 + 272 + 16 = 864 fp32 elements) x 2 Adam moments x 4 bytes = 6912 bytes; x 4 ranks
+    with pytest.raises(ValueError, match=r"need 6912 bytes .*4 rank\(s\) on this host: 27648 bytes.* only 20000 "
+                                         r"bytes .*offload_optimizer \{\"device\": \"nvme\""):
+        _engine(_cfg("cpu"))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")   # 13824 bytes fit
+    _train(_engine(_cfg("cpu")), 1)
+    sgd = _cfg("cpu")
+    sgd["optimizer"] = {"type": "SGD", "params": {"lr": 0.1}}   # no momentum: no states to create
+    monkeypatch.setattr(nvme_checks, "meminfo_available", lambda: 10)
+    _train(_engine(sgd), 1)

@@ -99,3 +99,36 @@ def check_host_memory(need_bytes, pinned_bytes=0, shm_bytes=0, lower="offload_op
         if shm_bytes > shm_free:
             raise ValueError(f"NVMe offload: /dev/shm needs {_size(shm_bytes)} but has {_size(shm_free)} free; "
                              f"enlarge /dev/shm (docker: --shm-size) or lower {lower}")
+
+
+def moments_per_element(optimizer):
+    """Optimizer states the first step creates per parameter element (Adam's two moments, SGD's momentum), or 0
+    where the optimizer is not one whose states are known."""
+    import torch
+    from ..optim import CPUAdam, CPUSGD, FusedAdam, FusedSGD
+    if isinstance(optimizer, (CPUAdam, FusedAdam, torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam,
+                              torch.optim.RAdam, torch.optim.Adamax)):
+        return 2
+    if isinstance(optimizer, (CPUSGD, FusedSGD, torch.optim.SGD)):
+        return int(any(g.get("momentum", 0) for g in optimizer.param_groups))
+    return 0
+
+
+def check_host_states(masters, optimizer, local_ranks, available=None):
+    """The optimizer states of `masters` (this rank's, in host memory) that the first step will create fit in the
+    host's available memory, counting every rank on this host alike; else an error before training starts
+    instead of the OOM killer at the first step."""
+    per_element = moments_per_element(optimizer)
+    if not per_element:
+        return
+    fp32 = getattr(optimizer, "fp32_optimizer_states", False)   # dsfast's CPU optimizers; torch's: the master's
+    need = sum(m.numel() * per_element * (4 if fp32 else m.element_size()) for m in masters)
+    available = meminfo_available() if available is None else available
+    if available is None or need * local_ranks <= available:
+        return
+    raise ValueError(f"the optimizer states of this rank's {sum(m.numel() for m in masters)} parameter elements "
+                     f"need {_size(need)} of host memory ({local_ranks} rank(s) on this host: "
+                     f"{_size(need * local_ranks)}) but only {_size(available)} is available, so the first step "
+                     "would run out of memory. Keep them on a disk with zero_optimization.offload_optimizer "
+                     "{\"device\": \"nvme\", \"nvme_path\": ...} (and at stage 3 offload_param too), or spread "
+                     "the model over more ranks and hosts")

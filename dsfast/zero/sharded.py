@@ -9,6 +9,8 @@
 Both own the parameter buckets and fp32 master shards (flat_shards.FlatShards); the step is every stage's: the
 decision across ranks (decide.py), the update of the shards (shard_step.py), then the all-gather.
 """
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -17,12 +19,21 @@ from .decide import decide
 from .flat_shards import FlatShards
 from .grad_buffers import GradBuffers
 from .grad_sync import build_grad_sync
+from .nvme_checks import check_host_states
 from .nvme_states import agreed_swap_errors, check_unit_by_unit
 from .owners import ShardOptimizer
 from .precision import PrecisionPolicy
 from .reducer import reducer_for
 from .shard_step import step_shards
 from .state_owner import SliceRecord
+
+
+def local_ranks():
+    """Ranks on this host (the launcher's and torchrun's LOCAL_WORLD_SIZE; 1 when unknown)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 class _ShardedBase(ShardOptimizer):
@@ -146,6 +157,8 @@ class _ShardedBase(ShardOptimizer):
                 raise
         if self.swap is not None:
             self.swap.optimizer = optimizer
+        elif self.store.master_device.type == "cpu" and optimizer is not None and not len(optimizer.state):
+            check_host_states(self.store.masters, optimizer, local_ranks())
         self._optimizer = optimizer
         if optimizer is None or getattr(optimizer, "_dsfast_clears", None) is self:
             return
