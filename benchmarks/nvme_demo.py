@@ -9,10 +9,11 @@ from and wrote to the disk per step (/proc/self/io), and (dsfast) engine.memory_
 JSON line with every rank's figures and a summary against MemTotal. The sizes of the given flags are printed before
 anything starts, so a run can be sized first (--dry-run prints them only).
 
-    # small check (seconds): 2 ranks, dsfast, then DeepSpeed (its python: --python, default /work/venv-ds/bin/python)
-    python benchmarks/nvme_demo.py --dir /var/tmp --d_model 128 --n_layer 2 --vocab 512
-    python benchmarks/nvme_demo.py --dir /var/tmp --d_model 128 --n_layer 2 --vocab 512 --impl deepspeed
-    # the demonstration: ~2.5B params, 16 psi ~ 41 GB of model states, >= 1.5x a 24 GiB machine
+    # small check (seconds; 8.4M params: big enough that DeepSpeed swaps, it keeps any tensor under
+    # max(1 MiB, aio block_size) in memory), dsfast then DeepSpeed (run by --python, default /work/venv-ds/bin/python)
+    python benchmarks/nvme_demo.py --dir /var/tmp --d_model 512 --n_layer 2 --vocab 4096
+    python benchmarks/nvme_demo.py --dir /var/tmp --d_model 512 --n_layer 2 --vocab 4096 --impl deepspeed
+    # the demonstration (the default sizes): 2.54B params, 16 psi = 37.8 GiB of model states, 1.6x a 23.5 GiB machine
     python benchmarks/nvme_demo.py --dir /var/tmp --d_model 2560 --n_layer 32 --vocab 8192 --dry-run
     python benchmarks/nvme_demo.py --dir /var/tmp --d_model 2560 --n_layer 32 --vocab 8192 [--impl deepspeed]
     python benchmarks/nvme_demo.py --dir /var/tmp --d_model 2560 --n_layer 32 --vocab 8192 --offload cpu
@@ -20,7 +21,8 @@ anything starts, so a run can be sized first (--dry-run prints them only).
 
 The last one exhausts the machine's memory on purpose: run it on a machine nobody else is using. --dir must be on
 the disk (a tmpfs is refused: it is memory); the swap files go to a fresh directory in it, removed at the end.
-DeepSpeed runs with DS_ACCELERATOR=cpu and needs its async_io op (libaio-dev) and cpu_adam op, built on first use.
+DeepSpeed runs with DS_ACCELERATOR=cpu and gloo; its first run builds its async_io (needs libaio-dev), cpu_adam and
+shm_comm ops into ~/.cache/torch_extensions (about 8, 1.5 and 1 minutes on 2 cores), later runs load them.
 """
 import argparse
 import json
@@ -152,6 +154,13 @@ def worker(a):
               f"({'down' if losses[-1] < losses[0] else 'NOT down'})", flush=True)
 
 
+def die_with_parent():
+    """Runs in each rank before exec: SIGKILL it when the launcher dies (a killed launcher leaves no orphaned ranks
+    holding memory and swap files)."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -159,6 +168,8 @@ def free_port():
 
 
 def launch(a):
+    if a.d_model % a.n_head:
+        sys.exit(f"--d_model {a.d_model} is not a multiple of --n_head {a.n_head}")
     psi, largest = gpt_sizes(a)
     total = mem_total()
     print(f"d_model {a.d_model}, n_layer {a.n_layer}, vocab {a.vocab}, seq {a.seq}: {count(psi)} params "
@@ -172,8 +183,10 @@ def launch(a):
         kind = subprocess.run(["stat", "-f", "-c", "%T", a.dir], capture_output=True, text=True).stdout.strip()
         if kind == "tmpfs":
             sys.exit(f"{a.dir} is tmpfs: it is memory, not a disk; give a directory on the disk (--dir)")
-    work = tempfile.mkdtemp(prefix="nvme-demo-", dir=a.dir) if nvme else ""
     python = sys.executable if a.impl == "dsfast" else a.python
+    if not shutil.which(python):
+        sys.exit(f"{python}: no such python (--python: the one DeepSpeed is installed in)")
+    work = tempfile.mkdtemp(prefix="nvme-demo-", dir=a.dir) if nvme else ""
     port = free_port()
     logs, procs = [], []
     try:
@@ -185,13 +198,13 @@ def launch(a):
                        OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", NVME_DEMO_DIR=work,
                        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
             procs.append(subprocess.Popen([python, os.path.abspath(__file__), "--worker", *sys.argv[1:]],
-                                          env=env, stderr=logs[-1]))
-        failed = None
-        while failed is None and any(p.poll() is None for p in procs):
-            failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+                                          env=env, stderr=logs[-1], preexec_fn=die_with_parent))
+        while True:   # until every rank is done, or one fails (exit code != 0, or a signal)
+            codes = [p.poll() for p in procs]
+            failed = next((r for r, c in enumerate(codes) if c not in (None, 0)), None)
+            if failed is not None or all(c == 0 for c in codes):
+                break
             time.sleep(0.5)
-        failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), None) if failed is None \
-            else failed
     finally:
         for p in procs:   # the others would wait for the failed rank in a collective forever
             if p.poll() is None:
@@ -210,12 +223,13 @@ def launch(a):
     logs[failed].seek(0)
     err = logs[failed].read()
     started = f"[rank {failed}] initialized" in err
-    why = (f"killed by SIGKILL (exit {rc}): the OOM killer's signal, the machine ran out of memory" if rc == -9
-           else f"failed (exit {rc})")
+    why = (f"was killed by SIGKILL (exit {rc}): the OOM killer's signal, the machine ran out of memory (dmesg "
+           "says so, unless someone ran kill -9)" if rc == -9 else f"failed (exit {rc})")
     print(f"\n{a.impl} with offload {a.offload}: rank {failed} {why} "
           f"{'during training' if started else 'before initialize finished: the model CANNOT START'} "
           f"(model states {size(16 * psi)} = {16 * psi / total:.2f}x MemTotal).\n"
-          f"--- rank {failed} stderr, last lines ---\n" + "\n".join(err.splitlines()[-30:]), file=sys.stderr)
+          f"--- rank {failed} stderr, last lines ---\n" + ("\n".join(err.splitlines()[-30:]) or "(empty)"),
+          file=sys.stderr)
     sys.exit(1)
 
 
