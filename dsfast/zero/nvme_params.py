@@ -16,16 +16,12 @@ they are gathered after every step). Gathers go through collectives, never a /de
 """
 import contextlib
 import logging
-import warnings
 
 import torch
 
 from .nvme_buffers import aligned_size
-from .nvme_checks import check_host_memory, check_nvme_path, memory_filesystem_note
-from .nvme_files import SwapDir
-from .nvme_io import SwapIO
+from .nvme_space import SwapSpace
 from .nvme_states import _park, give_back_freed_memory
-from .nvme_window import UnitWindow
 
 KEY = "offload_param"
 logger = logging.getLogger("dsfast.zero.nvme")
@@ -35,28 +31,21 @@ def shard_bytes(rec):
     return rec.shard_numel * rec.shard.element_size()
 
 
-class NvmeParams:
+class NvmeParams(SwapSpace):
     def __init__(self, records, target, rank, keep=(), synchronize=None):
         """records: every partitioned parameter (shards in host memory, in the model dtype); target: the
         placement's nvme_params (placement.NvmeTarget); keep: records to keep in memory first (persistent)."""
         self.resident, self.records = _split(records, keep, target.max_in_cpu)
         self.buffer_count = int(target.buffer_count)
         largest = max((shard_bytes(r) for r in self.records), default=0)
-        window = self.buffer_count * aligned_size(largest)
-        check_nvme_path(target.path, sum(aligned_size(shard_bytes(r)) for r in self.records) + window,
-                        key=f"{KEY}.nvme_path")
-        note = memory_filesystem_note(target.path, key=f"{KEY}.nvme_path")
-        if note is not None:
-            warnings.warn(note)
-        check_host_memory(window, pinned_bytes=window if target.pin else 0,
-                          lower=f"{KEY}.buffer_count or the largest parameter (its shard is a buffer's size)")
+        super().__init__(target.path, rank, sum(aligned_size(shard_bytes(r)) for r in self.records),
+                         self.buffer_count, self.buffer_count * aligned_size(largest), pin=target.pin,
+                         threads=target.threads, block_size=target.block_size, key=KEY, name="param{}.swap",
+                         lower=f"{KEY}.buffer_count or the largest parameter (its shard is a buffer's size)")
         largest_numel = max((r.shard_numel for r in self.records), default=0)
         if target.buffer_size and largest_numel > target.buffer_size:
             logger.warning(f"{KEY}.buffer_size={target.buffer_size} is below the largest parameter shard "
                            f"({largest_numel} elements): the swap buffers are allocated at that size instead")
-        self.dir = SwapDir(target.path, rank)
-        self.io = SwapIO(threads=target.threads, block_size=target.block_size)
-        self.window = UnitWindow(self.io, self.dir, self.buffer_count, pin=target.pin, name="param{}.swap")
         self.synchronize = synchronize or (lambda: None)
         self.index = {id(r.shard): i for i, r in enumerate(self.records)}
         self.steps = 0             # the engine's optimizer steps so far: named in I/O errors
@@ -125,22 +114,6 @@ class NvmeParams:
     def flush(self):
         """Every write-back landed (the first I/O error is raised)."""
         self.window.flush()
-
-    # ---- what the engine reports -----------------------------------------------------------------------------
-    @property
-    def nvme_bytes(self):
-        """Bytes of this rank's parameter swap files on disk."""
-        return self.dir.nbytes
-
-    def host_buffers(self):
-        return [b.tensor for b in self.window.buffers()]
-
-    def close(self):
-        try:
-            self.window.close()
-        finally:
-            self.io.close()
-            self.dir.close()
 
 
 def _split(records, keep, max_in_cpu):

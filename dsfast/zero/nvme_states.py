@@ -13,16 +13,13 @@ host memory, in the order they ask for them, written back when they change.
 """
 import contextlib
 import ctypes
-import warnings
 
 import torch
 import torch.distributed as dist
 
-from .nvme_checks import check_host_memory, check_nvme_path, memory_filesystem_note
-from .nvme_files import SwapDir
-from .nvme_io import SwapError, SwapIO
-from .nvme_window import UnitWindow
 from .nvme_buffers import aligned_size
+from .nvme_io import SwapError
+from .nvme_space import SwapSpace
 
 # The optimizer states per element that the start-up checks budget for (Adam's two moments; SGD needs fewer).
 # Buffers are sized from the real states once they exist.
@@ -63,23 +60,17 @@ def check_unit_by_unit(optimizer, key="offload_optimizer"):
                      f"\"cpu\"")
 
 
-class NvmeStates:
+class NvmeStates(SwapSpace):
     def __init__(self, units, nvme_path, buffer_count, rank, pin=False, threads=2, block_size=1 << 20,
                  key="offload_optimizer", synchronize=None):
         """units: shard_unit.ShardUnit (their masters hold the initial fp32 values); the files go under
         nvme_path (checked first, with host memory, before anything is written or allocated)."""
         self.units = list(units)
-        total = sum(unit_file_bytes(u.master.numel()) for u in self.units)
-        window = window_bytes(max((u.master.numel() for u in self.units), default=0), buffer_count)
-        check_nvme_path(nvme_path, total + window, key=f"{key}.nvme_path")   # + the files being replaced
-        note = memory_filesystem_note(nvme_path, key=f"{key}.nvme_path")
-        if note is not None:
-            warnings.warn(note)
-        check_host_memory(window, pinned_bytes=window if pin else 0,
-                          lower=f"{key}.buffer_count or zero_optimization.reduce_bucket_size (the unit size)")
-        self.dir = SwapDir(nvme_path, rank)
-        self.io = SwapIO(threads=threads, block_size=block_size)
-        self.window = UnitWindow(self.io, self.dir, buffer_count, pin=pin)
+        super().__init__(nvme_path, rank, sum(unit_file_bytes(u.master.numel()) for u in self.units),
+                         buffer_count, window_bytes(max((u.master.numel() for u in self.units), default=0),
+                                                    buffer_count),
+                         pin=pin, threads=threads, block_size=block_size, key=key,
+                         lower=f"{key}.buffer_count or zero_optimization.reduce_bucket_size (the unit size)")
         self.optimizer = None
         # a device's copies out of a unit's buffer (its 16-bit values) must land before the buffer is reused
         self.synchronize = synchronize or (lambda: None)
@@ -125,28 +116,12 @@ class NvmeStates:
         self.window.flush()
         return Visitor(self, writes)
 
-    # ---- what the engine reports -----------------------------------------------------------------------------
-    @property
-    def nvme_bytes(self):
-        """Bytes of this rank's swap files on disk (the units' and the spares of the writes in flight)."""
-        return self.dir.nbytes
-
-    def host_buffers(self):
-        return [b.tensor for b in self.window.buffers()]
-
     def trim(self):
         """After units took in states created in ordinary memory (the first step, a checkpoint load): that memory,
         freed, goes back to the system (glibc keeps freed blocks under 32 MiB in its heap otherwise)."""
         if self.relayouts:
             self.relayouts = 0
             give_back_freed_memory()
-
-    def close(self):
-        try:
-            self.window.close()
-        finally:
-            self.io.close()
-            self.dir.close()
 
     # ---- internals -------------------------------------------------------------------------------------------
     def _tensors(self, u):
