@@ -87,6 +87,8 @@ class SwapIO:
             fd = self._open(fresh, os.O_WRONLY | os.O_CREAT | (0 if spare is not None else os.O_TRUNC))
             try:
                 self._transfer(os.pwritev, fd, buffer, n, fresh)
+                if os.fstat(fd).st_size > n:   # a larger unit's retired file: its tail would stay on the disk
+                    os.ftruncate(fd, n)
             finally:
                 os.close(fd)
             if spare is not None and os.path.exists(path):
