@@ -14,8 +14,8 @@ is the median of --repeats; the data round trip is checked bit-exact before timi
 
 --train: one process at stage 2 (bf16) trains the same MLP with CPU offload, then with NVMe offload (each in a fresh
 process), and prints the peak RSS beside the size of the states (12 bytes per parameter), the step time, the bytes
-read and written per step and the loss. (The 2.5B-parameter, 2-rank stage 3 demonstration and DeepSpeed's NVMe
-offload beside it are still to come.)
+read and written per step and the loss. (The 2.5B-parameter, 2-rank stage 3 demonstration with the parameters on
+NVMe too, and DeepSpeed's beside it: benchmarks/nvme_demo.py.)
 """
 import argparse
 import json
