@@ -67,7 +67,7 @@ def ds_config(a, nvme_dir):
         par = {"device": a.param_offload, "pin_memory": False}
         if a.param_offload == "nvme":
             # DeepSpeed requires buffer_size >= the largest parameter; max_in_cpu 0: nothing kept in memory
-            par.update(nvme_path=nvme_dir, buffer_count=5, buffer_size=largest, max_in_cpu=0)
+            par.update(nvme_path=nvme_dir, buffer_count=a.param_buffers, buffer_size=largest, max_in_cpu=0)
     cfg = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 10 ** 9, "gradient_clipping": 1.0,
            "bf16": {"enabled": True},
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0}},
@@ -240,6 +240,9 @@ def main():
     p.add_argument("--offload", choices=("nvme", "cpu"), default="nvme", help="where both offloads go")
     p.add_argument("--param-offload", choices=("nvme", "cpu"), default="nvme", help=argparse.SUPPRESS)  # dev: only
     # the parameters to host memory (with --offload nvme), where an implementation cannot swap them yet
+    p.add_argument("--param-buffers", type=int, default=5,
+                   help="offload_param.buffer_count (DeepSpeed's default 5; DeepSpeed 0.19.8 needs more here: at 5 "
+                        "its second step fails with 'Not enough swap in buffers')")
     p.add_argument("--dir", default="/var/tmp", help="a directory on the NVMe disk (the swap files go under it)")
     p.add_argument("--nprocs", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
