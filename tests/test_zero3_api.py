@@ -37,9 +37,24 @@ def test_zero_init_offload_param_from_the_config_puts_shards_on_the_host():
     assert model[0].weight._dsfast_z3.shard.device.type == "cpu"
 
 
+def test_zero_init_with_nvme_builds_in_host_memory_and_initialize_swaps(tmp_path):
+    # DeepSpeed's remote_device="nvme" (or offload_param.device "nvme" in the config): dsfast builds the partitions
+    # in host memory, and initialize() moves them to their swap files
+    cfg = _cfg3()
+    cfg["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": str(tmp_path), "max_in_cpu": 0}
+    for kwargs in ({"remote_device": "nvme"}, {"config_dict_or_path": cfg}):
+        with dsfast.zero.Init(**kwargs):
+            model = _model()
+        assert model[0].weight._dsfast_z3.shard.device.type == "cpu"
+    engine = dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg,
+                               dist_init_required=False)[0]
+    assert model[0].weight._dsfast_z3.swap is engine.state_owner.param_swap
+    assert model[0].weight.ds_tensor.untyped_storage().nbytes() == 0   # in its file
+
+
 def test_zero_init_refuses_what_it_cannot_do():
-    with pytest.raises(ValueError, match="remote_device='nvme'.*NVMe is not supported"):
-        dsfast.zero.Init(remote_device="nvme")
+    with pytest.raises(ValueError, match=r"remote_device='disk'.*valid are None \(the device\), \"cpu\" and \"nvme\""):
+        dsfast.zero.Init(remote_device="disk")
     with pytest.raises(NotImplementedError, match="mpu"):
         dsfast.zero.Init(mpu=object())
     with dsfast.zero.Init():

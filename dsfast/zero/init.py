@@ -76,15 +76,17 @@ class Init:
                  pin_memory=False, config_dict_or_path=None, config=None, enabled=True, dtype=None, mpu=None):
         if mpu is not None:
             raise NotImplementedError("zero.Init(mpu=...): model parallelism is not supported by dsfast")
-        if remote_device not in (None, "none", "cpu", "cuda", "device"):
-            raise ValueError(f"zero.Init(remote_device={remote_device!r}): dsfast keeps partitions on the device "
-                             "(None) or in host memory (\"cpu\"); NVMe is not supported")
+        if remote_device not in (None, "none", "cpu", "cuda", "device", "nvme"):
+            raise ValueError(f"zero.Init(remote_device={remote_device!r}): valid are None (the device), \"cpu\" "
+                             "and \"nvme\" (host memory)")
         self.enabled = enabled
         self.group = data_parallel_group
         self.dtype = dtype
         cfg = _read_config(config_dict_or_path if config_dict_or_path is not None else config)
         param_cfg = (cfg.get("zero_optimization") or {}).get("offload_param") or {}
-        self.offload = remote_device == "cpu" or str(param_cfg.get("device", "none")).lower() == "cpu"
+        # NVMe: the partitions are built in host memory; initialize() moves them to their swap files
+        self.offload = remote_device in ("cpu", "nvme") or \
+            str(param_cfg.get("device", "none")).lower() in ("cpu", "nvme")
         # as DeepSpeed 0.19.8: an offload_param section's pin_memory (default true) replaces the argument
         self.pin = bool(param_cfg.get("pin_memory", True)) if param_cfg else bool(pin_memory)
         self._patched = {}
