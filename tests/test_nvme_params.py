@@ -11,6 +11,7 @@ import torch
 
 import dsfast
 from dsfast.zero import GatheredParameters, nvme_io
+from dsfast.zero.nvme_buffers import aligned_size
 from dsfast.zero.nvme_files import SWAP_ROOT
 from dsfast.zero.nvme_io import SwapError
 from dsfast.zero.placement import TEST_PLACEMENT_ENV
@@ -91,7 +92,7 @@ def test_parameters_on_nvme_train_bitwise_as_cpu_offload(tmp_path, monkeypatch, 
         assert rec.param is p
         # between steps the shard is in its file only, equal to CPU offload's shard
         assert rec.shard.untyped_storage().nbytes() == 0 and p.ds_tensor is rec.shard
-        assert torch.equal(_file_values(swap, i, rec), refs[id(by_name[name])].shard)
+        assert torch.equal(_file_values(swap, swap.index[id(rec.shard)], rec), refs[id(by_name[name])].shard)
     where = swap.dir.path
     got.destroy()
     assert not os.path.exists(where) and os.listdir(tmp_path / SWAP_ROOT) == []
@@ -239,3 +240,67 @@ def test_states_that_cannot_fit_in_host_memory_are_refused_before_the_first_step
     sgd["optimizer"] = {"type": "SGD", "params": {"lr": 0.1}}   # no momentum: no states to create
     monkeypatch.setattr(nvme_checks, "meminfo_available", lambda: 10)
     _train(_engine(sgd), 1)
+
+
+class _Built(torch.nn.Module):
+    """Initialises its children's weights from its own __init__ (as Hugging Face models do): under zero.Init they
+    are gathered for the change and partitioned again."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = _model()
+        for m in self.body:
+            if isinstance(m, torch.nn.Linear):
+                m.weight.data.mul_(0.5)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def _built(cfg):
+    with dsfast.zero.Init(config_dict_or_path=cfg):
+        model = _Built()
+    return model
+
+
+def _train_built(model, cfg, steps=3):
+    e = dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg, dist_init_required=False)[0]
+    return _train(e, steps)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_zero_init_puts_each_shard_in_its_file_as_it_is_built_and_training_is_bitwise_cpu_offload(tmp_path,
+                                                                                                 precision):
+    nvme = _cfg(str(tmp_path), str(tmp_path), precision)
+    model = _built(nvme)
+    recs = [p._dsfast_z3 for p in model.parameters()]
+    # never whole in memory: every fp32 shard already in its file, the initialisation's change included
+    assert all(r.swap is not None and r.shard.untyped_storage().nbytes() == 0 for r in recs)
+    assert all(r.dtype == torch.float32 for r in recs)
+    got = _train_built(model, nvme)
+    swap = got.state_owner.param_swap
+    assert recs[0].swap is swap and all(r.dtype == got.module.body[0].weight.dtype for r in recs)
+    for r in swap.records:   # the files now hold the model dtype (16-bit: the cast went through them)
+        size, want = os.path.getsize(swap.window.path(swap.index[id(r.shard)])), r.shard_numel * r.dtype.itemsize
+        assert size == aligned_size(want)
+    ref = _train_built(_built(_cfg("cpu", precision=precision)), _cfg("cpu", precision=precision))
+    _same(got, ref)
+    # zero.Init on NVMe, then a run that keeps the parameters in memory: they come back, training unchanged
+    back = _train_built(_built(nvme), _cfg("cpu", precision=precision))
+    assert back.state_owner.param_swap is None and all(p._dsfast_z3.swap is None for p in back.module.parameters())
+    _same(back, ref)
+    got.destroy()
+    assert os.listdir(tmp_path / SWAP_ROOT) == [] or all(
+        not f.endswith("rank0") or not os.listdir(tmp_path / SWAP_ROOT / f) for f in os.listdir(tmp_path / SWAP_ROOT))
+
+
+def test_zero_init_on_nvme_then_max_in_cpu_brings_the_kept_shards_back(tmp_path):
+    cfg = _cfg(str(tmp_path), max_in_cpu=100, persistence=40, precision="bf16")
+    got = _train_built(_built(cfg), cfg)
+    swap = got.state_owner.param_swap
+    assert [tuple(r.shape) for r in swap.resident] == [(33,), (8,)]
+    assert all(r.swap is None and r.shard.untyped_storage().nbytes() > 0 for r in swap.resident)
+    assert len(swap.records) == 2 and len(os.listdir(swap.dir.path)) >= 2
+    ref = _train_built(_built(_cfg("cpu", persistence=40, precision="bf16")), _cfg("cpu", persistence=40,
+                                                                                  precision="bf16"))
+    _same(got, ref)

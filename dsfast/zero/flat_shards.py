@@ -52,6 +52,9 @@ class FlatShards(UnitStore):
         if storage is not None and getattr(allocate, "table", None) is not None:
             self.table = allocate.table        # [world, numel]: row r is rank r's parameter buckets
         offset = 0
+        # offload_optimizer on NVMe: each master (and, once they exist, its optimizer states) goes to its swap
+        # file as soon as it is made
+        self.swap = nvme_states([p.shard for p in self.plans], placement, rank)
         with torch.no_grad():
             for plan in self.plans:
                 self.offsets.append(offset)
@@ -84,8 +87,10 @@ class FlatShards(UnitStore):
                 # offload to a distinct host: the CPU optimizer writes the 16-bit values into a host copy
                 host16 = placement.host_copy(flat[lo:hi]) if self.mixed and placement.copies_states else None
                 self.units.append(ShardUnit(plan, flat[lo:hi], master, shard, host16))
-        # offload_optimizer on NVMe: the masters (and, once they exist, the optimizer states) go to swap files
-        self.swap = nvme_states(self.units, placement, rank)
+                if self.swap is not None:
+                    self.swap.adopt(self.units[-1])
+        if self.swap is not None:
+            self.swap.adopted()
         self.bucket_of = {}   # id(param) -> (plan, entry)
         for plan in self.plans:
             for e in plan.entries:

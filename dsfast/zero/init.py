@@ -89,6 +89,9 @@ class Init:
             str(param_cfg.get("device", "none")).lower() in ("cpu", "nvme")
         # as DeepSpeed 0.19.8: an offload_param section's pin_memory (default true) replaces the argument
         self.pin = bool(param_cfg.get("pin_memory", True)) if param_cfg else bool(pin_memory)
+        # offload_param on NVMe with a path: each partition goes to its swap file as soon as it is made
+        self.nvme = _nvme_target(param_cfg, cfg.get("aio"), self.pin)
+        self.swap = None
         self._patched = {}
         self._window = _Window()
         if module is not None and enabled:   # an existing module: partition it now
@@ -117,7 +120,13 @@ class Init:
             p.data = p.data.to(self.device, dtype=self.dtype or p.dtype)
             if self.world > 1:
                 dist.broadcast(p.data, src=0, group=self.group)
-            PartitionedParam(p, self.world, self.rank, self.group, self.device, self.shard_device, pin=self.pin)
+            rec = PartitionedParam(p, self.world, self.rank, self.group, self.device, self.shard_device,
+                                   pin=self.pin and self.nvme is None)
+            if self.nvme is not None:
+                if self.swap is None:
+                    from .nvme_params import construction_swap
+                    self.swap = construction_swap(self.nvme, self.rank)
+                self.swap.add(rec)
         if not isinstance(module._parameters, ZeroParamDict):
             module._parameters = ZeroParamDict(module._parameters)
 
@@ -176,6 +185,17 @@ class Init:
         else:
             torch.nn.Module.__init_subclass__ = self._old_subclass_hook
         return False
+
+
+def _nvme_target(param_cfg, aio, pin):
+    """The placement.NvmeTarget of a config's offload_param section when it asks for NVMe with a path, else
+    None (remote_device="nvme" alone names no directory: the partitions stay in host memory)."""
+    if str(param_cfg.get("device", "none")).lower() != "nvme" or not param_cfg.get("nvme_path"):
+        return None
+    from .placement import NvmeTarget, aio_pool
+    return NvmeTarget(param_cfg["nvme_path"], int(param_cfg.get("buffer_count", 5)),
+                      pin=bool(pin) and torch.cuda.is_available(), max_in_cpu=int(param_cfg.get("max_in_cpu", 0)),
+                      **aio_pool(aio if isinstance(aio, dict) else None))
 
 
 def _read_config(cfg):

@@ -47,14 +47,62 @@ class NvmeParams(SwapSpace):
             logger.warning(f"{KEY}.buffer_size={target.buffer_size} is below the largest parameter shard "
                            f"({largest_numel} elements): the swap buffers are allocated at that size instead")
         self.synchronize = synchronize or (lambda: None)
-        self.index = {id(r.shard): i for i, r in enumerate(self.records)}
+        self.index = {}            # id(rec.shard) -> the number of its file
         self.steps = 0             # the engine's optimizer steps so far: named in I/O errors
         self.trace, self.seen, self.follow = [], [], False   # the order of the gathers' reads (read-ahead)
-        for i, r in enumerate(self.records):
-            r.swap = self
-            self.window.store(i, lambda buf, r=r: buf.view(0, r.shard_numel, r.dtype).copy_(r.shard),
-                              shard_bytes(r))
-            _park(r.shard)
+        swapped, self.records = self.records, []
+        for r in swapped:
+            self.add(r)
+        self.window.flush()
+        give_back_freed_memory()
+
+    # ---- which shards are swapped ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def add(self, rec):
+        """rec's shard (in memory) to a file of its own; its memory goes with the write-back."""
+        i = len(self.index)
+        self.records.append(rec)
+        self.index[id(rec.shard)] = i
+        rec.swap = self
+        self.window.store(i, lambda buf: buf.view(0, rec.shard_numel, rec.dtype).copy_(rec.shard),
+                          shard_bytes(rec))
+        _park(rec.shard)
+
+    @torch.no_grad()
+    def recast(self, rec, values):
+        """rec's shard becomes `values` (its shard's elements, in another dtype: the 16-bit cast at initialize
+        of a parameter zero.Init put on NVMe): a new shard tensor, written to the same file number."""
+        i = self.index.pop(id(rec.shard))
+        rec.dtype = values.dtype
+        rec.shard = torch.empty(rec.shard_numel, dtype=values.dtype, device=rec.shard_device)
+        self.index[id(rec.shard)] = i
+        self.window.store(i, lambda buf: buf.view(0, rec.shard_numel, rec.dtype).copy_(values), shard_bytes(rec))
+        _park(rec.shard)
+        rec.full = None
+        rec.param.data = rec._empty()
+
+    @torch.no_grad()
+    def bring_back(self, rec):
+        """rec's shard back in memory for good (max_in_cpu, or a run without NVMe); its file goes."""
+        values = self.copy_of(rec, trace=False)
+        i = self.index.pop(id(rec.shard))
+        self.records.remove(rec)
+        rec.shard.set_(values)
+        rec.swap = None
+        self.window.forget(i)
+
+    def train(self, records, keep, max_in_cpu):
+        """The shards zero.Init swapped, taken over for training: max_in_cpu elements of `records` (`keep`
+        first) in memory, every other one in its file."""
+        resident, swapped = _split(records, keep, max_in_cpu)
+        for r in resident:
+            if r.swap is self:
+                self.bring_back(r)
+        for r in swapped:
+            if r.swap is None:
+                self.add(r)
+        self.resident = resident
+        self.seen = []   # construction's reads are no order to read ahead in
         self.window.flush()
         give_back_freed_memory()
 
@@ -129,8 +177,25 @@ def _split(records, keep, max_in_cpu):
 
 
 def nvme_params(records, placement, rank, keep=()):
-    """The NvmeParams of stage 3's `records` where the placement puts the parameters on NVMe, else None."""
+    """The NvmeParams of stage 3's `records` where the placement puts the parameters on NVMe, else None. Shards
+    zero.Init already put in swap files stay there (that swap is taken over), or come back to memory when this
+    run does not keep parameters on NVMe."""
     target = placement.nvme_params
+    built = next((r.swap for r in records if r.swap is not None), None)
     if target is None:
+        if built is not None:
+            for r in list(built.records):
+                built.bring_back(r)
+            built.close()
         return None
+    if built is not None:
+        built.synchronize = placement.synchronize
+        built.train(records, keep, target.max_in_cpu)
+        return built
     return NvmeParams(records, target, rank, keep=keep, synchronize=placement.synchronize)
+
+
+def construction_swap(target, rank):
+    """zero.Init's swap for the shards it makes (placement.NvmeTarget from its config): each shard goes to its
+    file as soon as its parameter is partitioned; initialize() takes the swap over (nvme_params)."""
+    return NvmeParams([], target, rank)

@@ -61,14 +61,16 @@ def check_unit_by_unit(optimizer, key="offload_optimizer"):
 
 
 class NvmeStates(SwapSpace):
-    def __init__(self, units, nvme_path, buffer_count, rank, pin=False, threads=2, block_size=1 << 20,
+    def __init__(self, numels, nvme_path, buffer_count, rank, pin=False, threads=2, block_size=1 << 20,
                  key="offload_optimizer", synchronize=None):
-        """units: shard_unit.ShardUnit (their masters hold the initial fp32 values); the files go under
-        nvme_path (checked first, with host memory, before anything is written or allocated)."""
-        self.units = list(units)
-        super().__init__(nvme_path, rank, sum(unit_file_bytes(u.master.numel()) for u in self.units),
-                         buffer_count, window_bytes(max((u.master.numel() for u in self.units), default=0),
-                                                    buffer_count),
+        """numels: the elements of every unit's master, to come (the files go under nvme_path, checked first,
+        with host memory, before anything is written or allocated). The owner hands each unit over with adopt()
+        as soon as its master holds the initial values, so that the masters go to their files one by one (they
+        never all exist in memory at once), then calls adopted()."""
+        numels = list(numels)
+        self.units = []
+        super().__init__(nvme_path, rank, sum(unit_file_bytes(n) for n in numels),
+                         buffer_count, window_bytes(max(numels, default=0), buffer_count),
                          pin=pin, threads=threads, block_size=block_size, key=key,
                          lower=f"{key}.buffer_count or zero_optimization.reduce_bucket_size (the unit size)")
         self.optimizer = None
@@ -77,9 +79,15 @@ class NvmeStates(SwapSpace):
         self.layouts = {}      # unit index -> ((key, byte offset, numel, dtype), ...)
         self.relayouts = 0     # units whose file layout changed (states appeared) since the last trim
         self.steps = 0         # the engine's optimizer steps so far (shard_step counts them): named in I/O errors
-        for u in self.units:
-            u.master = u.shard     # one tensor object for the master (the optimizer's parameter)
-            self._evict(u)
+
+    def adopt(self, unit):
+        """`unit`'s master (its initial values) to its file; the master's memory goes with the next write-back."""
+        unit.master = unit.shard   # one tensor object for the master (the optimizer's parameter)
+        self.units.append(unit)
+        self._evict(unit)
+
+    def adopted(self):
+        """Every unit is in its file."""
         self.window.flush()
         give_back_freed_memory()   # the masters' memory, now that they are in their files
 
@@ -176,12 +184,13 @@ class NvmeStates(SwapSpace):
             _park(t)
 
 
-def nvme_states(units, placement, rank):
-    """The NvmeStates of `units` where the placement puts the states on NVMe, else None."""
+def nvme_states(numels, placement, rank):
+    """The NvmeStates for units of `numels` elements where the placement puts the states on NVMe, else None
+    (the owner adopts each unit as it makes it)."""
     target = placement.nvme
     if target is None:
         return None
-    return NvmeStates(units, target.path, target.buffer_count, rank, pin=target.pin, threads=target.threads,
+    return NvmeStates(numels, target.path, target.buffer_count, rank, pin=target.pin, threads=target.threads,
                       block_size=target.block_size, synchronize=placement.synchronize)
 
 

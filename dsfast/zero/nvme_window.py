@@ -13,6 +13,7 @@ allocated at the size of the largest unit it held (grow() when a unit's bytes gr
 appear). A read or write error is raised to the caller at the next call that waits on it, or at flush(). A unit
 read ahead and never acquired (the caller's order changed) gives its buffer up when one is needed.
 """
+import os
 from collections import OrderedDict
 
 from .nvme_buffers import HostBuffer, aligned_size
@@ -117,6 +118,14 @@ class UnitWindow:
         """Give unit i's buffer back without writing (its file keeps the previous bytes)."""
         slot = self._held(i, "discard")
         self._free(slot)
+
+    def forget(self, i):
+        """Unit i is gone: its buffer (once a write in flight landed) and its file."""
+        if i in self._where:
+            self.acquire(i)
+            self.discard(i)
+        if self.sizes.pop(i, None) is not None:
+            os.unlink(self.path(i))
 
     def store(self, i, fill, nbytes):
         """Create or replace unit i's file: fill(buffer) writes its `nbytes` (initial values, a checkpoint load)."""

@@ -53,7 +53,14 @@ class Stage3Store(UnitStore):
         self.plans = [r.plan(i, g, i) for i, (r, g) in enumerate(zip(self.records, group_of))]
         self.units = []   # one shard_unit.ShardUnit per trained parameter (a one-parameter bucket)
         self.bucket_host = None   # offload to a distinct host: one host buffer per gradient bucket (stage3 build)
-        for r, m32, plan in zip(self.records, masters_fp32, self.plans):
+        # offload_optimizer on NVMe: each master goes to its swap file as soon as it is made
+        self.swap = nvme_states([r.shard_numel for r in self.records], placement, self.rank)
+        for i, (r, plan) in enumerate(zip(self.records, self.plans)):
+            m32, masters_fp32[i] = masters_fp32[i], None   # (held no longer than its unit needs it)
+            if m32 is None:   # a shard zero.Init put on NVMe: its fp32 values, then its file in the model dtype
+                m32 = r.swap.copy_of(r, trace=False).float()
+                if r.dtype != model_dtype:
+                    r.swap.recast(r, m32.to(model_dtype))
             if self.masters_are_params:
                 master = r.shard
             elif m32 is not r.shard and m32.device == self.master_device and m32.dtype == master_dtype:
@@ -69,7 +76,10 @@ class Stage3Store(UnitStore):
                 if self.mixed and placement.copies_states and not placement.offload_params else None
             # (the gradient: a view of its bucket's flat shard, set by build_stage3_owner once buckets exist)
             self.units.append(ShardUnit(plan, r.shard, master, shard, host16))
-        self.swap = nvme_states(self.units, placement, self.rank)   # offload_optimizer on NVMe: to swap files
+            if self.swap is not None:
+                self.swap.adopt(self.units[-1])
+        if self.swap is not None:
+            self.swap.adopted()
         self.param_swap = None   # offload_param on NVMe: nvme_params.NvmeParams (stage3 build, once persistent
         #                          parameters are known)
         self.bucket_of = {id(p): (plan, plan.entries[0]) for p, plan in zip(self.params, self.plans)}
@@ -234,17 +244,24 @@ def build_stage3_owner(model, params, group_of, policy, world, rank, placement, 
         if rec is None:
             rec = PartitionedParam(p, world, rank, group, device, shard_device, pin=pin_param)
         else:
+            if rec.swap is not None and placement.nvme_params is None:
+                _bring_back(rec)   # zero.Init put it on NVMe; this run keeps parameters in memory
             _adopt(rec, p, world, rank, group, device, shard_device, pin_param)
         records.append(rec)
     trained = [record_of(p) for p in params]
-    masters_fp32 = [r.shard.float() for r in trained]   # before the 16-bit cast rounds them
+    # before the 16-bit cast rounds them (shards zero.Init put on NVMe: read one by one by the store)
+    masters_fp32 = [r.shard.float() if r.swap is None else None for r in trained]
     if dtype != torch.float32:
         model.to(dtype)   # buffers; the (released) parameters are recast by their records
         for r in records:
-            r.cast(dtype)
+            if r.swap is None:
+                r.cast(dtype)
     persistent = _persistent(records, int(zero_cfg.param_persistence_threshold),
                              int(zero_cfg.model_persistence_threshold))
     store = Stage3Store(params, group_of, trained, records, dtype, placement, masters_fp32, policy.master_dtype)
+    for r in records:   # frozen parameters zero.Init put on NVMe: cast in their files
+        if r.swap is not None and r.dtype != dtype:
+            r.swap.recast(r, r.swap.copy_of(r, trace=False).to(dtype))
     persistent_set = {id(r) for r in persistent}
     store.param_swap = nvme_params(records, placement, rank, keep=[r for r in records if id(r) in persistent_set])
     allocate = _shm_allocator(records, device, world, group) if world > 1 else None
@@ -289,6 +306,13 @@ def _shm_allocator(records, device, world, group):
     ok = torch.tensor([1 if shareable(records, device) else 0])
     dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
     return shm_allocator(world, group) if ok.item() else None
+
+
+def _bring_back(rec):
+    swap = rec.swap
+    swap.bring_back(rec)
+    if not swap.records:
+        swap.close()
 
 
 def _adopt(rec, p, world, rank, group, device, shard_device, pin):

@@ -47,3 +47,9 @@ def test_a_full_disk_under_the_parameters_on_one_rank_stops_every_rank(tmp_path)
     assert "rank1/param" in texts[1]
     assert texts[0].startswith("raised: rank 1 failed to read or write its NVMe swap files")
     assert os.listdir(nvme / SWAP_ROOT) == []
+
+
+def test_a_model_built_under_zero_init_on_nvme_trains_bitwise_on_two_ranks(tmp_path):
+    texts, nvme, _ = _run(tmp_path, "params-init")
+    assert texts == ["params-init ok", "params-init ok"]
+    assert os.listdir(nvme / SWAP_ROOT) == []

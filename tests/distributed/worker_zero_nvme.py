@@ -8,6 +8,8 @@
   params   stage 3 with offload_param on NVMe (states on the host, then on NVMe too), fp32/bf16: the same
            parity and checkpoints against CPU offload, gathers by collectives (no /dev/shm snapshot)
   params-fault   the same fault with only the parameters on NVMe
+  params-init    the model built under zero.Init with offload_param on NVMe (each shard to its file as it is
+           made, rank 0's values broadcast first): bitwise zero.Init with offload_param on the host
 """
 import errno
 import os
@@ -38,8 +40,12 @@ def cfg(stage, precision, where, params=None):
     return c
 
 
-def engine_for(c):
-    model = build_model()
+def engine_for(c, zero_init=False):
+    if zero_init:
+        with dsfast.zero.Init(config_dict_or_path=c):
+            model = build_model()
+    else:
+        model = build_model()
     return dsfast.initialize(model=model, model_parameters=model.parameters(), config=c)[0]
 
 
@@ -116,6 +122,16 @@ def params_parity(nvme):
     return "params ok"
 
 
+def params_init(nvme):
+    for precision in ("fp32", "bf16"):
+        ref = train(engine_for(cfg(3, precision, "cpu", "cpu"), zero_init=True), 3)
+        got = train(engine_for(cfg(3, precision, nvme, nvme), zero_init=True), 3)
+        assert all(r.swap is got.state_owner.param_swap for r in got.state_owner.param_swap.records)
+        same(everything(got), everything(ref), f"{precision} built under zero.Init on nvme")
+        got.destroy()
+    return "params-init ok"
+
+
 def fault(nvme, params=None):
     e = train(engine_for(cfg(2, "fp32", nvme) if params is None else cfg(3, "fp32", "cpu", nvme)), 1)
     if torch.distributed.get_rank() == 1:
@@ -133,7 +149,7 @@ def main():
     out, nvme, case = sys.argv[1:4]
     dsfast.init_distributed()
     rank = torch.distributed.get_rank()
-    result = {"parity": parity, "fault": fault, "params": params_parity,
+    result = {"parity": parity, "fault": fault, "params": params_parity, "params-init": params_init,
               "params-fault": lambda where: fault(where, params=where)}[case](nvme)
     with open(f"{out}.{rank}", "w") as f:
         f.write(result)
