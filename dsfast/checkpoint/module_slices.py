@@ -79,7 +79,7 @@ def files_needed(engine, reader):
     """The slice files a stage-3 rank reads (opened and checked before anything is modified)."""
     m = reader.manifest
     names = set()
-    for r in engine.state_owner.module_slices(param_names(engine.module)):
+    for r in engine.state_owner.module_slices(param_names(engine.module), values=False):
         entry = m["module_params"].get(r.name) or m["module_params"].get(m.get("tied", {}).get(r.name))
         for s in (entry or {}).get("slices", []):
             if s["start"] < r.stop and r.start < s["stop"]:

@@ -189,13 +189,13 @@ class Init:
 
 def _nvme_target(param_cfg, aio, pin):
     """The placement.NvmeTarget of a config's offload_param section when it asks for NVMe with a path, else
-    None (remote_device="nvme" alone names no directory: the partitions stay in host memory)."""
+    None (remote_device="nvme" alone names no directory: the partitions stay in host memory). Its max_in_cpu is
+    initialize()'s to apply (nvme_params.train), from the config it is given."""
     if str(param_cfg.get("device", "none")).lower() != "nvme" or not param_cfg.get("nvme_path"):
         return None
     from .placement import NvmeTarget, aio_pool
     return NvmeTarget(param_cfg["nvme_path"], int(param_cfg.get("buffer_count", 5)),
-                      pin=bool(pin) and torch.cuda.is_available(), max_in_cpu=int(param_cfg.get("max_in_cpu", 0)),
-                      **aio_pool(aio if isinstance(aio, dict) else None))
+                      pin=bool(pin) and torch.cuda.is_available(), **aio_pool(aio if isinstance(aio, dict) else None))
 
 
 def _read_config(cfg):

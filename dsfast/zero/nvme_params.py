@@ -178,16 +178,12 @@ def _split(records, keep, max_in_cpu):
 
 def nvme_params(records, placement, rank, keep=()):
     """The NvmeParams of stage 3's `records` where the placement puts the parameters on NVMe, else None. Shards
-    zero.Init already put in swap files stay there (that swap is taken over), or come back to memory when this
-    run does not keep parameters on NVMe."""
+    zero.Init already put in swap files stay there: that swap is taken over. (A run without parameters on NVMe
+    brought them back to memory first: stage3.build_stage3_owner.)"""
     target = placement.nvme_params
-    built = next((r.swap for r in records if r.swap is not None), None)
     if target is None:
-        if built is not None:
-            for r in list(built.records):
-                built.bring_back(r)
-            built.close()
         return None
+    built = next((r.swap for r in records if r.swap is not None), None)
     if built is not None:
         built.synchronize = placement.synchronize
         built.train(records, keep, target.max_in_cpu)

@@ -95,7 +95,6 @@ class NvmeStates(SwapSpace):
     def windows(self, units):
         """Yield each unit in order with its master and states in host memory; read ahead, write behind. Every
         write of the step has landed when the walk ends (an I/O error is raised then)."""
-        self.window.step = self.steps
         ahead = max(1, self.window.buffer_count - 2)   # one unit stepped, one written, the rest read ahead
         try:
             for u in units[:ahead]:

@@ -167,18 +167,18 @@ class Stage3(_ShardedBase):
             self.store.bucket_host[bucket.index].copy_(bucket.grad_flat, non_blocking=True)
 
 
-    def module_slices(self, names, exclude_frozen=False):
+    def module_slices(self, names, exclude_frozen=False, values=True):
         """SliceRecords of this rank's slice of every partitioned parameter's model-dtype values (trained or
         frozen: what the checkpoint's module weights hold, written by every rank for its own slice instead of
         gathered on one); names: id(param) -> qualified name. A rank holding only padding of a parameter adds
-        nothing for it."""
+        nothing for it. values=False: only the names and ranges are wanted (a shard on NVMe is not read)."""
         out = []
         for r in self.store.all_records:
             if exclude_frozen and not r.param.requires_grad:
                 continue
             a, b = r.owned_range()
             if a < b:   # (a shard on NVMe: a copy read from its file)
-                shard = r.shard if r.swap is None else r.swap.copy_of(r, trace=False)
+                shard = r.shard if r.swap is None or not values else r.swap.copy_of(r, trace=False)
                 out.append(SliceRecord(names[id(r.param)], r.shape, a, b, shard, 0))
         return out
 
