@@ -166,9 +166,13 @@ def test_cpu_tensor_types_are_the_legacy_cpu_classes():
     assert acc.HalfTensor([1.0]).dtype == torch.float16
 
 
-def test_op_builders_say_where_dsfast_ops_are():
-    with pytest.raises(NotImplementedError, match="dsfast.ops"):
-        CpuAccelerator().create_op_builder("CPUAdamBuilder")
+def test_op_builders_are_deepspeed_s_names_over_dsfast_ops():
+    from dsfast.ops.op_builder import CPUAdamBuilder
+    acc = CpuAccelerator()
+    assert acc.get_op_builder("CPUAdamBuilder") is CPUAdamBuilder and acc.op_builder_dir() == "dsfast.ops.op_builder"
+    assert isinstance(acc.create_op_builder("CPUAdamBuilder"), CPUAdamBuilder)
+    with pytest.raises(ValueError, match="no DeepSpeed op builder named 'CPUAdamBuilderX'; the builders are: "):
+        acc.create_op_builder("CPUAdamBuilderX")
 
 
 # ------------------------------------------------------------------------------------------------ CUDA flavour

@@ -167,15 +167,15 @@ class Accelerator(abc.ABC):
 
     # ------------------------------------------------------------------ op builders
     def op_builder_dir(self):
-        return "dsfast.ops"
+        return "dsfast.ops.op_builder"
 
     def get_op_builder(self, class_name):
-        raise NotImplementedError(
-            f"get_accelerator().get_op_builder({class_name!r}): dsfast has no DeepSpeed op builders; its native "
-            "ops load through dsfast.ops.load(name) (see dsfast.ops), and its optimizers are dsfast.optim")
+        """DeepSpeed's builder class of that name, over dsfast's ops (dsfast.ops.op_builder)."""
+        from ..ops.op_builder import builder_class
+        return builder_class(class_name)
 
     def create_op_builder(self, class_name):
-        return self.get_op_builder(class_name)
+        return self.get_op_builder(class_name)()
 
     def build_extension(self):
         from torch.utils.cpp_extension import BuildExtension

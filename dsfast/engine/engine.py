@@ -13,6 +13,7 @@ import os
 import torch
 
 from .autocast import autocast_plan
+from . import optimizer_roles
 from .deepspeed_api import DeepSpeedQueries
 from .monitor import Monitor
 from .plain_backward import PlainBackward, engine_backward_running
@@ -39,6 +40,7 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         self._precision = owner.precision
         owner.bind_optimizer(optimizer)
         self.optimizer = optimizer
+        optimizer_roles.record(optimizer, config)    # isinstance(engine.optimizer, DeepSpeedZeroOptimizer) etc.
         self.lr_scheduler = lr_scheduler
         self.loss_scaler = loss_scaler
         self.global_rank = rank

@@ -1,5 +1,14 @@
-"""deepspeed.runtime.zero.stage3's memory estimates, over dsfast's model-state formulas (dsfast.zero.estimate)."""
+"""deepspeed.runtime.zero.stage3: DeepSpeedZeroOptimizer_Stage3 (an engine's optimizer at ZeRO stage 3 is an
+instance, dsfast.runtime.base_optimizer) and the memory estimates, over dsfast's model-state formulas
+(dsfast.zero.estimate)."""
+from ...engine import optimizer_roles
 from ...zero.estimate import model_sizes, print_deepspeed_estimate
+from ..base_optimizer import EngineBuiltOptimizer
+
+
+class DeepSpeedZeroOptimizer_Stage3(EngineBuiltOptimizer):
+    """The ZeRO stage 3 optimizer: isinstance() is true of engine.optimizer at stage 3."""
+    _engine_roles = frozenset({optimizer_roles.ZERO_3})
 
 
 def estimate_zero3_model_states_mem_needs_all_live(model, num_gpus_per_node=1, num_nodes=1,
