@@ -111,10 +111,9 @@ def test_zero_to_fp32_reads_a_zero_checkpoint(tmp_path, monkeypatch):
     for name, p in model.named_parameters():
         torch.testing.assert_close(sd[name], p.detach().float())
     assert "2.bias" not in get_fp32_state_dict_from_zero_checkpoint(str(tmp_path), exclude_frozen_parameters=True)
-    out = tmp_path / "pytorch_model.bin"
-    convert_zero_checkpoint_to_fp32_state_dict(str(tmp_path), str(out), tag="t1")
+    convert_zero_checkpoint_to_fp32_state_dict(str(tmp_path), str(tmp_path / "out"), tag="t1")   # an output dir
     fresh = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
-    fresh.load_state_dict(torch.load(out))
+    fresh.load_state_dict(torch.load(tmp_path / "out" / "pytorch_model.bin"))
     again = load_state_dict_from_zero_checkpoint(torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(),
                                                                      torch.nn.Linear(5, 3)), str(tmp_path))
     for a, b, c in zip(model.parameters(), fresh.parameters(), again.parameters()):

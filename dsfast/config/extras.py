@@ -31,6 +31,7 @@ class CheckpointConfig(StrictModel):
     tag_validation: str = "Warn"           # Ignore | Warn | Fail (any case)
     load_universal: bool = False
     use_node_local_storage: bool = False
+    checkpoint_serialization: bool = True  # torch.save's zipfile format, for TorchCheckpointEngine (DeepSpeed's key)
     parallel_write: ParallelWriteConfig = Field(default_factory=ParallelWriteConfig)
     # dsfast's own: write from host copies in a background thread; bound on every wait for the other ranks
     async_save: bool = False

@@ -62,6 +62,11 @@ class OffloadOptimizerConfig(_OffloadTarget):
     super_offload: bool = False
     cpuadam_cores_perc: float = Field(0.8, ge=0.0, le=1.0)
 
+    @property
+    def pipeline(self) -> bool:
+        """DeepSpeed's derived flag (DeepSpeedZeroOffloadOptimizerConfig.pipeline): either pipelining option."""
+        return self.pipeline_read or self.pipeline_write
+
 
 class OffloadParamConfig(_OffloadTarget):
     buffer_count: int = Field(5, ge=0)

@@ -41,7 +41,9 @@ def __getattr__(name):
     # the stage 3 API loads on first use (DeepSpeed's names: deepspeed.zero.Init, GatheredParameters, ...)
     import importlib
     where = {"GatheredParameters": ".gathered", "Init": ".init", "register_external_parameter": ".param_hooks",
-             "estimate_model_states": ".estimate", "ZeroParamStatus": ".partitioned_param"}
+             "unregister_external_parameter": ".param_hooks",
+             "estimate_model_states": ".estimate", "ZeroParamStatus": ".partitioned_param",
+             "ZeroParamType": ".partitioned_param"}
     if name not in where:
         raise AttributeError(f"module 'dsfast.zero' has no attribute {name!r}")
     value = getattr(importlib.import_module(where[name], __name__), name)
@@ -50,4 +52,5 @@ def __getattr__(name):
 
 
 __all__ = ["model_state_bytes", "GatheredParameters", "Init", "register_external_parameter",
-           "estimate_model_states", "ZeroParamStatus"]
+           "unregister_external_parameter",
+           "estimate_model_states", "ZeroParamStatus", "ZeroParamType"]

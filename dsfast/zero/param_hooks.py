@@ -55,14 +55,35 @@ def _add_external(module, rec):
     gather([rec])
 
 
+def _check_parameter(what, parameter):
+    if not isinstance(parameter, torch.nn.Parameter):
+        raise RuntimeError(f"{what}: the parameter must be a torch.nn.Parameter, got {type(parameter).__name__}")
+
+
 def register_external_parameter(module, parameter):
-    """Gather `parameter` whenever `module` runs (DeepSpeed's deepspeed.zero.register_external_parameter)."""
+    """Gather `parameter` whenever `module` runs (DeepSpeed's deepspeed.zero.register_external_parameter). A
+    parameter that is not partitioned is remembered (so that unregistering it works) and needs no gathering."""
+    _check_parameter("register_external_parameter", parameter)
+    module.__dict__.setdefault("_dsfast_external_ids", set()).add(id(parameter))
     rec = record_of(parameter)
     if rec is None:
         return
     ext = module.__dict__.setdefault("_dsfast_external", [])
     if not any(r is rec for r in ext):
         ext.append(rec)
+
+
+def unregister_external_parameter(module, parameter):
+    """Undo register_external_parameter: `module` no longer gathers `parameter` when it runs."""
+    _check_parameter("unregister_external_parameter", parameter)
+    registered = module.__dict__.get("_dsfast_external_ids", set())
+    if id(parameter) not in registered:
+        raise RuntimeError(f"unregister_external_parameter: the parameter (shape {tuple(parameter.shape)}) is not a "
+                           f"registered external parameter of this {type(module).__name__}")
+    registered.discard(id(parameter))
+    rec = record_of(parameter)
+    if rec is not None:
+        module.__dict__["_dsfast_external"] = [r for r in module.__dict__.get("_dsfast_external", []) if r is not rec]
 
 
 def _records(module):

@@ -44,6 +44,13 @@ class ZeroParamStatus(enum.Enum):
     INFLIGHT = 3         # being gathered (prefetched)
 
 
+class ZeroParamType(enum.Enum):
+    """DeepSpeed's parameter kinds (deepspeed.zero.ZeroParamType)."""
+    NORMAL = 1           # a plain torch parameter
+    PARTITIONED = 2      # split across the data-parallel ranks (ZeRO stage 3)
+    REMOTE = 3           # held by one rank only (DeepSpeed's name; no dsfast parameter is)
+
+
 class ShardedState(enum.Enum):
     SHARDED = "sharded"        # only this rank's slice; param.data is empty
     GATHERING = "gathering"    # an all-gather is filling `full` (prefetch.Flight)

@@ -1,2 +1,3 @@
 """deepspeed.runtime.zero: where DeepSpeed defines the stage 3 API that `deepspeed.zero` re-exports."""
-from ...zero import GatheredParameters, Init, ZeroParamStatus, register_external_parameter  # noqa: F401
+from ...zero import (GatheredParameters, Init, ZeroParamStatus, ZeroParamType,  # noqa: F401
+                    register_external_parameter, unregister_external_parameter)

@@ -1,6 +1,10 @@
 """deepspeed.runtime.zero.partition_parameters: the names programs import from it (ZeroParamStatus to test
-`param.ds_status`, Init, GatheredParameters)."""
+`param.ds_status`, Init, GatheredParameters, register / unregister_external_parameter, is_zero_param,
+ZeroParamType)."""
 from ...zero import GatheredParameters, Init, ZeroParamStatus, register_external_parameter  # noqa: F401
+from ...zero.param_hooks import unregister_external_parameter  # noqa: F401
+from ...zero.partitioned_param import ZeroParamType  # noqa: F401
+from .utils import is_zero_param  # noqa: F401
 
 import torch as _torch
 
