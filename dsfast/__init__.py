@@ -44,18 +44,24 @@ _LAZY = {
     "logger": "dsfast.utils",
     "OnDevice": "dsfast.utils",
     "default_inference_config": "dsfast.inference",
+    "DeepSpeedOptimizer": "dsfast.runtime.base_optimizer",
+    "git_version_info": "dsfast.git_version_info",
+    # importable, refused when used (dsfast has neither pipeline parallelism nor kernel injection)
+    "pipe": "dsfast.pipe",
+    "PipelineModule": "dsfast.pipe",
+    "module_inject": "dsfast.module_inject",
 }
 TORCH_DISTRIBUTED_DEFAULT_PORT = 29500
 
 # DeepSpeed names for what dsfast does not do: an AttributeError that says so (hasattr() stays False)
 _NOT_SUPPORTED = {
-    "pipe": "pipeline parallelism", "PipelineModule": "pipeline parallelism",
     "PipelineEngine": "pipeline parallelism", "DualPipeVEngine": "pipeline parallelism",
     "DualPipeVModule": "pipeline parallelism", "DeepSpeedHybridEngine": "the hybrid (RLHF) engine",
     "DeepSpeedTransformerLayer": "DeepSpeed's fused transformer layer",
     "DeepSpeedTransformerConfig": "DeepSpeed's fused transformer layer",
-    "module_inject": "kernel injection", "replace_transformer_layer": "kernel injection",
+    "replace_transformer_layer": "kernel injection",
     "tp_model_init": "tensor parallelism", "set_autotp_mode": "tensor parallelism",
+    "elasticity": "elastic training (DeepSpeed 0.19.8 removed it too)",
 }
 
 

@@ -1,8 +1,10 @@
 """deepspeed.moe.layer.MoE: importable (programs import it at the top), refused when constructed."""
 import torch
 
+from ..unsupported import UnsupportedFeatureError
 
-class MoEUnsupportedError(NotImplementedError):
+
+class MoEUnsupportedError(UnsupportedFeatureError):
     """A DeepSpeed mixture-of-experts feature was used; dsfast trains dense models only."""
 
 

@@ -3,7 +3,8 @@ itself is dsfast.engine. Submodules also load on attribute access (`deepspeed.ru
 `import deepspeed`, as Hugging Face's accelerate does)."""
 import importlib
 
-_SUBMODULES = ("lr_schedules", "utils", "zero", "engine", "config")
+_SUBMODULES = ("lr_schedules", "utils", "zero", "engine", "config", "base_optimizer", "fp16", "checkpoint_engine",
+               "sequence_parallel", "pipe")
 
 
 def __getattr__(name):

@@ -1,0 +1,1 @@
+"""deepspeed.runtime.sequence_parallel: Ulysses sequence parallelism's names (ulysses_sp.py), refused when used."""
