@@ -37,11 +37,43 @@ _CONFIG_GETTERS = {
     "zero_force_ds_cpu_optimizer": "zero_force_ds_cpu_optimizer",
     "gradient_predivide_factor": "gradient_predivide_factor",
     "dataloader_drop_last": "dataloader_drop_last",
-    "communication_data_type": "communication_data_type",
     "managed_gradient_accumulation": "managed_gradient_accumulation",
     "dump_state": "dump_state",
     "fp16_auto_cast": "fp16.auto_cast",
+    "zero_multi_rank_bucket_allreduce": "zero_optimization.use_multi_rank_bucket_allreduce",
+    "zero_legacy_stage1": "zero_optimization.legacy_stage1",
+    "zero_parameter_alignment": "zero_optimization.parameter_alignment",
+    "zero_log_trace_cache_warnings": "zero_optimization.log_trace_cache_warnings",
+    "zero_save_muon_momentum_buffer_in_memory": "zero_optimization.save_muon_momentum_buffer_in_memory",
+    "is_sanity_checks_enabled": "zero_optimization.enable_sanity_checks",
+    "zenflow_config": "zero_optimization.zenflow",
+    "fp16_master_weights_and_gradients": "fp16.fp16_master_weights_and_grads",
+    "bf16_master_weights_and_gradients": "bf16.bf16_master_weights_and_grads",
+    "bf16_optimizer_states": "bf16.bf16_optimizer_states",
+    "torch_autocast_enabled": "torch_autocast.enabled",
+    "use_node_local_storage": "checkpoint.use_node_local_storage",
+    "load_universal_checkpoint": "checkpoint.load_universal",
+    "checkpoint_serialization_enabled": "checkpoint.checkpoint_serialization",
+    "log_level": "log_level",
+    "flops_profiler_enabled": "flops_profiler.enabled",
+    "flops_profiler_recompute_fwd_factor": "flops_profiler.recompute_fwd_factor",
+    "flops_profiler_profile_step": "flops_profiler.profile_step",
+    "flops_profiler_module_depth": "flops_profiler.module_depth",
+    "flops_profiler_top_modules": "flops_profiler.top_modules",
+    "flops_profiler_detailed": "flops_profiler.detailed",
+    "flops_profiler_output_file": "flops_profiler.output_file",
 }
+
+# DeepSpeed's getters of features dsfast refuses in the config (so always off here): engine method -> value
+_OFF_GETTERS = {
+    "autotuning_enabled": False, "autotuning_profile_model_info": False, "data_efficiency_enabled": False,
+    "data_sampling_enabled": False, "curriculum_learning_enabled": False, "random_ltd_enabled": False,
+    "checkpoint_writer_enabled": False, "is_deepcompile_enabled": False, "is_deepcompile_active": False,
+    "compile_zero_optimization_stage": False, "compile_autosp": False, "compile_autotp": False,
+    "uses_parallelization_pass_only": False, "autotp_size": 0,
+}
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class DeepSpeedQueries:
@@ -55,23 +87,78 @@ class DeepSpeedQueries:
         return self.config.zero_stage > 0
 
     def zero_offload_optimizer(self):
-        return self.config.zero_optimization.offload_optimizer_device == "cpu"
+        """The offload_optimizer section (device, nvme_path, pin_memory, buffer_count, ...; DeepSpeed's defaults
+        for keys not given, pin_memory true), or None without one, as DeepSpeed's."""
+        return self.config.zero_optimization.offload_optimizer
 
     def zero_offload_param(self):
-        return self.config.zero_optimization.offload_param_device == "cpu"
+        """The offload_param section (device, pin_memory, buffer_count, buffer_size, max_in_cpu, ...) or None."""
+        return self.config.zero_optimization.offload_param
 
     def dynamic_loss_scale(self):
-        return self.fp16_enabled() and self.config.dynamic_loss_scale
+        """DeepSpeed's answer: fp16.loss_scale is 0 (the default), whether or not fp16 is enabled."""
+        return self.config.fp16.loss_scale == 0
+
+    @property
+    def communication_data_type(self):
+        """The dtype gradients are reduced in: the config's communication_data_type, else the model's (fp16,
+        bf16) or fp32."""
+        given = self.config.communication_data_type
+        if given is not None:
+            return _DTYPES[given]
+        return torch.float16 if self.fp16_enabled() else torch.bfloat16 if self.bfloat16_enabled() else \
+            torch.float32
+
+    def torch_autocast_dtype(self):
+        given = self.config.torch_autocast.dtype
+        return None if given is None else _DTYPES[given]
+
+    def checkpoint_tag_validation_enabled(self):
+        return self.config.checkpoint.tag_validation != "Ignore"
+
+    def checkpoint_tag_validation_fail(self):
+        return self.config.checkpoint.tag_validation == "Fail"
+
+    def zero_partial_offload(self):
+        return getattr(self.config.zero_optimization.offload_optimizer, "ratio", 1.0)
+
+    def super_offload(self):
+        return getattr(self.config.zero_optimization.offload_optimizer, "super_offload", False)
+
+    def cpuadam_cores_perc(self):
+        return getattr(self.config.zero_optimization.offload_optimizer, "cpuadam_cores_perc", 0.9)
+
+    def zero_nvme_offload_optimizer(self):
+        return self.config.zero_optimization.offload_optimizer_device == "nvme"
+
+    def is_first_weights_partition_group(self):
+        return self.zero_optimization_partition_weights()
+
+    def get_type(self):
+        return self._optimizer_param("type")
+
+    @staticmethod
+    def is_map_style_dataset(obj):
+        return hasattr(obj, "__getitem__") and hasattr(obj, "__len__")
+
+    @staticmethod
+    def is_iterable_style_dataset(obj):
+        return isinstance(obj, torch.utils.data.IterableDataset)
+
+    def _optimizer_param(self, key):
+        """[group[key] per param group] (0.0 where a group lacks it); [] without an optimizer (DeepSpeed's)."""
+        if self.optimizer is None:
+            return []
+        return [g.get(key, 0.0) for g in self.optimizer.param_groups]
 
     def get_batch_info(self):
         """(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps)."""
         return self.train_batch_size(), self.train_micro_batch_size_per_gpu(), self.gradient_accumulation_steps()
 
     def get_mom(self):
-        """Per param group: Adam's betas, or SGD's momentum (DeepSpeed's get_mom)."""
-        if self.optimizer is None:
-            return []
-        return [g["betas"] if "betas" in g else g.get("momentum", 0.0) for g in self.optimizer.param_groups]
+        """Per param group, as DeepSpeed's: the momentum when optimizer_name() is "SGD" or "RMSprop" (a client
+        torch optimizer of those classes), else the betas (0.0 for a group without them)."""
+        return self._optimizer_param("momentum" if self.optimizer_name() in ("SGD", "RMSprop") else "betas")
 
     @property
     def mp_world_size(self):
@@ -102,10 +189,11 @@ class DeepSpeedQueries:
 
     # ---- what the config says, under DeepSpeed's method names (plus _CONFIG_GETTERS below) ---------------------
     def zero_cpu_offload(self):
-        return self.zero_offload_optimizer()
+        return self.config.zero_optimization.offload_optimizer_device == "cpu"
 
     def zero_use_cpu_optimizer(self):
-        return self.zero_offload_optimizer()
+        """The optimizer steps on the CPU: its states are offloaded to the CPU or to NVMe."""
+        return self.config.zero_optimization.offload_optimizer_device in ("cpu", "nvme")
 
     def zero_optimization_partition_gradients(self):
         return self.config.zero_stage >= 2
@@ -117,6 +205,10 @@ class DeepSpeedQueries:
         return not self.config.prescale_gradients
 
     def optimizer_name(self):
+        """A client optimizer's class name, else the config's optimizer type (lower case), as DeepSpeed's."""
+        client = getattr(self, "client_optimizer", None)
+        if client is not None:
+            return type(client).__name__
         return self.config.optimizer.type if self.config.optimizer is not None else None
 
     def optimizer_params(self):
@@ -133,9 +225,7 @@ class DeepSpeedQueries:
         return 2 ** self.config.fp16.initial_scale_power
 
     def dynamic_loss_scale_args(self):
-        """DeepSpeed's dict of the dynamic loss scaler's settings; None unless fp16 with dynamic scaling."""
-        if not self.dynamic_loss_scale():
-            return None
+        """DeepSpeed's dict of the dynamic loss scaler's settings (from the fp16 section, enabled or not)."""
         f = self.config.fp16
         return {"init_scale": 2 ** f.initial_scale_power, "scale_window": f.loss_scale_window,
                 "delayed_shift": f.hysteresis, "consecutive_hysteresis": f.consecutive_hysteresis,
@@ -231,6 +321,17 @@ def _config_getter(name, path):
     return getter
 
 
+def _constant_getter(name, value):
+    def getter(self):
+        return value
+    getter.__name__, getter.__qualname__ = name, f"DeepSpeedQueries.{name}"
+    getter.__doc__ = f"Always {value!r}: dsfast refuses this DeepSpeed feature in the config."
+    return getter
+
+
 for _name, _path in _CONFIG_GETTERS.items():
     if not hasattr(DeepSpeedQueries, _name):
         setattr(DeepSpeedQueries, _name, _config_getter(_name, _path))
+for _name, _value in _OFF_GETTERS.items():
+    if not hasattr(DeepSpeedQueries, _name):
+        setattr(DeepSpeedQueries, _name, _constant_getter(_name, _value))

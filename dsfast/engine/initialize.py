@@ -81,6 +81,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                                   collate_fn=collate_fn, drop_last=bool(getattr(cfg, "dataloader_drop_last", False)))
     engine = Engine(model, cfg, device, owner, opt, sched, scaler, rank=rank, world_size=world,
                     training_dataloader=loader)
+    engine.client_optimizer = optimizer     # DeepSpeed's attribute (optimizer_name() reads it)
     return engine, opt, loader, sched
 
 
