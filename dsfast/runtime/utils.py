@@ -40,9 +40,9 @@ def see_memory_usage(message, force=False):
 
 
 def move_to_device(item, device, criterion_func=None):
-    """`item` (a tensor, or lists / tuples / dicts of them, nested) on `device`; other leaves pass through
-    unchanged. With criterion_func, a leaf for which it is true is moved in place (its .data swapped, so the
-    same tensor object, a parameter say, now lives on `device`) and returned."""
+    """`item` (a tensor, or lists / tuples / dicts of them, nested) on `device`, as new containers of copies;
+    leaves without .to pass through. A leaf for which criterion_func is true is moved in place instead (its .data
+    swapped: the same tensor object, a parameter say, now lives on `device`)."""
     if criterion_func is not None and criterion_func(item):
         item.data = item.to(device).data
         return item
