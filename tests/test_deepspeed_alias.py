@@ -34,11 +34,11 @@ CHECKS = """
         print("ALIAS OK")
         raise SystemExit
     try:
-        import deepspeed.pipe
+        import deepspeed.elasticity
     except ModuleNotFoundError as e:
-        assert e.name == "deepspeed.pipe" and "dsfast has no 'dsfast.pipe' (pipeline parallelism is not" in str(e), e
+        assert e.name == "deepspeed.elasticity" and "dsfast has no 'dsfast.elasticity' (elastic training" in str(e), e
     else:
-        raise AssertionError("deepspeed.pipe imported")
+        raise AssertionError("deepspeed.elasticity imported")
     print("ALIAS OK")
 """
 
