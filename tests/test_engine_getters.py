@@ -77,6 +77,10 @@ def test_precision_getters_answer_as_deepspeed_s():
     assert e.dynamic_loss_scale_args() == {"init_scale": 2 ** 16, "scale_window": 1000, "delayed_shift": 2,
                                            "consecutive_hysteresis": False, "min_scale": 1.0}
     assert e.torch_autocast_enabled() is False and e.torch_autocast_dtype() is None
+    assert e.torch_autocast_lower_precision_safe_modules() == [      # recorded from DeepSpeed 0.19.8's default
+        "torch.nn.modules.linear.Linear", "torch.nn.modules.conv.Conv1d", "torch.nn.modules.conv.Conv2d",
+        "torch.nn.modules.conv.Conv3d"]
+    assert e.optimizer_legacy_fusion() is False
     b = _engine(2, bf16={"enabled": True}, communication_data_type="fp32")
     assert b.communication_data_type is torch.float32 and _engine(0, bf16={"enabled": True}).communication_data_type \
         is torch.bfloat16

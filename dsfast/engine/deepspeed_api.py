@@ -113,6 +113,17 @@ class DeepSpeedQueries:
         given = self.config.torch_autocast.dtype
         return None if given is None else _DTYPES[given]
 
+    def torch_autocast_lower_precision_safe_modules(self):
+        """The configured class names, else DeepSpeed's defaults spelt as DeepSpeed spells them (module.Class)."""
+        given = self.config.torch_autocast.lower_precision_safe_modules
+        if given is not None:
+            return list(given)
+        from .autocast import DEFAULT_LOWER_PRECISION_SAFE_MODULES, resolve_module_classes
+        return [f"{c.__module__}.{c.__name__}" for c in resolve_module_classes(DEFAULT_LOWER_PRECISION_SAFE_MODULES)]
+
+    def optimizer_legacy_fusion(self):
+        return bool(self.config.optimizer is not None and self.config.optimizer.legacy_fusion)
+
     def checkpoint_tag_validation_enabled(self):
         return self.config.checkpoint.tag_validation != "Ignore"
 
