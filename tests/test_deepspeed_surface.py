@@ -133,6 +133,10 @@ def test_torch_checkpoint_engine_saves_loads_and_commits(tmp_path):
     zipped = TorchCheckpointEngine(_engine().config)       # the config's checkpoint_serialization, default true
     zipped.save(state, str(tmp_path / "b.pt"))
     assert zipfile.is_zipfile(tmp_path / "b.pt") and zipped.name == "TorchCheckpointEngine"
+    off = _engine(checkpoint={"checkpoint_serialization": False}).config
+    assert TorchCheckpointEngine(off).zipfile_serialization is False    # and the config says dsfast's own ignore it:
+    assert any(n.startswith("checkpoint.checkpoint_serialization is ignored: dsfast's checkpoints are safetensors")
+               for n in off.ignored_settings())
     assert TorchCheckpointEngine({"checkpoint": {"checkpoint_serialization": False}}).zipfile_serialization is False
     assert zipped.is_data_parallel_writer(0) and not zipped.is_data_parallel_writer(1)
     with pytest.raises(TypeError, match="abstract"):

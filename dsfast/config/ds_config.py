@@ -30,6 +30,8 @@ NOT_YET_HONOURED = {
                                                "(reduce_bucket_size, at most 1M elements)",
     "checkpoint.load_universal": "dsfast checkpoints load at any world size and stage without conversion",
     "checkpoint.use_node_local_storage": "every rank writes its shards into the one save_dir",
+    "checkpoint.checkpoint_serialization": "dsfast's checkpoints are safetensors files; only a "
+                                           "TorchCheckpointEngine built from this config reads it",
 }
 
 
