@@ -204,6 +204,12 @@ def test_is_zero_param_and_the_zero_tested_optimizers():
     p = [torch.nn.Parameter(torch.zeros(2))]
     assert is_zero_supported_optimizer(torch.optim.AdamW(p)) and is_zero_supported_optimizer(DeepSpeedCPUAdam(p))
     assert not is_zero_supported_optimizer(torch.optim.SGD(p, lr=0.1))
+    from dsfast.runtime.zero import utils
+    utils.ZERO_SUPPORTED_OPTIMIZERS.append(torch.optim.SGD)         # as programs add theirs (apex's FusedAdam)
+    try:
+        assert is_zero_supported_optimizer(torch.optim.SGD(p, lr=0.1))
+    finally:
+        utils.ZERO_SUPPORTED_OPTIMIZERS.remove(torch.optim.SGD)
     assert issubclass(ZeRORuntimeException, Exception)
 
 

@@ -13,9 +13,14 @@ def is_zero_param(parameter):
 
 
 def _supported_optimizers():
-    from ...ops.adam import DeepSpeedCPUAdam, FusedAdam
-    from ...optim.cpu_adam import CPUAdamW
-    return [torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, DeepSpeedCPUAdam, CPUAdamW, FusedAdam]
+    """The list, made once on first use (importing this module loads no optimizer); programs may append to it."""
+    found = globals().get("ZERO_SUPPORTED_OPTIMIZERS")
+    if found is None:
+        from ...ops.adam import DeepSpeedCPUAdam, FusedAdam
+        from ...optim.cpu_adam import CPUAdamW
+        found = globals()["ZERO_SUPPORTED_OPTIMIZERS"] = [torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad,
+                                                          DeepSpeedCPUAdam, CPUAdamW, FusedAdam]
+    return found
 
 
 def is_zero_supported_optimizer(optimizer):
@@ -24,7 +29,7 @@ def is_zero_supported_optimizer(optimizer):
 
 
 def __getattr__(name):
-    if name == "ZERO_SUPPORTED_OPTIMIZERS":      # built on access: importing this module loads no optimizer
+    if name == "ZERO_SUPPORTED_OPTIMIZERS":
         return _supported_optimizers()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
