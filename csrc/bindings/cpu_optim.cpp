@@ -253,6 +253,70 @@ void sgd_step(Tensors params, Tensors grads, Tensors momentum_buffers, Tensors o
   dsfast::cpu::sgd_step(work.data(), int64_t(work.size()), int(num_threads), isa_v);
 }
 
+// ---- Adagrad and Lion: one state per param (Adagrad's sum of squares, Lion's momentum) and a step count each,
+// incremented here as run_adam does (neither rule reads it: it is the optimizer's state, as torch's and DeepSpeed's).
+template <class Coeffs>
+std::vector<dsfast::cpu::OneStateTensor<Coeffs>> one_state_rows(Tensors params, Tensors grads, Tensors states,
+                                                                 Tensors outs, Tensors steps, const Coeffs& c,
+                                                                 const char* state_name, Text label,
+                                                                 int64_t round_seed, std::vector<float*>& counters) {
+  const size_t n = params.size();
+  check_lengths(n, {{"grads", grads.size()}, {"states", states.size()}, {"steps", steps.size()}}, outs.size());
+  std::vector<dsfast::cpu::OneStateTensor<Coeffs>> rows(n);
+  counters.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Where w{label, i};
+    const DType pd = check_param(params[i], w);
+    const DType gd = check_grad(grads[i], params[i], w);
+    const DType sd = check_state(states[i], params[i], w, state_name);
+    void* out = nullptr;
+    const DType od = check_out(outs, i, params[i], w, &out);
+    rows[i] = {data(params[i]), grads[i].const_data_ptr(), data(states[i]), out, params[i].numel(), gd, od, c, pd,
+               sd, row_seed(round_seed, i, pd)};
+    counters[i] = step_counter(steps[i], w);
+  }
+  return rows;
+}
+
+// Runs `step` over the rows, the step counts incremented first and put back if the kernel refuses.
+template <class Row, class Step>
+void run_counted(std::vector<Row>& rows, std::vector<float*>& counters, int64_t num_threads,
+                 dsfast::cpu::Isa isa, Step step) {
+  for (float* s : counters) *s += 1.0f;
+  try {
+    step(rows.data(), int64_t(rows.size()), int(num_threads), isa);
+  } catch (...) {
+    for (float* s : counters) *s -= 1.0f;
+    throw;
+  }
+}
+
+void adagrad_step(Tensors params, Tensors grads, Tensors state_sums, Tensors outs, Tensors steps, double lr,
+                  double eps, double weight_decay, double grad_scale, int64_t num_threads, Text isa, Text label,
+                  int64_t round_seed) {
+  const auto isa_v = isa_arg(isa);
+  auto c = dsfast::make_adagrad_coeffs(lr, eps, weight_decay);
+  c.grad_scale = float(grad_scale);
+  std::vector<float*> counters;
+  auto rows = one_state_rows(params, grads, state_sums, outs, steps, c, "state['exp_avg_sq']", label, round_seed,
+                             counters);
+  release_lists(params, grads, state_sums, outs, steps);
+  run_counted(rows, counters, num_threads, isa_v, dsfast::cpu::adagrad_step);
+}
+
+void lion_step(Tensors params, Tensors grads, Tensors exp_avgs, Tensors outs, Tensors steps, double lr, double beta1,
+               double beta2, double weight_decay, double grad_scale, int64_t num_threads, Text isa, Text label,
+               int64_t round_seed) {
+  const auto isa_v = isa_arg(isa);
+  auto c = dsfast::make_lion_coeffs(lr, beta1, beta2, weight_decay);
+  c.grad_scale = float(grad_scale);
+  std::vector<float*> counters;
+  auto rows = one_state_rows(params, grads, exp_avgs, outs, steps, c, "state['exp_avg']", label, round_seed,
+                             counters);
+  release_lists(params, grads, exp_avgs, outs, steps);
+  run_counted(rows, counters, num_threads, isa_v, dsfast::cpu::lion_step);
+}
+
 // ---- Work tables: the eager fast path of CPUAdam / CPUSGD (dsfast/optim/_cpu_op.py).
 // A table is an int64 cpu tensor with one row per param: its tensors' addresses, numel and dtype
 // codes, written by the *_table_fill_ ops after the same checks as the list ops, and a strong
@@ -476,6 +540,12 @@ DSFAST_LIBRARY(m) {
   m.def("cpu_sgd_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] outs, "
         "bool[] first_steps, float lr, float momentum, float dampening, float weight_decay, bool nesterov, "
         "float grad_scale=1.0, int num_threads=0, str isa=\"auto\", str label=\"params\", int round_seed=0) -> ()");
+  m.def("cpu_adagrad_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] state_sums, Tensor(c!)[] outs, "
+        "Tensor(d!)[] steps, float lr, float eps, float weight_decay, float grad_scale=1.0, int num_threads=0, "
+        "str isa=\"auto\", str label=\"params\", int round_seed=0) -> ()");
+  m.def("cpu_lion_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] outs, "
+        "Tensor(d!)[] steps, float lr, float beta1, float beta2, float weight_decay, float grad_scale=1.0, "
+        "int num_threads=0, str isa=\"auto\", str label=\"params\", int round_seed=0) -> ()");
   // Work tables (see adam_table_fill). The step ops write through the table's addresses; the
   // table is marked mutated so that no graph treats a step as free of side effects.
   m.def("cpu_adam_table_fill_(Tensor(a!) table, Tensor[] params, Tensor[] grads, Tensor[] exp_avgs, "
@@ -496,6 +566,8 @@ DSFAST_LIBRARY(m) {
 DSFAST_LIBRARY_IMPL(CPU, m) {
   m.impl("cpu_adam_step", DSFAST_KERNEL(adam_step));
   m.impl("cpu_sgd_step", DSFAST_KERNEL(sgd_step));
+  m.impl("cpu_adagrad_step", DSFAST_KERNEL(adagrad_step));
+  m.impl("cpu_lion_step", DSFAST_KERNEL(lion_step));
   m.impl("cpu_adam_table_fill_", DSFAST_KERNEL(adam_table_fill));
   m.impl("cpu_adam_table_", DSFAST_KERNEL(adam_table_step));
   m.impl("cpu_sgd_table_fill_", DSFAST_KERNEL(sgd_table_fill));

@@ -1,5 +1,5 @@
 """The native cpu_optim op (csrc/bindings/cpu_optim.cpp) behind the reference's functions:
-adam_step, sgd_step, available_isas, best_isa, openmp_enabled, same arguments
+adam_step, sgd_step, adagrad_step, lion_step, available_isas, best_isa, openmp_enabled, same arguments
 (dsfast.ops.reference.cpu_optim), and the fake implementations that let FakeTensor,
 torch.compile and opcheck run through the mutating ops."""
 import operator
@@ -13,6 +13,8 @@ from ._errors import retyped
 
 _adam = torch.ops.dsfast.cpu_adam_step.default
 _sgd = torch.ops.dsfast.cpu_sgd_step.default
+_adagrad = torch.ops.dsfast.cpu_adagrad_step.default
+_lion = torch.ops.dsfast.cpu_lion_step.default
 _adam_fill = torch.ops.dsfast.cpu_adam_table_fill_.default
 _adam_table = torch.ops.dsfast.cpu_adam_table_.default
 _sgd_fill = torch.ops.dsfast.cpu_sgd_table_fill_.default
@@ -77,6 +79,32 @@ def sgd_step(params, grads, momentum_buffers, outs, first_steps, lr, momentum, d
     except RuntimeError as e:
         raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads,
                                                   momentum_buffers=momentum_buffers, outs=outs)) from None
+
+
+def adagrad_step(params, grads, state_sums, outs, steps, lr, eps, weight_decay, grad_scale=1.0, num_threads=0,
+                 isa="auto", label="params", round_seed=0):
+    """Adagrad (torch.optim.Adagrad, lr_decay 0) over lists of CPU tensors in one parallel region; increments each
+    step; outs and round_seed as adam_step."""
+    outs = _fill_missing_outs(params, outs)
+    try:
+        _adagrad(params, grads, state_sums, outs, steps, lr, eps, weight_decay, grad_scale, num_threads, isa, label,
+                 round_seed)
+    except RuntimeError as e:
+        raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads, states=state_sums,
+                                                  outs=outs, steps=steps)) from None
+
+
+def lion_step(params, grads, exp_avgs, outs, steps, lr, beta1, beta2, weight_decay, grad_scale=1.0, num_threads=0,
+              isa="auto", label="params", round_seed=0):
+    """Lion (sign of the interpolated momentum, decoupled weight decay) over lists of CPU tensors in one parallel
+    region; increments each step; outs and round_seed as adam_step."""
+    outs = _fill_missing_outs(params, outs)
+    try:
+        _lion(params, grads, exp_avgs, outs, steps, lr, beta1, beta2, weight_decay, grad_scale, num_threads, isa,
+              label, round_seed)
+    except RuntimeError as e:
+        raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads, states=exp_avgs,
+                                                  outs=outs, steps=steps)) from None
 
 
 # Work tables (csrc/bindings/cpu_optim.cpp): one int64 row per param holding its tensors' addresses and
@@ -165,6 +193,18 @@ def _adam_fake(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, bet
 def _sgd_fake(params, grads, momentum_buffers, outs, first_steps, lr, momentum, dampening, weight_decay, nesterov,
               grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
     _ref.check_sgd_args(params, grads, momentum_buffers, outs, first_steps, momentum, label)
+
+
+@torch.library.register_fake("dsfast::cpu_adagrad_step")
+def _adagrad_fake(params, grads, state_sums, outs, steps, lr, eps, weight_decay, grad_scale=1.0, num_threads=0,
+                  isa="auto", label="params", round_seed=0):
+    _ref.check_one_state_args(params, grads, state_sums, outs, steps, "state['exp_avg_sq']", label)
+
+
+@torch.library.register_fake("dsfast::cpu_lion_step")
+def _lion_fake(params, grads, exp_avgs, outs, steps, lr, beta1, beta2, weight_decay, grad_scale=1.0, num_threads=0,
+               isa="auto", label="params", round_seed=0):
+    _ref.check_one_state_args(params, grads, exp_avgs, outs, steps, "state['exp_avg']", label)
 
 
 @torch.library.register_fake("dsfast::cpu_adam_table_fill_")
