@@ -399,3 +399,50 @@ def test_deepspeed_import_paths_are_these_classes():
     b = DeepSpeedCPULion([_p()], 0.5, (0.8, 0.9), 0.1, False)
     assert b.defaults["betas"] == (0.8, 0.9) and b.defaults["weight_decay"] == 0.1 and not b.fp32_optimizer_states
     assert O.CPULion([_p()]).defaults["betas"] == (0.9, 0.999)   # DeepSpeedCPULion's default
+
+
+@pytest.mark.parametrize("cls", [O.CPUAdagrad, O.CPULion])
+def test_stochastic_rounding_keeps_updates_below_half_a_bf16_ulp_on_average(cls):
+    """A bf16 master at 1.0 stepped by at most 2^-12 per step (an eighth of half its ulp below 1.0) with gradient 1:
+    nearest even never moves it; the stochastic option moves it by the summed updates on average (Lion: lr a step;
+    Adagrad: lr / sqrt(k) at step k), and repeats itself."""
+    steps, lr, n = 128, 2.0 ** -12, 4097
+    want = 1 - (steps * lr if cls is O.CPULion else sum(lr / k ** 0.5 for k in range(1, steps + 1)))
+    for isa in ISAS:
+        finals = []
+        for stochastic in (False, True, True):
+            p = torch.nn.Parameter(torch.ones(n, dtype=torch.bfloat16))
+            opt = cls([p], lr=lr, isa=isa, stochastic_rounding=stochastic)
+            for _ in range(steps):
+                p.grad = torch.ones(n, dtype=torch.bfloat16)
+                opt.step()
+            finals.append(p.detach().float())
+        assert torch.equal(finals[0], torch.ones(n)), f"{isa}: nearest even moved the parameter"
+        assert abs(finals[1].mean().item() - want) < 0.1 * (1 - want), (isa, finals[1].mean().item(), want)
+        assert torch.equal(finals[1], finals[2]), f"{isa}: the same run rounded differently"
+
+
+@pytest.mark.parametrize("cls,kw", [(O.CPUAdagrad, dict(lr=0.05)), (O.CPULion, dict(lr=0.01))])
+def test_step_runs_under_torch_compile(cls, kw):
+    """torch.compile traces the ops through their schemas and fake implementations: the compiled step is the eager
+    one, bit for bit."""
+    from dsfast.ops import loaded_from
+    cpu_op()
+    if loaded_from("cpu_optim") == "reference":
+        pytest.skip("the native cpu_optim op is not built here (reference fallback)")
+    torch.manual_seed(0)
+    model, ref = torch.nn.Linear(6, 4), torch.nn.Linear(6, 4)
+    ref.load_state_dict(model.state_dict())
+    initial = model.weight.detach().clone()
+    opt, opt_ref = cls(model.parameters(), **kw), cls(ref.parameters(), **kw)
+    step = torch.compile(opt.step)
+    x = torch.randn(8, 6)
+    for _ in range(3):
+        for m in (model, ref):
+            m.zero_grad()
+            m(x).pow(2).sum().backward()
+        step()
+        opt_ref.step()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(a, b)
+    assert not torch.equal(model.weight, initial)
