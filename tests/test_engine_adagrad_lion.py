@@ -159,3 +159,51 @@ def test_both_step_one_nvme_unit_at_a_time_and_budget_one_state():
     for opt in (CPUAdagrad(_groups()), CPULion(_groups())):
         check_unit_by_unit(opt)   # element-wise: accepted
         assert moments_per_element(opt) == 1
+
+
+@pytest.mark.parametrize("kind", ["Adagrad", "Lion"])
+def test_nvme_offload_steps_unit_by_unit_bitwise_as_cpu_offload(kind, tmp_path):
+    """Declared element-wise, they step one NVMe unit at a time; the result is the CPU offload's, bit for bit."""
+    def cfg(offload):
+        c = _cfg(kind, 2, True)
+        c["zero_optimization"]["reduce_bucket_size"] = 300   # 3 units: each really swaps
+        c["zero_optimization"]["offload_optimizer"] = offload
+        return c
+    ref = _train(cfg({"device": "cpu"}))
+    got = _train(cfg({"device": "nvme", "nvme_path": str(tmp_path), "buffer_count": 3}))
+    assert type(got.optimizer) is OPTIMIZERS[kind][1] and len(got.state_owner.swap.units) == 3
+    key = OPTIMIZERS[kind][1].STATE_KEY
+    for u in got.state_owner.swap.units:
+        assert sorted(got.optimizer.state[u.shard]) == sorted([key, "step"])
+    for p, q in zip(got.module.parameters(), ref.module.parameters()):
+        assert torch.equal(p, q)
+    got.destroy()
+
+
+@pytest.mark.parametrize("kind", ["Adagrad", "Lion"])
+def test_checkpoint_round_trip_resumes_bitwise(kind, tmp_path):
+    from dsfast.utils import safe_get_full_optimizer_state
+    whole = _train(_cfg(kind, 2, True))                      # STEPS steps straight
+    model = _model()
+    first = dsfast.initialize(model=model, model_parameters=model.parameters(), config=_cfg(kind, 2, True),
+                              dist_init_required=False)[0]
+    batches = _batches()
+    for x, y in batches[:2]:
+        first.backward(torch.nn.functional.mse_loss(first(x), y))
+        first.step()
+    first.save_checkpoint(str(tmp_path), tag="t")
+    model = _model()
+    resumed = dsfast.initialize(model=model, model_parameters=model.parameters(), config=_cfg(kind, 2, True),
+                                dist_init_required=False)[0]
+    resumed.load_checkpoint(str(tmp_path), tag="t")
+    for x, y in batches[2:]:
+        resumed.backward(torch.nn.functional.mse_loss(resumed(x), y))
+        resumed.step()
+    key = OPTIMIZERS[kind][1].STATE_KEY
+    for p, q in zip(resumed.module.parameters(), whole.module.parameters()):
+        assert torch.equal(p, q)
+        assert torch.equal(safe_get_full_optimizer_state(p, key), safe_get_full_optimizer_state(q, key))
+    shards = [(a, b) for ga, gb in zip(resumed.optimizer.param_groups, whole.optimizer.param_groups)
+              for a, b in zip(ga["params"], gb["params"])]
+    assert shards and all(float(resumed.optimizer.state[a]["step"]) == float(whole.optimizer.state[b]["step"]) == STEPS
+                          for a, b in shards)
