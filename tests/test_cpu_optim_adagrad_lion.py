@@ -446,3 +446,96 @@ def test_step_runs_under_torch_compile(cls, kw):
     for a, b in zip(model.parameters(), ref.parameters()):
         assert torch.equal(a, b)
     assert not torch.equal(model.weight, initial)
+
+
+# ---- the work-table fast path (as CPUAdam's: tests/test_cpu_optim_tables.py)
+TABLE_SHAPES = [(37,), (5, 7), (1,), (300,)]
+TABLE_CASES = [(O.CPUAdagrad, dict(lr=0.05, weight_decay=0.01), "adagrad"),
+               (O.CPULion, dict(lr=1e-2, weight_decay=0.1, maximize=True), "lion")]
+
+
+@pytest.fixture
+def table_calls(monkeypatch):
+    """Counts the table steps that ran and, under "<kind> stale", those refused because a tensor had moved."""
+    from dsfast.ops import loaded_from
+    native = cpu_op()
+    if loaded_from("cpu_optim") == "reference":
+        pytest.skip("the native cpu_optim op is not built here (reference fallback)")
+    calls = {"adagrad": 0, "lion": 0, "adagrad stale": 0, "lion stale": 0}
+    for kind in ("adagrad", "lion"):
+        real = getattr(native, f"{kind}_table_step")
+
+        def counted(*a, _real=real, _kind=kind, **k):
+            ran = _real(*a, **k)
+            calls[_kind if ran else f"{_kind} stale"] += 1
+            return ran
+        monkeypatch.setattr(native, f"{kind}_table_step", counted)
+    return calls
+
+
+def _table_run(cls, kw, tables, monkeypatch, halves=False, repoint=False, fresh_grads=False):
+    from dsfast.optim import _cpu_op
+    with monkeypatch.context() as m:
+        if not tables:
+            m.setattr(_cpu_op, "tables_usable", lambda: False)
+        g = torch.Generator().manual_seed(0)
+        ps = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in TABLE_SHAPES]
+        opt = cls(ps, **kw)
+        outs = [[torch.zeros(s, dtype=torch.bfloat16) for s in TABLE_SHAPES]] if halves else None
+        old = None
+        for k in range(4):
+            for p in ps:   # refilled in place (DeepSpeed's buffers): the table is reused until a tensor moves
+                fresh = torch.randn(p.shape, generator=g)
+                p.grad = fresh if p.grad is None or fresh_grads else p.grad.copy_(fresh)
+            if repoint and k == 3:   # p.data = ... (as ZeRO does) and a state re-pointed: the table is rebuilt
+                old = ps[1].data, ps[1].data.clone()
+                ps[1].data = ps[1].data.clone()
+                st = opt.state[ps[3]][cls.STATE_KEY]
+                st.data = st.data.clone()
+            opt.step(fp16_param_groups=outs) if outs else opt.step()
+        if old is not None:
+            assert torch.equal(*old), "the old param memory was written"
+        return ps, opt, outs
+
+
+@pytest.mark.parametrize("halves", [False, True])
+@pytest.mark.parametrize("repoint,fresh", [(False, False), (True, False), (False, True)],
+                         ids=["same-grads", "repointed", "new-grads"])
+@pytest.mark.parametrize("cls,kw,kind", TABLE_CASES)
+def test_table_path_is_bit_identical_to_the_list_op(table_calls, monkeypatch, cls, kw, kind, halves, repoint, fresh):
+    ref, ref_opt, ref_outs = _table_run(cls, kw, False, monkeypatch, halves, repoint, fresh)
+    assert table_calls[kind] == 0
+    got, opt, outs = _table_run(cls, kw, True, monkeypatch, halves, repoint, fresh)
+    assert table_calls[kind] == 3                        # step 1 creates the state (list op), then the table
+    assert table_calls[f"{kind} stale"] == int(repoint)  # the op saw the moved tensor itself
+    for p, q in zip(got, ref):
+        assert torch.equal(p, q)
+        for key, t in opt.state[p].items():
+            assert torch.equal(t, ref_opt.state[q][key]), key
+    if halves:
+        for a, b in zip(outs[0], ref_outs[0]):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def test_a_stale_one_state_table_writes_nothing_and_tables_pass_opcheck(table_calls):
+    native = cpu_op()
+    ps = [torch.randn(7), torch.randn(3, 2)]
+    gs = [torch.randn(7), torch.randn(3, 2, dtype=torch.bfloat16)]
+    states = [torch.rand(7), torch.rand(3, 2)]
+    outs = [torch.zeros(7, dtype=torch.float16), torch.zeros(6, dtype=torch.float16)]
+    steps = [torch.tensor(0.0), torch.tensor(2.0)]
+    table, _ = native.one_state_table(ps, gs, states, outs, steps, "exp_avg_sq")
+    assert native.adagrad_table_step(table, 0.1, 1e-10, 0.0) is True
+    assert native.lion_table_step(table, 0.1, 0.9, 0.99, 0.0) is True
+    assert [float(s) for s in steps] == [2.0, 4.0]
+    ps[1].data = ps[1].data.clone()
+    before = [t.clone() for t in ps + states + steps]
+    assert native.lion_table_step(table, 0.1, 0.9, 0.99, 0.0) is False
+    assert all(torch.equal(b, t) for b, t in zip(before, ps + states + steps)), "a stale table wrote"
+    with pytest.raises(ValueError, match=r"params\[1\] state\['exp_avg'\] has 5 elements"):
+        native.one_state_table(ps, gs, [states[0], torch.zeros(5)], outs, steps, "exp_avg")
+    table, _ = native.one_state_table(ps, gs, states, outs, steps, "exp_avg")
+    torch.library.opcheck(torch.ops.dsfast.cpu_one_state_table_fill_.default,
+                          (torch.zeros(2, 15, dtype=torch.int64), ps, gs, states, outs, steps, "exp_avg", "params"))
+    torch.library.opcheck(torch.ops.dsfast.cpu_adagrad_table_.default, (table, 0.1, 1e-10, 0.01, 0.5, 1, "auto"))
+    torch.library.opcheck(torch.ops.dsfast.cpu_lion_table_.default, (table, 0.1, 0.9, 0.99, 0.01, 0.5, 1, "auto"))

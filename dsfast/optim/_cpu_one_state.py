@@ -1,6 +1,7 @@
 """The step of the CPU optimizers with one state tensor per parameter (CPUAdagrad: the sum of squared gradients,
 CPULion: the momentum): gather each group's tensors (or take them from the list cache), then one native call per
-group over all of them. A subclass names its state key, validates its group and calls its kernel."""
+group over all of them (a work table of them once cached, as CPUAdam's). A subclass names its state key, validates
+its group and calls its kernels."""
 import torch
 
 from . import _cpu_op
@@ -15,6 +16,11 @@ class OneStateCPUOptimizer(_cpu_op.CPUOptimizer):
         raise NotImplementedError
 
     def _kernel(self, hparams, params, grads, states, outs, steps, grad_scale, group_index, indices, seed):
+        """The list op over these tensors."""
+        raise NotImplementedError
+
+    def _table_kernel(self, native, table, hparams, grad_scale, seed):
+        """The table op over a work table of the group's tensors; False if a tensor of it moved."""
         raise NotImplementedError
 
     @torch.no_grad()
@@ -46,7 +52,16 @@ class OneStateCPUOptimizer(_cpu_op.CPUOptimizer):
             if not params:
                 continue
             scale = -multiplier if group.get("maximize") else multiplier
-            self._kernel(hparams, params, gs, states, outs, steps, scale, gi, indices, self.round_seed())
+            seed = self.round_seed()
+            if cached is not None and _cpu_op.tables_usable():   # the eager fast path: _cpu_op.GroupCache
+                native = _cpu_op.op()
+                if self._cache.table_step(
+                        gi, self.STATE_KEY, gs, (states, steps), outs,
+                        lambda: _cpu_op.call(native.one_state_table, gi, indices, params, gs, states, outs, steps,
+                                             self.STATE_KEY),
+                        lambda table: self._table_kernel(native, table, hparams, scale, seed)):
+                    continue
+            self._kernel(hparams, params, gs, states, outs, steps, scale, gi, indices, seed)
         return loss
 
     def _gather(self, group, halves, listed=None):

@@ -43,6 +43,11 @@ class CPUAdagrad(OneStateCPUOptimizer):
         return check_adagrad_hparams(group["lr"], group["eps"], group["weight_decay"], group.get("lr_decay", 0.0),
                                      group.get("initial_accumulator_value", 0.0))
 
+    def _table_kernel(self, native, table, hparams, grad_scale, seed):
+        lr, eps, wd = hparams
+        return native.adagrad_table_step(table, lr, eps, wd, float(grad_scale), _cpu_op.num_threads(), self.isa,
+                                         seed)
+
     def _kernel(self, hparams, params, grads, states, outs, steps, grad_scale, group_index, indices, seed):
         lr, eps, wd = hparams
         _cpu_op.call(_cpu_op.op().adagrad_step, group_index, indices, params, grads, states, outs, steps, lr, eps, wd,

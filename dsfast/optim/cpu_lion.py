@@ -38,6 +38,11 @@ class CPULion(OneStateCPUOptimizer):
     def _hyperparameters(self, group):
         return check_lion_hparams(group["lr"], group["betas"], group["weight_decay"])
 
+    def _table_kernel(self, native, table, hparams, grad_scale, seed):
+        lr, (beta1, beta2), wd = hparams
+        return native.lion_table_step(table, lr, beta1, beta2, wd, float(grad_scale), _cpu_op.num_threads(),
+                                      self.isa, seed)
+
     def _kernel(self, hparams, params, grads, states, outs, steps, grad_scale, group_index, indices, seed):
         lr, (beta1, beta2), wd = hparams
         _cpu_op.call(_cpu_op.op().lion_step, group_index, indices, params, grads, states, outs, steps, lr, beta1,
