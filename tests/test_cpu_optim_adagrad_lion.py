@@ -539,3 +539,25 @@ def test_a_stale_one_state_table_writes_nothing_and_tables_pass_opcheck(table_ca
                           (torch.zeros(2, 15, dtype=torch.int64), ps, gs, states, outs, steps, "exp_avg", "params"))
     torch.library.opcheck(torch.ops.dsfast.cpu_adagrad_table_.default, (table, 0.1, 1e-10, 0.01, 0.5, 1, "auto"))
     torch.library.opcheck(torch.ops.dsfast.cpu_lion_table_.default, (table, 0.1, 0.9, 0.99, 0.01, 0.5, 1, "auto"))
+
+
+def test_deepspeed_alias_imports_these_classes():
+    """`import deepspeed` pointed at dsfast: deepspeed.ops.adagrad / .lion are dsfast's modules themselves."""
+    import sys
+    import dsfast
+    before = set(sys.modules)
+    saved = sys.modules.get("deepspeed")
+    sys.modules["deepspeed"] = dsfast
+    try:
+        from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+        from deepspeed.ops.lion import DeepSpeedCPULion
+        assert DeepSpeedCPUAdagrad is O.CPUAdagrad and DeepSpeedCPULion is O.CPULion
+        assert sys.modules["deepspeed.ops.lion"] is sys.modules["dsfast.ops.lion"]
+    finally:
+        for name in set(sys.modules) - before:
+            if name == "deepspeed" or name.startswith("deepspeed."):
+                del sys.modules[name]
+        if saved is None:
+            sys.modules.pop("deepspeed", None)
+        else:
+            sys.modules["deepspeed"] = saved
