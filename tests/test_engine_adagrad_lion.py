@@ -207,3 +207,11 @@ def test_checkpoint_round_trip_resumes_bitwise(kind, tmp_path):
               for a, b in zip(ga["params"], gb["params"])]
     assert shards and all(float(resumed.optimizer.state[a]["step"]) == float(whole.optimizer.state[b]["step"]) == STEPS
                           for a, b in shards)
+
+
+def test_config_defaults_listing_shows_their_params(capsys):
+    from dsfast.config.__main__ import main
+    assert main(["--defaults"]) == 0
+    out = capsys.readouterr().out
+    assert 'optimizer.params ("type": "Adagrad") eps = 1e-10  [> 0]' in out
+    assert 'optimizer.params ("type": "Lion") betas = (0.9, 0.999)' in out
