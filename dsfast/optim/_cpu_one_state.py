@@ -46,7 +46,7 @@ class OneStateCPUOptimizer(_cpu_op.CPUOptimizer):
                 states, steps = t[self.STATE_KEY], t["step"]
                 outs, indices = (halves or []), range(len(params))
             else:
-                params, gs, states, steps, outs, indices = self._gather(group, halves, listed)
+                params, gs, states, steps, outs, indices = self._gather(gi, group, halves, listed)
                 if listed is None:
                     self._cache.store(self, gi, group, params, keys)
             if not params:
@@ -64,7 +64,7 @@ class OneStateCPUOptimizer(_cpu_op.CPUOptimizer):
             self._kernel(hparams, params, gs, states, outs, steps, scale, gi, indices, seed)
         return loss
 
-    def _gather(self, group, halves, listed=None):
+    def _gather(self, group_index, group, halves, listed=None):
         params, grads, states, steps, outs, indices = [], [], [], [], [], []
         for j, p in enumerate(group["params"]):
             g = listed[j] if listed is not None else p.grad
@@ -76,7 +76,7 @@ class OneStateCPUOptimizer(_cpu_op.CPUOptimizer):
                 state[self.STATE_KEY] = torch.zeros_like(p, dtype=self.state_dtype(p),
                                                          memory_format=torch.contiguous_format)
             elif self.STATE_KEY not in state:
-                raise ValueError(f"param_groups[{self.param_groups.index(group)}]['params'][{j}] has optimizer state "
+                raise ValueError(f"param_groups[{group_index}]['params'][{j}] has optimizer state "
                                  f"{sorted(state)} without {self.STATE_KEY!r}: it was loaded from another "
                                  f"optimizer's state dict; load one saved by {type(self).__name__}")
             params.append(p)
