@@ -1,4 +1,4 @@
-"""CPU optimizer benchmark: dsfast's CPUAdam/CPUSGD against torch.optim and DeepSpeedCPUAdam.
+"""CPU optimizer benchmark: dsfast's CPUAdam/CPUSGD/CPUAdagrad/CPULion against torch.optim and DeepSpeed's.
 
     python benchmarks/cpu_optim.py --quick          # ~30 s: 16M-parameter cases
     DS_ACCELERATOR=cpu /work/venv-ds/bin/python benchmarks/cpu_optim.py   # full, with DeepSpeed
@@ -8,8 +8,9 @@ the same tensors (states are shared, so memory stays at one copy), interleaved A
 the in-place bandwidth ceiling (a += s*b, 12 bytes/element) measured right before every sample.
 Bytes counted per parameter: Adam 28 (read p, g, m, v = 16; write p, m, v = 12; in the offload
 case read a 2-byte grad and write a 2-byte param copy: 14 + 12 + 2 = 28); SGD with momentum 20
-(read p, g, buf; write p, buf). Peers' extra passes (grad casts, param copies) are not counted,
-so their GB/s is the useful traffic. Medians over rounds; 'ours is' = median of paired ratios.
+(read p, g, buf; write p, buf), Adagrad and Lion 20 likewise (one state each). Peers' extra passes (grad
+casts, param copies) are not counted, so their GB/s is the useful traffic. Medians over rounds; 'ours is' =
+median of paired ratios.
 16-bit masters and states (bf16_master_weights_and_grads + bf16_optimizer_states): read p, g, m, v and
 write p, m, v in bf16 = 14 bytes/param, against the fp32-state step of the same run (bf16 grads in, fp32
 master + states, bf16 params out: 28) and bf16 masters with fp32 states (22); each row's own bytes.
@@ -274,6 +275,71 @@ def case_sgd(n, rounds, ceiling, results):
     results["sgd"] = rows
 
 
+def _ds_class(module, name):
+    """DeepSpeed's CPU optimizer `name` from deepspeed.ops.<module>, or None (as deepspeed_adam)."""
+    try:
+        return getattr(__import__(f"deepspeed.ops.{module}", fromlist=[name]), name)
+    except Exception:
+        return None
+
+
+def torch_lion_step(params, exp_avgs, lr, betas, weight_decay):
+    """The Lion paper's update in torch foreach ops: the peer for CPULion (torch has no Lion)."""
+    def step():
+        grads = [p.grad for p in params]
+        c = torch._foreach_mul(exp_avgs, betas[0])
+        torch._foreach_add_(c, grads, alpha=1 - betas[0])
+        torch._foreach_sign_(c)
+        torch._foreach_mul_(params, 1 - lr * weight_decay)
+        torch._foreach_add_(params, c, alpha=-lr)
+        torch._foreach_mul_(exp_avgs, betas[1])
+        torch._foreach_add_(exp_avgs, grads, alpha=1 - betas[1])
+    return torch.no_grad()(step)
+
+
+def case_adagrad_lion(n, rounds, ceiling, results):
+    """Adagrad and Lion on one flat fp32 tensor: read p, g, one state; write p, the state = 20 B/param."""
+    p = torch.rand(n) - 0.5
+    p.grad = (torch.rand(n) - 0.5) * 1e-2
+    state = torch.rand(n) * 1e-2
+    impls = {}
+    for name, kw in (("torch Adagrad(foreach=True)", dict(foreach=True)), ("torch Adagrad(fused=True)",
+                                                                            dict(fused=True))):
+        try:
+            opt = torch.optim.Adagrad([p], lr=LR, **kw)
+        except (RuntimeError, ValueError) as e:   # fused CPU Adagrad needs a recent torch
+            print(f"[bench] {name} not available: {e}")
+            continue
+        opt.state[p] = {"step": torch.tensor(0.0), "sum": state}
+        impls[name] = opt.step
+    ours = O.CPUAdagrad([p], lr=LR)
+    ours.state[p] = {"step": torch.tensor(0.0), "exp_avg_sq": state}
+    impls["dsfast CPUAdagrad"] = ours.step
+    ds = _ds_class("adagrad", "DeepSpeedCPUAdagrad")
+    if ds is not None:
+        dso = ds([p], lr=LR)
+        dso.state[p] = {"step": 0, "exp_avg_sq": state}
+        impls["DeepSpeedCPUAdagrad"] = dso.step
+    rows = summarise(run_interleaved(impls, rounds, ceiling, slow_keep=SLOW_KEEP), n, 20, "dsfast CPUAdagrad")
+    print_table("Adagrad, one flat tensor", f"{n / M:.0f}M params, fp32 grads; 20 B/param counted", rows,
+                "dsfast CPUAdagrad")
+    results["adagrad"] = rows
+
+    impls = {"torch foreach Lion (the paper's update)": torch_lion_step([p], [state], LR, (0.9, 0.99), 0.1)}
+    lion = O.CPULion([p], lr=LR, betas=(0.9, 0.99), weight_decay=0.1)
+    lion.state[p] = {"step": torch.tensor(0.0), "exp_avg": state}
+    impls["dsfast CPULion"] = lion.step
+    ds = _ds_class("lion", "DeepSpeedCPULion")
+    if ds is not None:
+        dso = ds([p], lr=LR, betas=(0.9, 0.99), weight_decay=0.1)
+        dso.state[p] = {"step": 0, "exp_avg": state, "exp_avg_sq": torch.empty(0)}
+        impls["DeepSpeedCPULion"] = dso.step
+    rows = summarise(run_interleaved(impls, rounds, ceiling, slow_keep=SLOW_KEEP), n, 20, "dsfast CPULion")
+    print_table("Lion, one flat tensor", f"{n / M:.0f}M params, fp32 grads; 20 B/param counted", rows,
+                "dsfast CPULion")
+    results["lion"] = rows
+
+
 def verdicts(results, ntensors):
     """The issue's targets, each as ours' speedup over the fastest peer of that case."""
     def best_peer(rows, ours):
@@ -286,7 +352,9 @@ def verdicts(results, ntensors):
                                      ("multi", OURS_ADAM, 1.3, f"{ntensors} mixed tensors"),
                                      ("offload", OURS_ADAM + " (fused)", 1.35, "offload step"),
                                      ("low_precision", LOW, 0.97, "bf16 master + states"),
-                                     ("sgd", OURS_SGD, 0.97, "SGD momentum vs torch fused")):
+                                     ("sgd", OURS_SGD, 0.97, "SGD momentum vs torch fused"),
+                                     ("adagrad", "dsfast CPUAdagrad", 0.97, "Adagrad, flat"),
+                                     ("lion", "dsfast CPULion", 0.97, "Lion, flat")):
         if key not in results:
             continue
         name, s = best_peer(results[key], ours)
@@ -328,6 +396,7 @@ def main():
     case_offload(big, ds_cls, rounds, ceiling, results)
     case_low_precision(big, ds_cls, rounds, ceiling, results)
     case_sgd(big, rounds, ceiling, results)
+    case_adagrad_lion(big, rounds, ceiling, results)
     verdicts(results, ntensors)
     if "low_precision" in results:
         lp = results["low_precision"]

@@ -54,6 +54,25 @@ struct SGDTensor {
   uint32_t round_seed = 0;
 };
 
+// Updates with one state per element: Adagrad (state: the sum of squared gradients) and Lion (state: the
+// momentum, DeepSpeed's exp_avg). Fields and precisions as SGDTensor's; the state is always present.
+template <class Coeffs>
+struct OneStateTensor {
+  void* param;
+  const void* grad;
+  void* state;
+  void* out16;
+  int64_t numel;
+  DType grad_dtype;
+  DType out_dtype;
+  Coeffs coeffs;
+  DType param_dtype = DType::F32;
+  DType state_dtype = DType::F32;
+  uint32_t round_seed = 0;
+};
+using AdagradTensor = OneStateTensor<AdagradCoeffs>;
+using LionTensor = OneStateTensor<LionCoeffs>;
+
 // Whether the kernels implement this (param, state, out) combination (see above).
 inline bool valid_precision(DType param, DType state, DType out) {
   if (param == DType::F32) return state == DType::F32;
@@ -65,6 +84,8 @@ inline bool valid_precision(DType param, DType state, DType out) {
 // Throws std::invalid_argument for an ISA the CPU cannot run or a bad dtype.
 void adam_step(const AdamTensor* tensors, int64_t count, int num_threads, Isa isa);
 void sgd_step(const SGDTensor* tensors, int64_t count, int num_threads, Isa isa);
+void adagrad_step(const AdagradTensor* tensors, int64_t count, int num_threads, Isa isa);
+void lion_step(const LionTensor* tensors, int64_t count, int num_threads, Isa isa);
 
 bool isa_supported(Isa isa);  // compiled in AND runnable on this CPU
 Isa best_isa();
@@ -75,12 +96,18 @@ bool openmp_enabled();
 // Per-ISA bodies (isa_*.cpp): update elements [begin, end) of one tensor.
 void adam_range_scalar(const AdamTensor& t, int64_t begin, int64_t end);
 void sgd_range_scalar(const SGDTensor& t, int64_t begin, int64_t end);
+void adagrad_range_scalar(const AdagradTensor& t, int64_t begin, int64_t end);
+void lion_range_scalar(const LionTensor& t, int64_t begin, int64_t end);
 #if defined(__x86_64__) || defined(_M_X64)
 #define DSFAST_HAVE_X86_ISAS 1
 void adam_range_avx2(const AdamTensor& t, int64_t begin, int64_t end);
 void sgd_range_avx2(const SGDTensor& t, int64_t begin, int64_t end);
+void adagrad_range_avx2(const AdagradTensor& t, int64_t begin, int64_t end);
+void lion_range_avx2(const LionTensor& t, int64_t begin, int64_t end);
 void adam_range_avx512(const AdamTensor& t, int64_t begin, int64_t end);
 void sgd_range_avx512(const SGDTensor& t, int64_t begin, int64_t end);
+void adagrad_range_avx512(const AdagradTensor& t, int64_t begin, int64_t end);
+void lion_range_avx512(const LionTensor& t, int64_t begin, int64_t end);
 #endif
 
 }  // namespace cpu

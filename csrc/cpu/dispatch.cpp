@@ -206,5 +206,37 @@ void sgd_step(const SGDTensor* ts, int64_t count, int num_threads, Isa isa) {
   }
 }
 
+namespace {
+// Adagrad and Lion: one state each, which every tensor of the call must have.
+template <class T, class Fn>
+void one_state_step(const T* ts, int64_t count, int num_threads, Isa isa, Fn scalar, Fn avx2, Fn avx512) {
+  for (int64_t k = 0; k < count; ++k) {
+    check_precision(ts[k], k);
+    if (ts[k].state == nullptr && ts[k].numel > 0)
+      throw std::invalid_argument("tensor " + std::to_string(k) + ": the optimizer state buffer is missing");
+  }
+  switch (resolve(isa)) {
+    case Isa::AVX512: run_work_list(ts, count, num_threads, avx512); break;
+    case Isa::AVX2: run_work_list(ts, count, num_threads, avx2); break;
+    default: run_work_list(ts, count, num_threads, scalar); break;
+  }
+}
+}  // namespace
+
+#ifdef DSFAST_HAVE_X86_ISAS
+#define DSFAST_BODIES(op) op##_range_scalar, op##_range_avx2, op##_range_avx512
+#else   // resolve() never picks a vector ISA here
+#define DSFAST_BODIES(op) op##_range_scalar, op##_range_scalar, op##_range_scalar
+#endif
+
+void adagrad_step(const AdagradTensor* ts, int64_t count, int num_threads, Isa isa) {
+  one_state_step(ts, count, num_threads, isa, DSFAST_BODIES(adagrad));
+}
+
+void lion_step(const LionTensor* ts, int64_t count, int num_threads, Isa isa) {
+  one_state_step(ts, count, num_threads, isa, DSFAST_BODIES(lion));
+}
+#undef DSFAST_BODIES
+
 }  // namespace cpu
 }  // namespace dsfast

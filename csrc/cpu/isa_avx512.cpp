@@ -28,6 +28,8 @@ namespace dsfast {
 namespace cpu {
 void adam_range_avx512(const AdamTensor& t, int64_t b, int64_t e) { avx512_isa::adam_range(t, b, e); }
 void sgd_range_avx512(const SGDTensor& t, int64_t b, int64_t e) { avx512_isa::sgd_range(t, b, e); }
+void adagrad_range_avx512(const AdagradTensor& t, int64_t b, int64_t e) { avx512_isa::adagrad_range(t, b, e); }
+void lion_range_avx512(const LionTensor& t, int64_t b, int64_t e) { avx512_isa::lion_range(t, b, e); }
 }  // namespace cpu
 }  // namespace dsfast
 

@@ -3,7 +3,7 @@
 // instantiation is a distinct symbol compiled for that TU's target only: nothing
 // compiled for AVX-512 can be merged by the linker into code the scalar path runs.
 // Needs, before inclusion: Vec (simd_*.h) in DSFAST_ISA_NS, cpu_optim.h.
-// The math itself is dsfast::adam_update / sgd_update from optim_math.h.
+// The math itself is dsfast::adam_update / sgd_update / adagrad_update / lion_update from optim_math.h.
 
 namespace dsfast {
 namespace cpu {
@@ -122,6 +122,46 @@ void sgd_span(void* p, const void* g, void* b, void* o, int64_t n, const SGDCoef
   if constexpr (O != kNone) copy_bytes(static_cast<uint16_t*>(o) + i, bo, rest * 2);
 }
 
+// Updates with one state per element (OneStateTensor): a Rule names its coefficients and applies its math.
+struct AdagradRule {
+  using Coeffs = AdagradCoeffs;
+  static void apply(Vec& p, Vec g, Vec& s, const Coeffs& c) { adagrad_update(p, g, s, c); }
+};
+struct LionRule {
+  using Coeffs = LionCoeffs;
+  static void apply(Vec& p, Vec g, Vec& s, const Coeffs& c) { lion_update(p, g, s, c); }
+};
+
+template <class Rule, int G, int O, int P, int S>
+inline void one_state_vec(void* p, const void* g, void* s, void* o, int64_t i, const typename Rule::Coeffs& c,
+                          uint32_t seed, int64_t index) {
+  Vec pv = load_as<P>(p, i), sv = load_as<S>(s, i);
+  Rule::apply(pv, load_as<G>(g, i), sv, c);
+  store_param<P>(p, i, pv, seed, index);
+  store_as<S>(s, i, sv);
+  store_as<O>(o, i, pv);
+}
+
+template <class Rule, int G, int O, int P, int S>
+void one_state_span(void* p, const void* g, void* s, void* o, int64_t n, const typename Rule::Coeffs& coeffs,
+                    uint32_t seed, int64_t index0) {
+  const typename Rule::Coeffs c = coeffs;  // local copy: see adam_span
+  constexpr int W = Vec::W;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) one_state_vec<Rule, G, O, P, S>(p, g, s, o, i, c, seed, index0 + i);
+  const int64_t rest = n - i;
+  if (rest <= 0) return;
+  alignas(64) unsigned char bp[W * 4] = {}, bs[W * 4] = {}, bg[W * 4] = {};
+  alignas(64) uint16_t bo[W] = {};
+  copy_bytes(bp, at<P>(p, i), rest * bytes_of(P));
+  copy_bytes(bs, at<S>(s, i), rest * bytes_of(S));
+  copy_bytes(bg, at<G>(g, i), rest * bytes_of(G));
+  one_state_vec<Rule, G, O, P, S>(bp, bg, bs, bo, 0, c, seed, index0 + i);
+  copy_bytes(at<P>(p, i), bp, rest * bytes_of(P));
+  copy_bytes(at<S>(s, i), bs, rest * bytes_of(S));
+  if constexpr (O != kNone) copy_bytes(static_cast<uint16_t*>(o) + i, bo, rest * 2);
+}
+
 using AdamSpanFn = void (*)(void*, const void*, void*, void*, void*, int64_t, const AdamCoeffs&, uint32_t, int64_t);
 using SGDSpanFn = void (*)(void*, const void*, void*, void*, int64_t, const SGDCoeffs&, uint32_t, int64_t);
 
@@ -152,6 +192,19 @@ constexpr AdamSpanFn kAdamTable[3][3][3][4] = {DSFAST_PLANE(kF32), DSFAST_PLANE(
 template <bool M>
 constexpr SGDSpanFn kSGDTable[3][3][3][4] = {DSFAST_PLANE(kF32), DSFAST_PLANE(kBF16), DSFAST_PLANE(kF16)};
 #undef DSFAST_ROW
+template <class Rule>
+using OneStateSpanFn = void (*)(void*, const void*, void*, void*, int64_t, const typename Rule::Coeffs&, uint32_t,
+                                int64_t);
+template <class Rule, int G, int O, int P, int S>
+constexpr OneStateSpanFn<Rule> one_state_entry() {
+  if constexpr (implemented(O, P, S)) return &one_state_span<Rule, G, O, P, S>;
+  else return nullptr;
+}
+#define DSFAST_ROW(P, S, G) {one_state_entry<R, G, kF32, P, S>(), one_state_entry<R, G, kBF16, P, S>(), \
+                             one_state_entry<R, G, kF16, P, S>(), one_state_entry<R, G, kNone, P, S>()}
+template <class R>
+constexpr OneStateSpanFn<R> kOneStateTable[3][3][3][4] = {DSFAST_PLANE(kF32), DSFAST_PLANE(kBF16), DSFAST_PLANE(kF16)};
+#undef DSFAST_ROW
 #undef DSFAST_GRID
 #undef DSFAST_PLANE
 
@@ -176,6 +229,21 @@ inline void sgd_range(const SGDTensor& t, int64_t begin, int64_t end) {
      mom ? static_cast<unsigned char*>(t.momentum_buf) + begin * dtype_bytes(t.state_dtype) : nullptr, out,
      end - begin, t.coeffs, t.round_seed, begin);
 }
+
+template <class Rule>
+inline void one_state_range(const OneStateTensor<typename Rule::Coeffs>& t, int64_t begin, int64_t end) {
+  OneStateSpanFn<Rule> fn =
+      kOneStateTable<Rule>[int(t.param_dtype)][int(t.state_dtype)][int(t.grad_dtype)][int(t.out_dtype)];
+  void* out = t.out16 ? static_cast<uint16_t*>(t.out16) + begin : nullptr;
+  fn(static_cast<unsigned char*>(t.param) + begin * dtype_bytes(t.param_dtype),
+     static_cast<const unsigned char*>(t.grad) + begin * dtype_bytes(t.grad_dtype),
+     static_cast<unsigned char*>(t.state) + begin * dtype_bytes(t.state_dtype), out, end - begin, t.coeffs,
+     t.round_seed, begin);
+}
+inline void adagrad_range(const AdagradTensor& t, int64_t begin, int64_t end) {
+  one_state_range<AdagradRule>(t, begin, end);
+}
+inline void lion_range(const LionTensor& t, int64_t begin, int64_t end) { one_state_range<LionRule>(t, begin, end); }
 
 }  // namespace DSFAST_ISA_NS
 }  // namespace cpu

@@ -63,6 +63,11 @@ inline Vec operator-(Vec a, Vec b) { return _mm256_sub_ps(a.v, b.v); }
 inline Vec operator*(Vec a, Vec b) { return _mm256_mul_ps(a.v, b.v); }
 inline Vec operator/(Vec a, Vec b) { return _mm256_div_ps(a.v, b.v); }
 inline Vec dsfast_sqrt(Vec a) { return _mm256_sqrt_ps(a.v); }
+// optim_math.h's dsfast_sign: +-1 with the sign bit of a where a is nonzero and not NaN, else a itself
+inline Vec dsfast_sign(Vec a) {
+  const __m256 one = _mm256_or_ps(_mm256_and_ps(a.v, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(1.0f));
+  return _mm256_blendv_ps(a.v, one, _mm256_cmp_ps(a.v, _mm256_setzero_ps(), _CMP_NEQ_OQ));
+}
 
 }  // namespace avx2_isa
 }  // namespace cpu

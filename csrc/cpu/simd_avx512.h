@@ -63,6 +63,14 @@ inline Vec operator-(Vec a, Vec b) { return _mm512_sub_ps(a.v, b.v); }
 inline Vec operator*(Vec a, Vec b) { return _mm512_mul_ps(a.v, b.v); }
 inline Vec operator/(Vec a, Vec b) { return _mm512_div_ps(a.v, b.v); }
 inline Vec dsfast_sqrt(Vec a) { return _mm512_sqrt_ps(a.v); }
+// optim_math.h's dsfast_sign: +-1 with the sign bit of a where a is nonzero and not NaN, else a itself
+inline Vec dsfast_sign(Vec a) {
+  const __m512i bits = _mm512_castps_si512(a.v);
+  const __m512i one = _mm512_or_si512(_mm512_and_si512(bits, _mm512_set1_epi32(int(0x80000000u))),
+                                      _mm512_set1_epi32(0x3f800000));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.v, _mm512_setzero_ps(), _CMP_NEQ_OQ), a.v,
+                              _mm512_castsi512_ps(one));
+}
 
 }  // namespace avx512_isa
 }  // namespace cpu

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "dsfast/optim_math.h"
 #include "half_convert.h"
 
 namespace dsfast {
@@ -35,6 +36,7 @@ inline Vec operator-(Vec a, Vec b) { return Vec(a.v - b.v); }
 inline Vec operator*(Vec a, Vec b) { return Vec(a.v * b.v); }
 inline Vec operator/(Vec a, Vec b) { return Vec(a.v / b.v); }
 inline Vec dsfast_sqrt(Vec a) { return Vec(std::sqrt(a.v)); }
+inline Vec dsfast_sign(Vec a) { return Vec(dsfast::dsfast_sign(a.v)); }
 
 }  // namespace scalar_isa
 }  // namespace cpu

@@ -1,4 +1,4 @@
-// The CPU kernels (every ISA body this CPU can run) against an element-by-element
+// The CPU kernels (Adam, SGD, Adagrad, Lion; every ISA body this CPU can run) against an element-by-element
 // loop over the shared scalar math: all sizes around the vector widths, unaligned
 // pointers, each gradient dtype, each 16-bit output, multi-tensor work lists split
 // over several threads (each element updated exactly once), and bad arguments.
@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "check.h"
@@ -258,6 +259,79 @@ void work_list_case(Isa isa) {
   }
 }
 
+// Adagrad and Lion (one state each) through every precision: each body against the element-by-element scalar math,
+// with unaligned arrays, every gradient dtype, 16-bit outputs beside fp32 masters, 16-bit masters and states.
+struct AdagradOp {
+  static constexpr const char* name = "adagrad";
+  static AdagradCoeffs coeffs(bool decay) { return make_adagrad_coeffs(0.05, 1e-10, decay ? 0.01 : 0.0); }
+  static void update(float& p, float g, float& s, const AdagradCoeffs& c) { adagrad_update(p, g, s, c); }
+  static void step(const AdagradTensor* t, int64_t n, int threads, Isa isa) { adagrad_step(t, n, threads, isa); }
+  static const std::vector<float>& state0(int64_t n) { return inputs(n)[3]; }  // a sum of squares: >= 0
+  static bool near_tie(float, float, const AdagradCoeffs&) { return false; }
+};
+struct LionOp {
+  static constexpr const char* name = "lion";
+  static LionCoeffs coeffs(bool decay) { return make_lion_coeffs(1e-2, 0.9, 0.99, decay ? 0.1 : 0.0); }
+  static void update(float& p, float g, float& s, const LionCoeffs& c) { lion_update(p, g, s, c); }
+  static void step(const LionTensor* t, int64_t n, int threads, Isa isa) { lion_step(t, n, threads, isa); }
+  static const std::vector<float>& state0(int64_t n) { return inputs(n)[1]; }
+  // The sign of an interpolation that (nearly) cancels depends on whether the body fused its multiply-add: there
+  // the update may be any of -lr, 0, +lr.
+  static bool near_tie(float m, float g, const LionCoeffs& c) {
+    const float a = c.beta1 * m, b = c.one_minus_beta1 * g * c.grad_scale;
+    return std::fabs(a + b) <= 1e-6f * (std::fabs(a) + std::fabs(b));
+  }
+};
+
+template <class Op>
+void one_state_case(Isa isa, int64_t n, DType pd, DType sd, DType gd, DType od, bool decay, int threads) {
+  const auto& in = inputs(n);
+  const int64_t offset = n % 3;
+  Grad g(gd, in[2], offset);
+  std::vector<float> pad(offset, 0.f);
+  auto padded = [&](const std::vector<float>& v) { auto x = pad; x.insert(x.end(), v.begin(), v.end()); return x; };
+  Stored p(pd, padded(in[0])), s(sd, padded(Op::state0(n)));
+  const Stored p0 = p, s0 = s;
+  std::vector<uint16_t> out(n + offset + 1, 0xabcd);
+  const auto c = Op::coeffs(decay);
+  const int64_t pb = pd == DType::F32 ? 4 : 2, sb = sd == DType::F32 ? 4 : 2;
+  OneStateTensor<std::decay_t<decltype(c)>> t{
+      static_cast<unsigned char*>(p.ptr()) + offset * pb, g.ptr(offset),
+      static_cast<unsigned char*>(s.ptr()) + offset * sb, od == DType::None ? nullptr : out.data() + offset, n, gd,
+      od, c, pd, sd};
+  Op::step(&t, 1, threads, isa);
+  int bad = 0;
+  for (int64_t i = 0; i < n && bad < 3; ++i) {
+    float rp = p0.get(offset + i), rs = s0.get(offset + i);
+    Op::update(rp, g.value[i], rs, c);
+    const float gp = p.get(offset + i), gs = s.get(offset + i);
+    bool ok = close_in(gp, rp, pd) && close_in(gs, rs, sd);
+    if (!ok && Op::near_tie(s0.get(offset + i), g.value[i], c)) {  // the same update with a flipped sign
+      const float p_in = p0.get(offset + i), lr = 0.01f;
+      for (float shift : {-2 * lr, -lr, 0.0f, lr, 2 * lr}) ok = ok || (close_in(gs, rs, sd) && close_in(gp, rp + shift, pd) &&
+                                                      std::fabs(gp - p_in) <= 2 * lr);
+    }
+    if (od != DType::None) ok = ok && (out[offset + i] == to16(gp, od) || std::isnan(gp));
+    if (!ok) ++bad;
+    CHECK(ok, "%s %s n=%lld param=%s state=%s grad=%s out=%s i=%lld: p %.9g vs %.9g, state %.9g vs %.9g", Op::name,
+          isa_name(isa), (long long)n, dname(pd), dname(sd), dname(gd), dname(od), (long long)i, gp, rp, gs, rs);
+  }
+  if (od != DType::None) CHECK(out[offset + n] == 0xabcd, "%s wrote past the end of the 16-bit output", Op::name);
+}
+
+template <class Op>
+void one_state_cases(Isa isa) {
+  for (int64_t n : {0, 1, 7, 15, 16, 17, 33, 4097, 70001, 200003})
+    for (DType gd : {DType::F32, DType::BF16, DType::F16})
+      for (DType od : {DType::None, DType::BF16, DType::F16})
+        one_state_case<Op>(isa, n, DType::F32, DType::F32, gd, od, n % 2 == 1, 2);
+  for (int64_t n : {1, 17, 4097, 70001})
+    for (auto [pd, sd] : {std::pair{DType::BF16, DType::BF16}, std::pair{DType::BF16, DType::F32},
+                          std::pair{DType::F16, DType::F16}, std::pair{DType::F16, DType::F32}})
+      for (DType gd : {DType::F32, DType::BF16})
+        one_state_case<Op>(isa, n, pd, sd, gd, DType::None, true, 3);
+}
+
 template <class F>
 bool throws(F f) {
   try { f(); } catch (const std::invalid_argument&) { return true; }
@@ -295,6 +369,8 @@ int main() {
         for (DType gd : {DType::F32, DType::BF16})
           low_precision_case(isa, n, pd, sd, gd);
     for (int64_t n : {1, 17, 70001}) stochastic_case(isa, n);
+    one_state_cases<AdagradOp>(isa);
+    one_state_cases<LionOp>(isa);
   }
 
   // bad arguments are refused before any thread starts
@@ -317,6 +393,11 @@ int main() {
   CHECK(throws([&] { adam_step(&f32_master_bf16_states, 1, 1, Isa::Auto); }), "bf16 states beside an fp32 master");
   AdamTensor f32_stochastic{&x, &y, &y, &z, nullptr, 1, DType::F32, DType::None, c, DType::F32, DType::F32, 7u};
   CHECK(throws([&] { adam_step(&f32_stochastic, 1, 1, Isa::Auto); }), "stochastic rounding of an fp32 param");
+  AdagradTensor no_sum{&x, &y, nullptr, nullptr, 1, DType::F32, DType::None, make_adagrad_coeffs(0.1, 1e-10, 0)};
+  CHECK(throws([&] { adagrad_step(&no_sum, 1, 1, Isa::Auto); }), "adagrad without a state buffer");
+  LionTensor lion_bf16_out{&h, &y, &h, &h, 1, DType::F32, DType::BF16, make_lion_coeffs(0.1, 0.9, 0.99, 0),
+                           DType::BF16, DType::BF16};
+  CHECK(throws([&] { lion_step(&lion_bf16_out, 1, 1, Isa::Auto); }), "lion: a 16-bit output beside a bf16 master");
   if (!isa_supported(Isa::AVX512)) {
     AdamTensor ok{&x, &y, &y, &z, nullptr, 1, DType::F32, DType::None, c};
     CHECK(throws([&] { adam_step(&ok, 1, 1, Isa::AVX512); }), "forcing an ISA the CPU lacks");

@@ -1,5 +1,6 @@
 // The shared update rules (optim_math.h) on plain floats against a straightforward
-// double-precision transcription of torch.optim's Adam/AdamW/SGD, several steps each.
+// double-precision transcription of torch.optim's Adam/AdamW/SGD/Adagrad and of the Lion paper's
+// algorithm, several steps each.
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -55,6 +56,40 @@ static void sgd_case(float momentum, float dampening, float wd, bool nesterov) {
   }
 }
 
+static void adagrad_case(float wd, float grad_scale) {
+  const double lr = 0.05, eps = 1e-10;
+  float p = 0.5f, sum = 0.f;
+  double P = 0.5, S = 0;
+  for (int step = 1; step <= 20; ++step) {
+    float g = std::sin(0.9f * step) * 0.4f - 0.1f;
+    dsfast::AdagradCoeffs c = dsfast::make_adagrad_coeffs(lr, eps, wd);
+    c.grad_scale = grad_scale;
+    dsfast::adagrad_update(p, g, sum, c);
+    double G = double(g) * grad_scale + wd * P;
+    S += G * G;
+    P -= lr * G / (std::sqrt(S) + eps);
+    CHECK(close(p, P, 2e-5, 1e-6) && close(sum, S, 2e-5, 1e-9), "adagrad wd=%g scale=%g step %d: p %.9g vs %.9g, "
+          "sum %.9g vs %.9g", wd, grad_scale, step, p, P, sum, S);
+  }
+}
+
+static void lion_case(float wd, float grad_scale) {
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.99;
+  float p = 0.5f, m = 0.f;
+  double P = 0.5, M = 0;
+  for (int step = 1; step <= 20; ++step) {
+    float g = std::cos(0.4f * step) * 0.3f + 0.02f;
+    dsfast::LionCoeffs c = dsfast::make_lion_coeffs(lr, b1, b2, wd);
+    c.grad_scale = grad_scale;
+    dsfast::lion_update(p, g, m, c);
+    double G = double(g) * grad_scale, C = b1 * M + (1 - b1) * G;
+    P = P * (1 - lr * wd) - lr * (C > 0 ? 1 : C < 0 ? -1 : 0);
+    M = b2 * M + (1 - b2) * G;
+    CHECK(close(p, P, 2e-5, 1e-6) && close(m, M, 2e-5, 1e-7), "lion wd=%g scale=%g step %d: p %.9g vs %.9g, "
+          "m %.9g vs %.9g", wd, grad_scale, step, p, P, m, M);
+  }
+}
+
 int main() {
   for (bool adamw : {false, true})
     for (bool bc : {false, true})
@@ -67,6 +102,29 @@ int main() {
       for (float wd : {0.0f, 0.01f}) sgd_case(mom, damp, wd, false);
   sgd_case(0.9f, 0.0f, 0.0f, true);
   sgd_case(0.9f, 0.0f, 0.01f, true);
+
+  for (float wd : {0.0f, 0.1f}) {
+    adagrad_case(wd, 1.0f);
+    lion_case(wd, 1.0f);
+  }
+  adagrad_case(0.0f, -1.0f);
+  lion_case(0.01f, 0.25f);
+
+  // sign as torch.sign: 0 stays 0 (a zero gradient on a zero momentum moves nothing but the decay), NaN stays NaN
+  CHECK(dsfast::dsfast_sign(0.0f) == 0.0f && dsfast::dsfast_sign(-3.0f) == -1.0f && dsfast::dsfast_sign(1e-30f) == 1.0f
+        && std::isnan(dsfast::dsfast_sign(NAN)), "dsfast_sign");
+  {
+    float p = 2.f, m = 0.f;
+    dsfast::lion_update(p, 0.0f, m, dsfast::make_lion_coeffs(0.1, 0.9, 0.99, 0.5));
+    CHECK(close(p, 2.0 * (1 - 0.1 * 0.5), 1e-6, 0) && m == 0.f, "lion: zero gradient and momentum: decay only, p %.9g", p);
+    p = 1.f; m = 0.f;
+    dsfast::lion_update(p, NAN, m, dsfast::make_lion_coeffs(0.1, 0.9, 0.99, 0.0));
+    CHECK(std::isnan(p) && std::isnan(m), "lion: NaN grad -> NaN param/momentum");
+    float s = 0.f;
+    p = 1.f;
+    dsfast::adagrad_update(p, NAN, s, dsfast::make_adagrad_coeffs(0.1, 1e-10, 0.0));
+    CHECK(std::isnan(p) && std::isnan(s), "adagrad: NaN grad -> NaN param/sum");
+  }
 
   // Non-finite inputs propagate like torch's: a NaN gradient poisons the parameter.
   {

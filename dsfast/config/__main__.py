@@ -17,7 +17,7 @@ from .base import _models_in
 from .ds_config import DsConfig
 from .errors import DsConfigError
 from .loader import load_config, read_json_file
-from .optimizer import AdamParams, SGDParams
+from .optimizer import AdagradParams, AdamParams, LionParams, SGDParams
 from .scheduler import SCHEDULER_PARAMS
 
 
@@ -48,7 +48,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.defaults:
         lines = _default_lines(DsConfig)
-        for name, model in (("Adam/AdamW", AdamParams), ("SGD", SGDParams)):
+        for name, model in (("Adam/AdamW", AdamParams), ("SGD", SGDParams), ("Adagrad", AdagradParams),
+                            ("Lion", LionParams)):
             lines += _default_lines(model, f'optimizer.params ("type": "{name}") ')
         for name, model in SCHEDULER_PARAMS.items():
             lines += _default_lines(model, f'scheduler.params ("type": "{name}") ')

@@ -15,7 +15,7 @@ from .errors import suggest
 
 # DeepSpeed (and torch.optim) optimizer types dsfast does not implement yet: a clear error, not "unknown".
 NOT_YET_SUPPORTED_OPTIMIZERS = {
-    "lamb", "onebitadam", "zerooneadam", "onebitlamb", "adagrad", "lion", "muadam", "muadamw", "musgd", "muon",
+    "lamb", "onebitadam", "zerooneadam", "onebitlamb", "muadam", "muadamw", "musgd", "muon",
     "rmsprop", "adadelta", "adamax", "nadam", "radam", "asgd", "rprop", "lbfgs", "sparseadam",
 }
 
@@ -89,13 +89,63 @@ class SGDParams(StrictModel):
         return self
 
 
+class AdagradParams(StrictModel):
+    """DeepSpeed builds DeepSpeedCPUAdagrad under offload, torch.optim.Adagrad otherwise: the keys of both
+    (defaults as theirs); the engine refuses a key the chosen class lacks when it is set to something else."""
+    lr: float = Field(1e-2, ge=0)
+    eps: float = Field(1e-10, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    lr_decay: float = Field(0.0, ge=0)
+    initial_accumulator_value: float = Field(0.0, ge=0)
+    amsgrad: bool = False
+    maximize: bool = False
+    fp32_optimizer_states: Optional[bool] = None   # DeepSpeedCPUAdagrad's knob, as AdamParams'
+
+    @field_validator("lr", "eps", "weight_decay", "lr_decay", "initial_accumulator_value")
+    @classmethod
+    def _finite(cls, v, info):
+        return _finite_nonneg(info.field_name, v)
+
+    @field_validator("amsgrad")
+    @classmethod
+    def _no_amsgrad(cls, v):
+        if v:
+            raise plain_error("amsgrad has no meaning for Adagrad (DeepSpeed accepts and ignores it); remove it")
+        return v
+
+
+class LionParams(StrictModel):
+    """DeepSpeedCPULion's arguments and defaults (betas (0.9, 0.999); the Lion paper recommends (0.9, 0.99))."""
+    lr: float = Field(1e-3, ge=0)
+    betas: Tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0)
+    fp32_optimizer_states: Optional[bool] = None
+
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _two_betas(cls, v):
+        return AdamParams._two_betas(v)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v):
+        return AdamParams._betas(v)
+
+    @field_validator("lr", "weight_decay")
+    @classmethod
+    def _finite(cls, v, info):
+        return _finite_nonneg(info.field_name, v)
+
+
 # canonical lower-case type -> params schema
-OPTIMIZER_PARAMS = {"adam": AdamParams, "adamw": AdamParams, "sgd": SGDParams}
+OPTIMIZER_PARAMS = {"adam": AdamParams, "adamw": AdamParams, "sgd": SGDParams, "adagrad": AdagradParams,
+                    "lion": LionParams}
+SUPPORTED_NAMES = "Adam, AdamW, SGD, Adagrad, Lion"
 
 
 class OptimizerConfig(StrictModel):
     type: str
-    params: Any = None   # validated into the type's schema (AdamParams / SGDParams) by _typed_params
+    params: Any = None   # validated into the type's schema (AdamParams, SGDParams, ...) by _typed_params
     legacy_fusion: bool = False   # DeepSpeed's old fused fp16 optimizer switch; reported as ignored
 
     @model_validator(mode="before")
@@ -106,17 +156,17 @@ class OptimizerConfig(StrictModel):
         data = dict(data)
         kind = data.get("type")
         if kind is None:
-            raise nested_error([(("type",), 'required key is missing; one of "Adam", "AdamW", "SGD"')])
+            raise nested_error([(("type",), f'required key is missing; one of {SUPPORTED_NAMES}')])
         if not isinstance(kind, str):
             raise nested_error([(("type",), f'must be a string such as "AdamW" (got {kind!r})')])
         low = kind.lower()
         if low in NOT_YET_SUPPORTED_OPTIMIZERS:
             raise nested_error([(("type",), f"optimizer type {kind!r} is not supported by dsfast yet; supported: "
-                                 "Adam, AdamW, SGD (or pass your own torch.optim optimizer to "
+                                 f"{SUPPORTED_NAMES} (or pass your own torch.optim optimizer to "
                                  "dsfast.initialize(optimizer=...))")])
         if low not in OPTIMIZER_PARAMS:
             hint = suggest(low, OPTIMIZER_PARAMS)
-            raise nested_error([(("type",), f"unknown optimizer type {kind!r}; supported: Adam, AdamW, SGD"
+            raise nested_error([(("type",), f"unknown optimizer type {kind!r}; supported: {SUPPORTED_NAMES}"
                                  + (f"; {hint}" if hint.startswith("did") else ""))])
         params = data.get("params") or {}
         if not isinstance(params, dict):

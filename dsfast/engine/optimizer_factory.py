@@ -4,6 +4,9 @@ The one place that maps a DeepSpeed optimizer type to a class:
   Adam / AdamW -> dsfast CPUAdam on CPU, FusedAdam on GPU (decoupled weight decay unless `adam_w_mode: false`
                   for "Adam", as in DeepSpeed); `torch_adam: true` picks torch.optim.Adam/AdamW instead.
   SGD          -> dsfast CPUSGD on CPU, FusedSGD on GPU.
+  Adagrad      -> dsfast CPUAdagrad (DeepSpeedCPUAdagrad) on CPU, torch.optim.Adagrad on GPU, as DeepSpeed.
+  Lion         -> dsfast CPULion (DeepSpeedCPULion) on CPU; on GPU DeepSpeed's FusedLion, which dsfast lacks:
+                  refused, naming offload_optimizer.
 The CPU classes get fp32_optimizer_states as DeepSpeed's engine resolves it (config/master_precision.py); the GPU
 ones keep their states in the (master) parameters' dtype.
 """
@@ -11,7 +14,7 @@ import inspect
 
 import torch
 
-SUPPORTED = ("adam", "adamw", "sgd")
+SUPPORTED = ("adam", "adamw", "sgd", "adagrad", "lion")
 
 
 class OptimizerConfigError(ValueError):
@@ -53,6 +56,23 @@ def _sgd_class(device_type):
     return CPUSGD
 
 
+def _adagrad_class(device_type):
+    if device_type == "cuda":
+        return torch.optim.Adagrad
+    from dsfast.optim.cpu_adagrad import CPUAdagrad
+    return CPUAdagrad
+
+
+def _lion_class(device_type):
+    if device_type == "cuda":
+        raise OptimizerConfigError(
+            'optimizer.type "Lion" on the GPU is DeepSpeed\'s FusedLion, which dsfast does not implement; set '
+            'zero_optimization.offload_optimizer.device to "cpu" (DeepSpeedCPULion steps it on the host), or pass '
+            "a Lion optimizer of your own to initialize(optimizer=...)")
+    from dsfast.optim.cpu_lion import CPULion
+    return CPULion
+
+
 def build_optimizer(opt_cfg, param_groups, device, fp32_states=True):
     """The optimizer of a validated `optimizer` config section (dsfast.config.OptimizerConfig) over
     `param_groups` on `device`; fp32_states: the CPU optimizers' fp32_optimizer_states."""
@@ -65,6 +85,10 @@ def build_optimizer(opt_cfg, param_groups, device, fp32_states=True):
         kwargs.update(extra)
     elif key == "sgd":
         cls = _sgd_class(device_type)
+    elif key == "adagrad":
+        cls = _adagrad_class(device_type)
+    elif key == "lion":
+        cls = _lion_class(device_type)
     else:
         raise OptimizerConfigError(
             f"optimizer.type {opt_cfg.type!r} is not supported; valid types: {', '.join(SUPPORTED)} "

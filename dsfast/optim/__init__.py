@@ -5,6 +5,8 @@ _LAZY = {
     "CPUAdam": "dsfast.optim.cpu_adam",
     "CPUAdamW": "dsfast.optim.cpu_adam",
     "CPUSGD": "dsfast.optim.cpu_sgd",
+    "CPUAdagrad": "dsfast.optim.cpu_adagrad",
+    "CPULion": "dsfast.optim.cpu_lion",
     "adam_flat_step": "dsfast.optim.cpu_adam",   # flat-buffer entry points (ZeRO/offload partitions)
     "sgd_flat_step": "dsfast.optim.cpu_sgd",
     "FusedAdam": "dsfast.optim.fused_adam",

@@ -1,4 +1,4 @@
-"""What CPUAdam and CPUSGD share: the op handle, ISA checks, error relabelling, the per-group
+"""What CPUAdam, CPUSGD, CPUAdagrad and CPULion share: the op handle, ISA checks, error relabelling, the per-group
 tensor-list cache (with the work table of the eager fast path), and their base class (state
 normalisation on load, the step() preamble)."""
 import operator
@@ -164,7 +164,7 @@ def normalise_state(state):
 
 
 class CPUOptimizer(torch.optim.Optimizer):
-    """Base of CPUAdam / CPUSGD: the ISA choice, the list cache, loading state into the kernel's
+    """Base of CPUAdam / CPUSGD / CPUAdagrad / CPULion: the ISA choice, the list cache, loading state into the kernel's
     layout, and the closure preamble of step()."""
 
     _dsfast_amp_step = True   # step(grads=, grad_scale=, found_inf=, clip_coef=, out16=): optim/amp_step.py

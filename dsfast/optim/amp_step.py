@@ -10,9 +10,9 @@
   out16       per param group, one 16-bit tensor per param receiving the updated value in the same pass.
 
 It is torch's `_step_supports_amp_scaling` shape (what GradScaler hands fused optimizers), extended by grads/out16.
-dsfast's optimizers (CPUAdam, CPUSGD, FusedAdam, FusedSGD) implement it in their kernels and say so with
-`_dsfast_amp_step`; any other torch optimizer gets the generic form here: skip on the host, one scaled fp32
-gradient per param, its own step(), then the 16-bit copies. Nobody else reads or creates optimizer.state.
+dsfast's optimizers (CPUAdam, CPUSGD, CPUAdagrad, CPULion, FusedAdam, FusedSGD) implement it in their kernels and
+say so with `_dsfast_amp_step`; any other torch optimizer gets the generic form here: skip on the host, one scaled
+fp32 gradient per param, its own step(), then the 16-bit copies. Nobody else reads or creates optimizer.state.
 """
 import torch
 

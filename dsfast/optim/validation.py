@@ -59,7 +59,7 @@ def check_betas(betas, name="betas"):
 def check_eps(eps, name="eps"):
     v = _as_float(name, eps)
     if v <= 0.0:
-        raise ValueError(f"Invalid {name}: {v}; it must be > 0 (it keeps the Adam denominator away from zero)")
+        raise ValueError(f"Invalid {name}: {v}; it must be > 0 (it keeps the update's denominator away from zero)")
     return v
 
 
@@ -73,6 +73,24 @@ def check_adam_hparams(lr, betas, eps, weight_decay, amsgrad=False):
         raise ValueError("amsgrad=True is not supported by dsfast's Adam kernels; use torch.optim.Adam(amsgrad=True) "
                          "or set amsgrad=False")
     return lr, betas, eps, weight_decay
+
+
+def check_adagrad_hparams(lr, eps, weight_decay, lr_decay=0.0, initial_accumulator_value=0.0):
+    """Validate Adagrad hyperparameters (DeepSpeedCPUAdagrad's: torch.optim.Adagrad with lr_decay 0 and
+    initial_accumulator_value 0, which a torch state dict may carry); returns (lr, eps, weight_decay) as floats."""
+    lr = check_lr(lr)
+    eps = check_eps(eps)
+    weight_decay = check_nonnegative(weight_decay, "weight_decay")
+    for name, value in (("lr_decay", lr_decay), ("initial_accumulator_value", initial_accumulator_value)):
+        if _as_float(name, value) != 0.0:
+            raise ValueError(f"{name}={value!r} is not supported by DeepSpeedCPUAdagrad (dsfast.optim.CPUAdagrad); "
+                             f"it must be 0, or use torch.optim.Adagrad")
+    return lr, eps, weight_decay
+
+
+def check_lion_hparams(lr, betas, weight_decay):
+    """Validate Lion hyperparameters; returns (lr, (beta1, beta2), weight_decay) as floats."""
+    return check_lr(lr), check_betas(betas), check_nonnegative(weight_decay, "weight_decay")
 
 
 def check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov):

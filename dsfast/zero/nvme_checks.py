@@ -102,10 +102,12 @@ def check_host_memory(need_bytes, pinned_bytes=0, shm_bytes=0, lower="offload_op
 
 
 def moments_per_element(optimizer):
-    """Optimizer states the first step creates per parameter element (Adam's two moments, SGD's momentum), or 0
-    where the optimizer is not one whose states are known."""
+    """Optimizer states the first step creates per parameter element (Adam's two moments, SGD's momentum, Adagrad's
+    sum, Lion's momentum), or 0 where the optimizer is not one whose states are known."""
     import torch
-    from ..optim import CPUAdam, CPUSGD, FusedAdam, FusedSGD
+    from ..optim import CPUAdagrad, CPUAdam, CPULion, CPUSGD, FusedAdam, FusedSGD
+    if isinstance(optimizer, (CPUAdagrad, CPULion, torch.optim.Adagrad)):
+        return 1
     if isinstance(optimizer, (CPUAdam, FusedAdam, torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam,
                               torch.optim.RAdam, torch.optim.Adamax)):
         return 2

@@ -19,6 +19,8 @@
 namespace dsfast {
 
 DSFAST_HD float dsfast_sqrt(float x) { return sqrtf(x); }
+// torch.sign: -1, 0 or +1, and NaN stays NaN (a zero keeps its sign bit; the SIMD wrappers do the same).
+DSFAST_HD float dsfast_sign(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x); }
 
 // Adam / AdamW coefficients for one step of one param group.
 struct AdamCoeffs {
@@ -98,6 +100,55 @@ DSFAST_HD void sgd_update(V& p, V g, V& buf, const SGDCoeffs& c) {
     g = c.nesterov ? g + V(c.momentum) * buf : buf;
   }
   p = p - V(c.lr) * g;
+}
+
+// Adagrad coefficients for one step of one param group (torch.optim.Adagrad with lr_decay 0 and
+// initial_accumulator_value 0, which is all DeepSpeedCPUAdagrad has).
+struct AdagradCoeffs {
+  float lr;
+  float eps;
+  float weight_decay;  // L2: g += weight_decay * p
+  float grad_scale;    // g *= grad_scale first (1 = off; -1 = maximize)
+};
+
+DSFAST_HD AdagradCoeffs make_adagrad_coeffs(double lr, double eps, double weight_decay) {
+  return AdagradCoeffs{(float)lr, (float)eps, (float)weight_decay, 1.0f};
+}
+
+// One element of Adagrad: sum += g^2; p -= lr * g / (sqrt(sum) + eps), as torch.optim.Adagrad.
+template <typename V>
+DSFAST_HD void adagrad_update(V& p, V g, V& sum, const AdagradCoeffs& c) {
+  g = g * V(c.grad_scale);
+  if (c.weight_decay != 0.0f) g = g + V(c.weight_decay) * p;  // skipped at 0, as torch does
+  sum = sum + g * g;
+  p = p - V(c.lr) * (g / (dsfast_sqrt(sum) + V(c.eps)));  // torch's addcdiv order
+}
+
+// Lion coefficients for one step of one param group (Chen et al. 2023, "Symbolic Discovery of
+// Optimization Algorithms", Algorithm 2; DeepSpeedCPULion's arguments).
+struct LionCoeffs {
+  float lr;
+  float beta1, one_minus_beta1;   // the interpolation whose sign is the update
+  float beta2, one_minus_beta2;   // the momentum kept for the next step
+  float decoupled_decay;          // p *= (1 - decoupled_decay), i.e. lr * weight_decay
+  float grad_scale;               // g *= grad_scale first (1 = off; -1 = maximize)
+};
+
+// Arguments are double so that 1 - beta and lr * wd are formed before rounding to float (see make_adam_coeffs).
+DSFAST_HD LionCoeffs make_lion_coeffs(double lr, double beta1, double beta2, double weight_decay) {
+  return LionCoeffs{(float)lr, (float)beta1, (float)(1.0 - beta1), (float)beta2, (float)(1.0 - beta2),
+                    (float)(lr * weight_decay), 1.0f};
+}
+
+// One element of Lion: p = p * (1 - lr * wd) - lr * sign(beta1 * m + (1 - beta1) * g);
+// m = beta2 * m + (1 - beta2) * g. sign(0) is 0, as torch.sign and the paper's.
+template <typename V>
+DSFAST_HD void lion_update(V& p, V g, V& m, const LionCoeffs& c) {
+  g = g * V(c.grad_scale);
+  V direction = dsfast_sign(V(c.beta1) * m + V(c.one_minus_beta1) * g);
+  p = p * (V(1.0f) - V(c.decoupled_decay));
+  p = p - V(c.lr) * direction;
+  m = V(c.beta2) * m + V(c.one_minus_beta2) * g;
 }
 
 }  // namespace dsfast

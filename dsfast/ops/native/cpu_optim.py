@@ -1,5 +1,5 @@
 """The native cpu_optim op (csrc/bindings/cpu_optim.cpp) behind the reference's functions:
-adam_step, sgd_step, available_isas, best_isa, openmp_enabled, same arguments
+adam_step, sgd_step, adagrad_step, lion_step, available_isas, best_isa, openmp_enabled, same arguments
 (dsfast.ops.reference.cpu_optim), and the fake implementations that let FakeTensor,
 torch.compile and opcheck run through the mutating ops."""
 import operator
@@ -13,16 +13,23 @@ from ._errors import retyped
 
 _adam = torch.ops.dsfast.cpu_adam_step.default
 _sgd = torch.ops.dsfast.cpu_sgd_step.default
+_adagrad = torch.ops.dsfast.cpu_adagrad_step.default
+_lion = torch.ops.dsfast.cpu_lion_step.default
 _adam_fill = torch.ops.dsfast.cpu_adam_table_fill_.default
 _adam_table = torch.ops.dsfast.cpu_adam_table_.default
 _sgd_fill = torch.ops.dsfast.cpu_sgd_table_fill_.default
 _sgd_table = torch.ops.dsfast.cpu_sgd_table_.default
+_one_fill = torch.ops.dsfast.cpu_one_state_table_fill_.default
+_adagrad_table = torch.ops.dsfast.cpu_adagrad_table_.default
+_lion_table = torch.ops.dsfast.cpu_lion_table_.default
 _release = torch.ops.dsfast.cpu_table_release_.default
 # Per row: param, grad, exp_avg, exp_avg_sq, out16, step addresses; numel; grad, out, param, state dtype codes;
 # then a reference to each of those six tensors (0 where there is none).
 ADAM_TABLE_COLUMNS, ADAM_HELD = 17, 11
 # param, grad, momentum_buffer, out16 addresses; numel; grad, out, param, state dtype codes; references to the four.
 SGD_TABLE_COLUMNS, SGD_HELD = 13, 9
+# Adagrad / Lion: param, grad, state, out16, step addresses; numel; grad, out, param, state dtype codes; references.
+ONE_STATE_TABLE_COLUMNS, ONE_STATE_HELD = 15, 10
 
 
 def abi():
@@ -77,6 +84,32 @@ def sgd_step(params, grads, momentum_buffers, outs, first_steps, lr, momentum, d
     except RuntimeError as e:
         raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads,
                                                   momentum_buffers=momentum_buffers, outs=outs)) from None
+
+
+def adagrad_step(params, grads, state_sums, outs, steps, lr, eps, weight_decay, grad_scale=1.0, num_threads=0,
+                 isa="auto", label="params", round_seed=0):
+    """Adagrad (torch.optim.Adagrad, lr_decay 0) over lists of CPU tensors in one parallel region; increments each
+    step; outs and round_seed as adam_step."""
+    outs = _fill_missing_outs(params, outs)
+    try:
+        _adagrad(params, grads, state_sums, outs, steps, lr, eps, weight_decay, grad_scale, num_threads, isa, label,
+                 round_seed)
+    except RuntimeError as e:
+        raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads, states=state_sums,
+                                                  outs=outs, steps=steps)) from None
+
+
+def lion_step(params, grads, exp_avgs, outs, steps, lr, beta1, beta2, weight_decay, grad_scale=1.0, num_threads=0,
+              isa="auto", label="params", round_seed=0):
+    """Lion (sign of the interpolated momentum, decoupled weight decay) over lists of CPU tensors in one parallel
+    region; increments each step; outs and round_seed as adam_step."""
+    outs = _fill_missing_outs(params, outs)
+    try:
+        _lion(params, grads, exp_avgs, outs, steps, lr, beta1, beta2, weight_decay, grad_scale, num_threads, isa,
+              label, round_seed)
+    except RuntimeError as e:
+        raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads, states=exp_avgs,
+                                                  outs=outs, steps=steps)) from None
 
 
 # Work tables (csrc/bindings/cpu_optim.cpp): one int64 row per param holding its tensors' addresses and
@@ -145,6 +178,30 @@ def sgd_table_step(table, lr, momentum, dampening, weight_decay, nesterov, grad_
                       isa, round_seed)
 
 
+def one_state_table(params, grads, states, outs, steps, state_key="state", label="params"):
+    """(table, outs) as adam_table, for adagrad_table_step / lion_table_step (states: Adagrad's sums or Lion's
+    momenta; state_key names them in errors)."""
+    outs = _fill_missing_outs(params, outs)
+    table = torch.empty((len(params), ONE_STATE_TABLE_COLUMNS), dtype=torch.int64)
+    try:
+        _one_fill(table, params, grads, states, outs, steps, state_key, label)
+    except RuntimeError as e:
+        raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads, states=states, outs=outs,
+                                                  steps=steps)) from None
+    return _owning(table, ONE_STATE_HELD), outs
+
+
+def adagrad_table_step(table, lr, eps, weight_decay, grad_scale=1.0, num_threads=0, isa="auto", round_seed=0):
+    """adagrad_step over a one_state_table, incrementing each step; False (and nothing written) if a tensor of the
+    table has moved since it was filled."""
+    return _table_ran(_adagrad_table, table, lr, eps, weight_decay, grad_scale, num_threads, isa, round_seed)
+
+
+def lion_table_step(table, lr, beta1, beta2, weight_decay, grad_scale=1.0, num_threads=0, isa="auto", round_seed=0):
+    """lion_step over a one_state_table, as adagrad_table_step."""
+    return _table_ran(_lion_table, table, lr, beta1, beta2, weight_decay, grad_scale, num_threads, isa, round_seed)
+
+
 def _check_table(table, columns, op, rows=None):
     if table.device.type != "cpu" or table.dtype != torch.int64 or table.dim() != 2 or table.shape[1] != columns \
             or not table.is_contiguous() or (rows is not None and table.shape[0] != rows):
@@ -165,6 +222,18 @@ def _adam_fake(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, bet
 def _sgd_fake(params, grads, momentum_buffers, outs, first_steps, lr, momentum, dampening, weight_decay, nesterov,
               grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
     _ref.check_sgd_args(params, grads, momentum_buffers, outs, first_steps, momentum, label)
+
+
+@torch.library.register_fake("dsfast::cpu_adagrad_step")
+def _adagrad_fake(params, grads, state_sums, outs, steps, lr, eps, weight_decay, grad_scale=1.0, num_threads=0,
+                  isa="auto", label="params", round_seed=0):
+    _ref.check_one_state_args(params, grads, state_sums, outs, steps, "state['exp_avg_sq']", label)
+
+
+@torch.library.register_fake("dsfast::cpu_lion_step")
+def _lion_fake(params, grads, exp_avgs, outs, steps, lr, beta1, beta2, weight_decay, grad_scale=1.0, num_threads=0,
+               isa="auto", label="params", round_seed=0):
+    _ref.check_one_state_args(params, grads, exp_avgs, outs, steps, "state['exp_avg']", label)
 
 
 @torch.library.register_fake("dsfast::cpu_adam_table_fill_")
@@ -190,6 +259,23 @@ def _sgd_fill_fake(table, params, grads, momentum_buffers, outs, label="params")
 def _sgd_table_fake(table, lr, momentum, dampening, weight_decay, nesterov, grad_scale=1.0, num_threads=0,
                     isa="auto", round_seed=0):
     _check_table(table, SGD_TABLE_COLUMNS, "cpu_sgd_table_")
+
+
+@torch.library.register_fake("dsfast::cpu_one_state_table_fill_")
+def _one_fill_fake(table, params, grads, states, outs, steps, state_key="state", label="params"):
+    _check_table(table, ONE_STATE_TABLE_COLUMNS, "cpu_one_state_table_fill_", len(params))
+    _ref.check_one_state_args(params, grads, states, outs, steps, f"state[{state_key!r}]", label)
+
+
+@torch.library.register_fake("dsfast::cpu_adagrad_table_")
+def _adagrad_table_fake(table, lr, eps, weight_decay, grad_scale=1.0, num_threads=0, isa="auto", round_seed=0):
+    _check_table(table, ONE_STATE_TABLE_COLUMNS, "cpu_adagrad_table_")
+
+
+@torch.library.register_fake("dsfast::cpu_lion_table_")
+def _lion_table_fake(table, lr, beta1, beta2, weight_decay, grad_scale=1.0, num_threads=0, isa="auto",
+                     round_seed=0):
+    _check_table(table, ONE_STATE_TABLE_COLUMNS, "cpu_lion_table_")
 
 
 @torch.library.register_fake("dsfast::cpu_table_release_")

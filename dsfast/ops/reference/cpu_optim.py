@@ -1,4 +1,4 @@
-"""Pure-torch stand-in for the native `cpu_optim` op: the same functions and arguments
+"""Pure-torch stand-in for the native `cpu_optim` op (Adam, SGD, Adagrad, Lion): the same functions and arguments
 (csrc/bindings/cpu_optim.cpp), the same math (csrc/include/dsfast/optim_math.h), one
 tensor at a time. Used when the extension cannot be built; slower, never silently wrong. 16-bit params (masters) and states
 are computed in fp32 and rounded to nearest even on the way back, as the kernels do.
@@ -179,6 +179,20 @@ def check_sgd_args(params, grads, momentum_buffers, outs, first_steps, momentum,
         _check_out(outs[i] if outs else None, p, w)
 
 
+def check_one_state_args(params, grads, states, outs, steps, state_name, label="params"):
+    """As check_adam_args, for the one-state ops (adagrad_step: state['exp_avg_sq'], lion_step: state['exp_avg'])."""
+    _check_lists(("outs",), params=params, grads=grads, states=states, outs=outs, steps=steps)
+    n = len(params)
+    _check_lengths(n, outs, grads=grads, states=states, steps=steps)
+    for i, p in enumerate(params):
+        w = f"{label}[{i}]"
+        _check_param(p, w)
+        _check_grad(grads[i], p, w)
+        _check_state(states[i], p, w, state_name)
+        _check_out(outs[i] if outs else None, p, w)
+        _check_step(steps[i], w)
+
+
 def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps, weight_decay, adamw,
               bias_correction, grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
     check_adam_args(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label)
@@ -234,3 +248,48 @@ def sgd_step(params, grads, momentum_buffers, outs, first_steps, lr, momentum, d
             _store(stored, p, round_seed, i)
             if outs and outs[i] is not None:
                 outs[i].view(-1).copy_(p.view(-1))
+
+
+def _one_state_step(params, grads, states, outs, steps, grad_scale, round_seed, update):
+    """The loop of adagrad_step / lion_step: update(p, g, state) on fp32 values (copies only of 16-bit tensors), then
+    the stores the kernel makes."""
+    with torch.no_grad():
+        for i, stored in enumerate(params):
+            p, s = stored.float(), states[i].float()
+            g = grads[i].float()
+            if grad_scale != 1.0:
+                g = g * grad_scale
+            update(p, g, s)
+            _store(stored, p, round_seed, i)
+            if s is not states[i]:
+                states[i].copy_(s)
+            if outs and outs[i] is not None:
+                outs[i].view(-1).copy_(p.view(-1))
+            steps[i].add_(1)
+
+
+def adagrad_step(params, grads, state_sums, outs, steps, lr, eps, weight_decay, grad_scale=1.0, num_threads=0,
+                 isa="auto", label="params", round_seed=0):
+    check_one_state_args(params, grads, state_sums, outs, steps, "state['exp_avg_sq']", label)
+    _check_isa(isa)
+
+    def update(p, g, s):
+        if weight_decay != 0:
+            g = g.add(p, alpha=weight_decay)
+        s.addcmul_(g, g)
+        p.addcdiv_(g, s.sqrt().add_(eps), value=-lr)
+
+    _one_state_step(params, grads, state_sums, outs, steps, grad_scale, round_seed, update)
+
+
+def lion_step(params, grads, exp_avgs, outs, steps, lr, beta1, beta2, weight_decay, grad_scale=1.0, num_threads=0,
+              isa="auto", label="params", round_seed=0):
+    check_one_state_args(params, grads, exp_avgs, outs, steps, "state['exp_avg']", label)
+    _check_isa(isa)
+
+    def update(p, g, m):
+        direction = (m * beta1).add_(g, alpha=1 - beta1).sign_()
+        p.mul_(1 - lr * weight_decay).add_(direction, alpha=-lr)
+        m.mul_(beta2).add_(g, alpha=1 - beta2)
+
+    _one_state_step(params, grads, exp_avgs, outs, steps, grad_scale, round_seed, update)

@@ -1,0 +1,89 @@
+"""The step of the CPU optimizers with one state tensor per parameter (CPUAdagrad: the sum of squared gradients,
+CPULion: the momentum): gather each group's tensors (or take them from the list cache), then one native call per
+group over all of them (a work table of them once cached, as CPUAdam's). A subclass names its state key, validates
+its group and calls its kernels."""
+import torch
+
+from . import _cpu_op
+from .validation import check_unsupported_flags
+
+
+class OneStateCPUOptimizer(_cpu_op.CPUOptimizer):
+    STATE_KEY = None   # the per-element state in optimizer.state[p] (DeepSpeed's name for it)
+
+    def _hyperparameters(self, group):
+        """The group's validated hyperparameters, as _kernel takes them."""
+        raise NotImplementedError
+
+    def _kernel(self, hparams, params, grads, states, outs, steps, grad_scale, group_index, indices, seed):
+        """The list op over these tensors."""
+        raise NotImplementedError
+
+    def _table_kernel(self, native, table, hparams, grad_scale, seed):
+        """The table op over a work table of the group's tensors; False if a tensor of it moved."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure=None, fp16_param_groups=None, *, grads=None, grad_scale=None, found_inf=None,
+             clip_coef=None, out16=None):
+        """One step. fp16_param_groups (or out16): optional, per group, a list of bf16/fp16 tensors (one per param)
+        that receive the updated parameters in the same pass. grads, grad_scale, found_inf, clip_coef: the amp
+        contract (optim/amp_step.py), applied inside the kernel."""
+        loss = self._run_closure(closure)
+        multiplier, fp16_param_groups = self._amp_arguments(fp16_param_groups, grad_scale, found_inf, clip_coef,
+                                                            out16)
+        if multiplier is None:
+            return loss
+        keys = (self.STATE_KEY, "step")
+        for gi, group in enumerate(self.param_groups):
+            hparams = self._hyperparameters(group)
+            check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
+            halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
+            listed = grads[gi] if grads is not None else None
+            cached = self._cache.lookup(self, gi, group, keys) if listed is None else None
+            if cached is not None:
+                params, gs, t = cached
+                states, steps = t[self.STATE_KEY], t["step"]
+                outs, indices = (halves or []), range(len(params))
+            else:
+                params, gs, states, steps, outs, indices = self._gather(gi, group, halves, listed)
+                if listed is None:
+                    self._cache.store(self, gi, group, params, keys)
+            if not params:
+                continue
+            scale = -multiplier if group.get("maximize") else multiplier
+            seed = self.round_seed()
+            if cached is not None and _cpu_op.tables_usable():   # the eager fast path: _cpu_op.GroupCache
+                native = _cpu_op.op()
+                if self._cache.table_step(
+                        gi, self.STATE_KEY, gs, (states, steps), outs,
+                        lambda: _cpu_op.call(native.one_state_table, gi, indices, params, gs, states, outs, steps,
+                                             self.STATE_KEY),
+                        lambda table: self._table_kernel(native, table, hparams, scale, seed)):
+                    continue
+            self._kernel(hparams, params, gs, states, outs, steps, scale, gi, indices, seed)
+        return loss
+
+    def _gather(self, group_index, group, halves, listed=None):
+        params, grads, states, steps, outs, indices = [], [], [], [], [], []
+        for j, p in enumerate(group["params"]):
+            g = listed[j] if listed is not None else p.grad
+            if g is None:
+                continue
+            state = self.state[p]
+            if len(state) == 0:
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state[self.STATE_KEY] = torch.zeros_like(p, dtype=self.state_dtype(p),
+                                                         memory_format=torch.contiguous_format)
+            elif self.STATE_KEY not in state:
+                raise ValueError(f"param_groups[{group_index}]['params'][{j}] has optimizer state "
+                                 f"{sorted(state)} without {self.STATE_KEY!r}: it was loaded from another "
+                                 f"optimizer's state dict; load one saved by {type(self).__name__}")
+            params.append(p)
+            grads.append(g)
+            states.append(state[self.STATE_KEY])
+            steps.append(state["step"])
+            indices.append(j)
+            if halves is not None:
+                outs.append(halves[j])
+        return params, grads, states, steps, outs, indices
