@@ -279,7 +279,9 @@ def test_op_builders_load_dsfast_s_ops_and_refuse_the_ones_it_lacks():
     b = CPUAdamBuilder()
     assert b.load() is load("cpu_optim") and b.is_compatible() and b.NAME == "cpu_adam"
     assert b.absolute_name() == "deepspeed.ops.cpu_adam.cpu_adam_op" and FusedAdamBuilder().dsfast_op == "cuda_optim"
-    assert not AsyncIOBuilder().is_compatible() and not CPUAdagradBuilder().is_installed()
+    assert not AsyncIOBuilder().is_compatible()
+    # Adagrad and Lion are kernels of the same cpu_optim op as Adam (deepspeed.ops.adagrad / .lion)
+    assert CPUAdagradBuilder().load() is load("cpu_optim") and CPUAdagradBuilder().dsfast_op == "cpu_optim"
     with pytest.raises(DsfastOpError, match="'async_io' op is not available in dsfast: dsfast's NVMe offload"):
         AsyncIOBuilder().load()
     assert isinstance(ALL_OPS["cpu_adam"], CPUAdamBuilder)

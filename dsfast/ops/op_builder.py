@@ -10,14 +10,13 @@ from . import env, loader, prebuilt, status
 from .errors import DsfastOpError
 
 # DeepSpeed op name -> the dsfast op that does its work (add a line when dsfast gains a kernel family)
-DSFAST_OPS = {"cpu_adam": "cpu_optim", "fused_adam": "cuda_optim"}
+DSFAST_OPS = {"cpu_adam": "cpu_optim", "cpu_adagrad": "cpu_optim", "cpu_lion": "cpu_optim",
+              "fused_adam": "cuda_optim"}
 
 # why a DeepSpeed op has no dsfast counterpart, where a program may look for one
 _MISSING = {
     "async_io": "dsfast's NVMe offload does its own O_DIRECT I/O (dsfast/zero/nvme_io.py) without an async_io op",
     "gds": "dsfast's NVMe offload does its own O_DIRECT I/O (dsfast/zero/nvme_io.py) without GPUDirect Storage",
-    "cpu_adagrad": "dsfast's CPU optimizers are Adam / AdamW (deepspeed.ops.adam.DeepSpeedCPUAdam) and SGD",
-    "cpu_lion": "dsfast's CPU optimizers are Adam / AdamW (deepspeed.ops.adam.DeepSpeedCPUAdam) and SGD",
 }
 
 
