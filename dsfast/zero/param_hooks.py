@@ -16,6 +16,7 @@ import torch
 
 from ..utils.nested import nested_tensors
 from .partitioned_param import gather, record_of
+from .placeholders import PartitionedPlaceholder, refuse_placeholders
 from .prefetch import DEFAULT_BUCKET, DEFAULT_MAX_LIVE, Prefetcher
 
 _ACTIVE = []         # modules whose forward is running, innermost last
@@ -97,8 +98,9 @@ class ParamCoordinator:
             self.handles.append(m.register_forward_pre_hook(self._pre_forward))
             self.handles.append(m.register_forward_hook(self._post_forward, always_call=True))
             if any(record_of(p) is not None for p in dict.values(m._parameters) if p is not None):
-                self.handles.append(m.register_state_dict_pre_hook(_refuse_partitioned_state_dict))
                 self.handles.append(m._register_state_dict_hook(_partitioned_placeholders))
+                self.handles.append(m._register_load_state_dict_pre_hook(_refuse_loading_placeholders,
+                                                                             with_module=True))
 
     def _pre_forward(self, module, args):
         if module is self.model and not _ACTIVE:
@@ -158,49 +160,19 @@ def _released(module):
             if p is not None and record_of(p) is not None and not record_of(p).gathered]
 
 
-def _partitioned_message(names):
-    return (f"state_dict() of a ZeRO stage 3 model: parameter(s) {', '.join(names[:3])} are partitioned across "
-            "ranks (this rank holds a slice only). Call engine.save_16bit_model(save_dir) to write full weights, or "
-            "read them inside `with dsfast.zero.GatheredParameters(engine.module.parameters()): sd = "
-            "engine.module.state_dict()` (on every rank: it is a collective)")
-
-
-def _refuse_partitioned_state_dict(module, prefix, keep_vars):
-    """state_dict() of released parameters. On rank 0 (the rank that writes files) an error saying what to call.
-    On ranks > 0 DeepSpeed's answer, placeholders (empty tensors): frameworks take state_dict() on every rank and
-    write only rank 0's (accelerate's get_state_dict returns None on ranks > 0, then save_pretrained(state_dict=None)
-    calls model.state_dict() there); the placeholders refuse to be pickled (torch.save), so that saving them by
-    mistake is an error, not an empty file."""
-    released = _released(module)
-    if released and _global_rank() == 0:
-        raise RuntimeError(_partitioned_message([prefix + n for n in released]))
-
-
 def _partitioned_placeholders(module, state_dict, prefix, local_metadata):
+    """state_dict() of released parameters: DeepSpeed's placeholders (empty tensors), on every rank, marked so
+    that a file saved from them refuses to load (placeholders.py)."""
     for name in _released(module):
         key = prefix + name
         if key in state_dict:
-            state_dict[key] = PartitionedPlaceholder.of(state_dict[key], key)
+            shape = record_of(module._parameters[name]).shape
+            state_dict[key] = PartitionedPlaceholder.of(state_dict[key], key, shape)
 
 
-class PartitionedPlaceholder(torch.Tensor):
-    """The empty tensor state_dict() holds on ranks > 0 for a partitioned parameter (DeepSpeed's placeholder);
-    torch.save / pickle of it is refused with what to call instead."""
-
-    @staticmethod
-    def of(tensor, key):
-        out = torch.Tensor._make_subclass(PartitionedPlaceholder, tensor.detach(), False)
-        out._dsfast_key = key
-        return out
-
-    def __deepcopy__(self, memo):
-        return PartitionedPlaceholder.of(torch.empty(0, dtype=self.dtype, device=self.device),
-                                         getattr(self, "_dsfast_key", "?"))
-
-    def __reduce_ex__(self, protocol):
-        raise RuntimeError("saving a placeholder: " + _partitioned_message([getattr(self, "_dsfast_key", "?")]))
+def _refuse_loading_placeholders(module, state_dict, prefix, *args):
+    """load_state_dict of placeholders into a partitioned module would copy nothing (both are empty): refused."""
+    refuse_placeholders(state_dict, [prefix + n for n, p in dict.items(module._parameters)
+                                     if p is not None and record_of(p) is not None])
 
 
-def _global_rank():
-    import torch.distributed as dist
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
