@@ -155,3 +155,16 @@ def test_the_default_classes_and_other_stages_flag_without_hooks():
     model = Net()
     dsfast.initialize(model=model, config=_cfg(), dist_init_required=False)
     assert get_z3_leaf_modules(model) == []              # the default classes (HF MoE blocks) are not in it
+
+
+def test_a_root_leaf_whose_inputs_need_no_gradient_trains():
+    # DeepSpeed 0.19.8 raises here (its test_no_grad_input_error); dsfast reduces a leaf's gradients as they come
+    ref = Net()
+    _train(ref)
+    model = Net()
+    set_z3_leaf_modules(model, [Net])
+    engine = dsfast.initialize(model=model, config=_cfg(), dist_init_required=False)[0]
+    _train(engine)
+    with dsfast.zero.GatheredParameters(list(model.parameters())):
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=n)
