@@ -66,6 +66,8 @@ def test_bad_classes_and_classes_not_in_the_model_are_errors_as_in_deepspeed():
     with pytest.raises(ValueError, match=r"No modules of type \['Conv2d'\] found in the model.*Block, Linear"):
         set_z3_leaf_modules(model, [torch.nn.Conv2d])
     assert set_z3_leaf_modules(model, ["NoSuchClass"], raise_if_not_found=False) == []
+    with pytest.raises(ValueError, match="int is not a torch.nn.Module class"):
+        set_z3_leaf_modules(model, [int], raise_if_not_found=False)
     with pytest.raises(ValueError, match="No modules of type"):
         unset_z3_leaf_modules(model, [torch.nn.Conv2d])
 

@@ -7,6 +7,8 @@ collectives would no longer match. The flag is the module attribute `_z3_leaf`, 
 deepspeed.initialize places the stage 3 hooks, so set it before (changing it on a module that already has them is
 an error). zero_optimization.leaf_module in the config names leaf modules too (apply_zero_leaf_module_config).
 """
+import torch
+
 from ..config.zero import DEFAULT_LEAF_MODULE_CLASSES
 from .log import logger
 
@@ -57,6 +59,10 @@ def _set_by_class(model, leaf_module_classes, flag, raise_if_not_found):
     if bad:
         raise LeafModuleClassError(f"leaf_module_classes must be a list of classes or class names (a class's "
                                    f"__name__ or 'module.QualName'); got {bad[0]!r} of type {type(bad[0]).__name__}")
+    not_modules = [s for s in specs if isinstance(s, type) and not issubclass(s, torch.nn.Module)]
+    if not_modules:   # (DeepSpeed: "No modules of type ... found", a ValueError, also with raise_if_not_found=False)
+        raise ValueError(f"leaf_module_classes: {not_modules[0].__name__} is not a torch.nn.Module class; name the "
+                         "module classes whose instances are leaf modules (e.g. the MoE block's)")
     matched = [m for m in model.modules() if any(_class_matches(m, s) for s in specs)]
     if not matched and raise_if_not_found:
         present = sorted({type(m).__name__ for m in model.modules()})
