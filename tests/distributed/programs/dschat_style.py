@@ -2,10 +2,11 @@
 print_rank_0, get_all_reduce_mean, _z3_params_to_fetch, moving_average, save_zero_three_model; the memory estimate
 DeepSpeed's docs suggest; the model built under deepspeed.zero.Init; an EMA copy initialised as a second engine
 with an inference config; at the end, step 1's save: save_hf_format's state_dict() + torch.save on rank 0 only,
-then save_zero_three_model gathering on every rank and overwriting that file). Run with `deepspeed` pointing at dsfast (tests/distributed/deepspeed_shim.py).
+then save_zero_three_model gathering on every rank and overwriting that file). Run with `deepspeed` pointing at
+dsfast (tests/distributed/deepspeed_shim.py).
 
 Rank 0 writes --out: the losses, the parameter count, the saved file's name and, for comparison, the whole weights
-as GatheredParameters over every parameter shows them.
+as GatheredParameters over every parameter shows them and the engine's consolidated 16-bit state dict.
 """
 import argparse
 import json
