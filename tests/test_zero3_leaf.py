@@ -170,3 +170,47 @@ def test_a_root_leaf_whose_inputs_need_no_gradient_trains():
     with dsfast.zero.GatheredParameters(list(model.parameters())):
         for (n, p), q in zip(model.named_parameters(), ref.parameters()):
             torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=n)
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate, self.up, self.down = (torch.nn.Linear(4, 4, bias=False) for _ in range(3))
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.gelu(self.gate(x)) * self.up(x))
+
+
+class FineGrained(torch.nn.Module):
+    """DeepSpeed's test model for stage3_module_granularity_threshold, small: granularities (elements of the
+    subtree per module counted in it) MLP 48 // 4 = 12, fine 144 // 13 = 11, root 484 // 20 = 24 (the ModuleList
+    counts its MLP's 4 modules, not itself)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.coarse1, self.coarse2 = torch.nn.Linear(4, 32), torch.nn.Linear(32, 4)
+        self.fine = torch.nn.Sequential(MLP(), MLP(), MLP())
+        self.fine.__class__ = type("FineGrainedBlock", (torch.nn.Sequential,), {})   # not a container by name
+        self.mlps = torch.nn.ModuleList([MLP()])                                      # a container: never a leaf
+
+    def forward(self, x):
+        return self.mlps[0](self.fine(self.coarse2(self.coarse1(x)))).sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("threshold,leaves", [(23, ["fine", "mlps.0"]), (11, ["fine"]), (24, [""]), (10, [])])
+def test_stage3_module_granularity_threshold_chooses_leaves_as_deepspeed(threshold, leaves, caplog):
+    model = FineGrained()
+    cfg = _cfg()
+    cfg["zero_optimization"]["stage3_module_granularity_threshold"] = threshold
+    with caplog.at_level(logging.WARNING, logger="dsfast.program"):
+        engine = dsfast.initialize(model=model, config=cfg, dist_init_required=False)[0]
+    assert [n for n, m in model.named_modules() if z3_leaf_module(m)] == leaves
+    if not leaves:
+        assert "makes no leaf module: the smallest granularity is 11 (FineGrainedBlock)" in caplog.text
+    ref = FineGrained()
+    _train(ref)
+    _train(engine)
+    with dsfast.zero.GatheredParameters(list(model.parameters())):
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=n)

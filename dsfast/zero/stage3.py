@@ -22,6 +22,7 @@ from .nvme_params import nvme_params
 from .nvme_states import nvme_states
 from .reducer import reducer_for
 from .gather_order import check_same_gathers
+from .leaf_granularity import set_leaves_by_granularity
 from .partitioned_param import DS_PARAM_ATTRS, PartitionedParam, gather, record_of
 from .shard_unit import ShardUnit, UnitStore
 from .shared_params import SharedParams, shareable
@@ -289,6 +290,8 @@ def build_stage3_owner(model, params, group_of, policy, world, rank, placement, 
     for r in persistent:
         r.persistent = True
     gather(persistent)
+    if int(zero_cfg.module_granularity_threshold) > 0:
+        set_leaves_by_granularity(model, int(zero_cfg.module_granularity_threshold))
     prefetch = world > 1 and store.shared is None   # gathers by collectives: hide them behind compute
     coordinator = ParamCoordinator(model, prefetch=prefetch, prefetch_bucket=int(zero_cfg.prefetch_bucket_size),
                                    max_live=int(zero_cfg.max_live_parameters))
