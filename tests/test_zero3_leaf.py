@@ -2,7 +2,7 @@
 friends (classes, class names, subclasses, names, suffixes, bad input) and zero_optimization.leaf_module, against
 DeepSpeed 0.19.8's behaviour (its z3_leaf_module.py and leaf_module_config.py, read); at stage 3 a leaf gathers its
 whole subtree before its forward and nothing inside it is hooked. The multi-rank MoE case:
-tests/distributed/test_zero3_leaf.py."""
+tests/distributed/test_zero3_leaf_dp.py."""
 import logging
 
 import pytest

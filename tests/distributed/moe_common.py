@@ -1,5 +1,5 @@
 """A tiny MoE model whose ranks run different experts (the routing is data: each sample names its expert), its
-data and config, shared by worker_zero3_leaf.py and its one-process torch reference (test_zero3_leaf.py).
+data and config, shared by worker_zero3_leaf.py and its one-process torch reference (test_zero3_leaf_dp.py).
 
 Rank 0's samples go to experts 0 and 1, rank 1's to experts 1 and 2; expert 3 gets none anywhere. Under ZeRO stage
 3 hooks on each expert, rank 0 would gather expert 0 while rank 1 gathers expert 2: the MoE block must be a leaf.
