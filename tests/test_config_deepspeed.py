@@ -11,8 +11,6 @@ from _deepspeed_cases import CONFIG_PAIRS, GOLDEN_DEEPSPEED, config_fields, deep
 KNOWN_DIFFERENCES = {
     # ours maps the deprecated key onto gather_16bit_weights_on_model_save, so None means "not given"
     ("DeepSpeedZeroConfig", "stage3_gather_fp16_weights_on_model_save"),
-    # DeepSpeed lists HF MoE classes by default; they only matter at stage 3
-    ("DeepSpeedZeroConfig", "leaf_module"),
 }
 
 

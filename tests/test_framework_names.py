@@ -1,7 +1,7 @@
 """What frameworks and programs built on DeepSpeed reach for, in one process: deepspeed.launcher.runner
 (accelerate launch --use_deepspeed), deepspeed.utils.logging.logger (Lightning), deepspeed.compression.helper and
-engine.tput_timer (DeepSpeed-Chat), state_dict() placeholders of a ZeRO stage 3 model on ranks > 0 (accelerate's
-save at stage 3). Each checked against DeepSpeed 0.19.8's documented behaviour (its source, read)."""
+engine.tput_timer (DeepSpeed-Chat), state_dict() placeholders of a ZeRO stage 3 model (accelerate's and
+DeepSpeed-Chat's saves at stage 3). Each checked against DeepSpeed 0.19.8's documented behaviour (its source, read)."""
 import copy
 import io
 import logging
@@ -135,19 +135,35 @@ def _stage3_engine():
     return dsfast.initialize(model=model, config=cfg, dist_init_required=False)[0]
 
 
-def test_stage3_state_dict_on_a_rank_above_0_gives_placeholders_that_refuse_to_be_saved(monkeypatch):
-    from dsfast.zero import param_hooks
+def test_stage3_state_dict_gives_placeholders_on_every_rank_that_save_with_a_warning_into_a_file_that_refuses_to_load(
+        tmp_path):
+    from dsfast.zero.placeholders import PartitionedPlaceholder, zero3_placeholder_without_weights
     engine = _stage3_engine()
-    with pytest.raises(RuntimeError, match=r"partitioned across ranks.*save_16bit_model"):
-        engine.module.state_dict()                      # rank 0, which writes files: refused, as before
-    monkeypatch.setattr(param_hooks, "_global_rank", lambda: 1)
-    sd = engine.module.state_dict()                     # what accelerate's save_pretrained(state_dict=None) takes
+    sd = engine.module.state_dict()         # DeepSpeed's answer on every rank: DeepSpeed-Chat's save_hf_format
     assert list(sd) == ["0.weight", "0.bias", "1.weight", "1.bias"]
-    assert all(t.numel() == 0 and isinstance(t, param_hooks.PartitionedPlaceholder) for t in sd.values())
+    assert all(t.numel() == 0 and isinstance(t, PartitionedPlaceholder) for t in sd.values())
     assert copy.deepcopy(sd)["0.weight"].numel() == 0
-    with pytest.raises(RuntimeError, match=r"saving a placeholder: .*parameter\(s\) 0.weight are partitioned"):
-        torch.save(sd, io.BytesIO())
-    with dsfast.zero.GatheredParameters(list(engine.module.parameters())):     # gathered: real tensors, any rank
+    path = tmp_path / "pytorch_model.bin"
+    with pytest.warns(UserWarning, match=r"saving placeholders, not weights: .*save_16bit_model"):
+        torch.save(sd, path)                # works, as in DeepSpeed (the program goes on) ...
+    no_weights = r"this file holds no weights for '0.weight' \(shape \[8, 4\], torch.float32\).*save_16bit_model"
+    with pytest.raises(RuntimeError, match=no_weights):
+        torch.load(path, weights_only=False)  # ... but the file never passes for a model
+    with pytest.raises(Exception, match="zero3_placeholder_without_weights"):
+        torch.load(path)                    # weights_only: torch's own refusal names the marker
+    with torch.serialization.safe_globals([zero3_placeholder_without_weights]):
+        with pytest.raises(RuntimeError, match=no_weights):
+            torch.load(path)
+    # a state_dict of placeholders loaded back: refused, not a silent no-op (both sides are empty) or zeroed shards
+    placeholders = r"load_state_dict: 0.weight, 0.bias.* hold\(s\) placeholders, not weights.*GatheredParameters"
+    with pytest.raises(RuntimeError, match=placeholders):
+        engine.module.load_state_dict(sd)
+    with pytest.raises(RuntimeError, match=placeholders):
+        engine.load_module_state_dict(sd)     # dsfast's own stage-3 loader
+    with dsfast.zero.GatheredParameters(list(engine.module.parameters())):     # gathered: real tensors
         whole = engine.module.state_dict()
     assert whole["0.weight"].shape == (8, 4) and type(whole["0.weight"]) is torch.Tensor
-    torch.save(whole, io.BytesIO())
+    torch.save(whole, path)
+    engine.load_module_state_dict({k: v * 2 for k, v in torch.load(path).items()})   # whole weights load back
+    with dsfast.zero.GatheredParameters(list(engine.module.parameters())):
+        assert all(torch.equal(v, 2 * whole[k]) for k, v in engine.module.state_dict().items())

@@ -29,12 +29,11 @@ def test_world_of_one_trains_exactly_as_stage0(precision, offload, offload_param
     assert got.get_global_grad_norm() == pytest.approx(ref.get_global_grad_norm(), rel=1e-5)
 
 
-def test_parameters_are_released_between_steps_and_state_dict_says_what_to_call():
+def test_parameters_are_released_between_steps_and_state_dict_holds_placeholders():
     engine = _train(_cfg3(), steps=2)
     assert all(p.numel() == 0 for p in engine.module.parameters())
     assert not engine.memory_breakdown()["gathered"]
-    with pytest.raises(RuntimeError, match=r"partitioned across ranks.*save_16bit_model.*GatheredParameters"):
-        engine.module.state_dict()
+    assert all(v.numel() == 0 for v in engine.module.state_dict().values())   # DeepSpeed's (test_framework_names)
     with dsfast.zero.GatheredParameters(engine.module.parameters()):
         sd = engine.module.state_dict()
         assert engine.memory_breakdown()["gathered"]

@@ -75,11 +75,31 @@ class OffloadParamConfig(_OffloadTarget):
     pin_memory: bool = True          # DeepSpeed's default since 0.19.5 (false before); only CUDA pins
 
 
+# DeepSpeed 0.19.8's leaf_module.classes: Hugging Face's MoE blocks, leaf modules whenever a model has them
+DEFAULT_LEAF_MODULE_CLASSES = [
+    "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+    "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+]
+
+
 class LeafModuleConfig(StrictModel):
-    """Stage 3: modules gathered as a whole (DeepSpeed's defaults name HF MoE blocks)."""
-    classes: List[str] = Field(default_factory=list)
+    """Stage 3 leaf modules, gathered as a whole (dsfast.utils.z3_leaf_module): by class (`__name__` or
+    'module.QualName'), by name in named_modules(), by name suffix. A single string is a list of one, as in
+    DeepSpeed; duplicates are dropped."""
+    classes: List[str] = Field(default_factory=lambda: list(DEFAULT_LEAF_MODULE_CLASSES))
     names: List[str] = Field(default_factory=list)
     name_suffixes: List[str] = Field(default_factory=list)
+
+    @field_validator("classes", "names", "name_suffixes", mode="before")
+    @classmethod
+    def _one_or_many(cls, v):
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("classes", "names", "name_suffixes")
+    @classmethod
+    def _unique(cls, v):
+        return list(dict.fromkeys(v))
 
 
 class ZeroConfig(StrictModel):

@@ -20,7 +20,10 @@ Files, one job each:
   shard_step.py        the update of the units through the optimizer contract (optim/amp_step.py)
   sharded.py           the stage 1 and stage 2 state owners (reduce-scatter during backward)
   partitioned_param.py stage 3: one rank's slice of each parameter, gathered whole only while used
-  param_hooks.py       stage 3: module hooks that gather around forward / backward, external parameters
+  param_hooks.py       stage 3: module hooks that gather around forward / backward, external parameters, leaf modules
+  leaf_granularity.py  stage 3: leaf modules chosen by size (stage3_module_granularity_threshold)
+  gather_order.py      stage 3: every rank all-gathered the same parameters (checked at the end of each backward)
+  placeholders.py      stage 3: what state_dict() holds for a partitioned parameter (saves with a warning, never loads)
   stage3.py            the stage 3 state owner (gradients reduced in buckets, step on the shards)
   shared_params.py     stage 3, same-host CPU ranks: the parameter shards published in one /dev/shm table
   gathered.py          GatheredParameters (whole parameters inside a `with` block)

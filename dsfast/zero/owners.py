@@ -13,6 +13,7 @@ import contextlib
 import torch
 
 from ..config.master_precision import master_dtype_name
+from ..utils.z3_leaf_module import apply_zero_leaf_module_config
 from .placement import placement_of
 from .precision import precision_policy
 from .shm_reduce import shm_allocator
@@ -26,6 +27,7 @@ def build_owner(cfg, model, trainable, groups, bucket, dp, device):
     placement = placement_of(cfg.zero_optimization, device, aio=cfg.aio)
     policy = precision_policy(cfg.precision, cfg.zero_stage, cfg.communication_data_type,
                               master=master_dtype_name(cfg), states_16bit=cfg.bf16.bf16_optimizer_states)
+    apply_zero_leaf_module_config(model, cfg.zero_optimization.leaf_module)   # (flags; stage 3 acts on them)
     if cfg.zero_stage == 3:
         from .stage3 import build_stage3_owner
         return build_stage3_owner(model, trainable, group_of, policy, world, rank, placement,

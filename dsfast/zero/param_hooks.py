@@ -11,11 +11,17 @@ model's head, `x @ self.emb.weight.T`) finds it released. Every module's `_param
 ZeroParamDict, whose lookup (what `module.weight` does) gathers such a parameter and registers it on the module
 whose forward is running, so it is gathered with that module from then on, in forward and backward (DeepSpeed
 does the same with its ZeROOrderedDict). dsfast.zero.register_external_parameter does it explicitly.
+
+Leaf modules (`module._z3_leaf`, set by deepspeed.utils.set_z3_leaf_modules or zero_optimization.leaf_module; read
+here, when the hooks are placed): the leaf gathers the parameters of its whole subtree as its own, and the modules
+inside it get no hooks. Every rank then gathers the same parameters whatever runs inside (an MoE block whose ranks
+route to different experts), where per-module hooks would make the ranks' collectives differ.
 """
 import torch
 
 from ..utils.nested import nested_tensors
 from .partitioned_param import gather, record_of
+from .placeholders import PartitionedPlaceholder, refuse_placeholders
 from .prefetch import DEFAULT_BUCKET, DEFAULT_MAX_LIVE, Prefetcher
 
 _ACTIVE = []         # modules whose forward is running, innermost last
@@ -25,6 +31,7 @@ CONSTRUCTION = []    # zero.Init's window while a module's __init__ runs under i
 class ZeroParamDict(dict):
     """module._parameters that gathers a released parameter read during another module's forward (and, under
     zero.Init, one read while a module is being built: init.py)."""
+    leaf = None   # the leaf module whose subtree holds this dict's module: its parameters are that leaf's own
 
     def items(self):
         if CONSTRUCTION:
@@ -38,7 +45,7 @@ class ZeroParamDict(dict):
         if _ACTIVE and p is not None:
             rec = getattr(p, "_dsfast_z3", None)
             active = _ACTIVE[-1]
-            if rec is not None and active.__dict__.get("_parameters") is not self:
+            if rec is not None and active.__dict__.get("_parameters") is not self and self.leaf is not active:
                 _add_external(active, rec)
         return p
 
@@ -88,11 +95,12 @@ def unregister_external_parameter(module, parameter):
 
 def _records(module):
     out, seen = [], set()
-    for p in dict.values(module._parameters):
-        rec = record_of(p) if p is not None else None
-        if rec is not None and id(rec) not in seen:
-            seen.add(id(rec))
-            out.append(rec)
+    for m in module.__dict__.get("_dsfast_leaf_subtree", (module,)):
+        for p in dict.values(m._parameters):
+            rec = record_of(p) if p is not None else None
+            if rec is not None and id(rec) not in seen:
+                seen.add(id(rec))
+                out.append(rec)
     for rec in module.__dict__.get("_dsfast_external", ()):
         if id(rec) not in seen:
             seen.add(id(rec))
@@ -112,14 +120,20 @@ class ParamCoordinator:
         self.prefetcher = Prefetcher(_records, prefetch, prefetch_bucket, max_live)
         self.backward_prefetcher = Prefetcher(_records, prefetch, prefetch_bucket, max_live)
         self.handles = []
+        inside = _leaf_subtrees(model)   # module id -> the (outermost) leaf module it is inside of
         for m in model.modules():
             if not isinstance(m._parameters, ZeroParamDict):
                 m._parameters = ZeroParamDict(m._parameters)
-            self.handles.append(m.register_forward_pre_hook(self._pre_forward))
-            self.handles.append(m.register_forward_hook(self._post_forward, always_call=True))
+            m.__dict__["_dsfast_z3_hooked"] = True
+            leaf = inside.get(id(m))
+            m._parameters.leaf = leaf
+            if leaf is None or leaf is m:   # (nothing inside a leaf is hooked)
+                self.handles.append(m.register_forward_pre_hook(self._pre_forward))
+                self.handles.append(m.register_forward_hook(self._post_forward, always_call=True))
             if any(record_of(p) is not None for p in dict.values(m._parameters) if p is not None):
-                self.handles.append(m.register_state_dict_pre_hook(_refuse_partitioned_state_dict))
                 self.handles.append(m._register_state_dict_hook(_partitioned_placeholders))
+                self.handles.append(m._register_load_state_dict_pre_hook(_refuse_loading_placeholders,
+                                                                             with_module=True))
 
     def _pre_forward(self, module, args):
         if module is self.model and not _ACTIVE:
@@ -172,6 +186,32 @@ class ParamCoordinator:
         for m in self.model.modules():
             if isinstance(m._parameters, ZeroParamDict):
                 m._parameters = dict(m._parameters)
+            for name in ("_dsfast_z3_hooked", "_dsfast_leaf_subtree"):
+                m.__dict__.pop(name, None)
+            for p in m._parameters.values():
+                if p is not None and hasattr(p, "ds_z3_leaf_module"):
+                    del p.ds_z3_leaf_module
+
+
+def hooked(module):
+    """Whether a ParamCoordinator placed its hooks on `module` (and has not detached)."""
+    return bool(module.__dict__.get("_dsfast_z3_hooked"))
+
+
+def _leaf_subtrees(model):
+    """{id(module): the outermost leaf module containing it (itself for a leaf)} for every module inside a leaf;
+    each leaf keeps its subtree (what it gathers) and its parameters point at it (DeepSpeed's ds_z3_leaf_module)."""
+    inside = {}
+    for leaf in model.modules():
+        if not getattr(leaf, "_z3_leaf", False) or id(leaf) in inside:
+            continue
+        subtree = list(leaf.modules())
+        leaf.__dict__["_dsfast_leaf_subtree"] = subtree
+        for m in subtree:
+            inside[id(m)] = leaf
+        for p in leaf.parameters():
+            p.ds_z3_leaf_module = leaf
+    return inside
 
 
 def _released(module):
@@ -179,49 +219,19 @@ def _released(module):
             if p is not None and record_of(p) is not None and not record_of(p).gathered]
 
 
-def _partitioned_message(names):
-    return (f"state_dict() of a ZeRO stage 3 model: parameter(s) {', '.join(names[:3])} are partitioned across "
-            "ranks (this rank holds a slice only). Call engine.save_16bit_model(save_dir) to write full weights, or "
-            "read them inside `with dsfast.zero.GatheredParameters(engine.module.parameters()): sd = "
-            "engine.module.state_dict()` (on every rank: it is a collective)")
-
-
-def _refuse_partitioned_state_dict(module, prefix, keep_vars):
-    """state_dict() of released parameters. On rank 0 (the rank that writes files) an error saying what to call.
-    On ranks > 0 DeepSpeed's answer, placeholders (empty tensors): frameworks take state_dict() on every rank and
-    write only rank 0's (accelerate's get_state_dict returns None on ranks > 0, then save_pretrained(state_dict=None)
-    calls model.state_dict() there); the placeholders refuse to be pickled (torch.save), so that saving them by
-    mistake is an error, not an empty file."""
-    released = _released(module)
-    if released and _global_rank() == 0:
-        raise RuntimeError(_partitioned_message([prefix + n for n in released]))
-
-
 def _partitioned_placeholders(module, state_dict, prefix, local_metadata):
+    """state_dict() of released parameters: DeepSpeed's placeholders (empty tensors), on every rank, marked so
+    that a file saved from them refuses to load (placeholders.py)."""
     for name in _released(module):
         key = prefix + name
         if key in state_dict:
-            state_dict[key] = PartitionedPlaceholder.of(state_dict[key], key)
+            shape = record_of(module._parameters[name]).shape
+            state_dict[key] = PartitionedPlaceholder.of(state_dict[key], key, shape)
 
 
-class PartitionedPlaceholder(torch.Tensor):
-    """The empty tensor state_dict() holds on ranks > 0 for a partitioned parameter (DeepSpeed's placeholder);
-    torch.save / pickle of it is refused with what to call instead."""
-
-    @staticmethod
-    def of(tensor, key):
-        out = torch.Tensor._make_subclass(PartitionedPlaceholder, tensor.detach(), False)
-        out._dsfast_key = key
-        return out
-
-    def __deepcopy__(self, memo):
-        return PartitionedPlaceholder.of(torch.empty(0, dtype=self.dtype, device=self.device),
-                                         getattr(self, "_dsfast_key", "?"))
-
-    def __reduce_ex__(self, protocol):
-        raise RuntimeError("saving a placeholder: " + _partitioned_message([getattr(self, "_dsfast_key", "?")]))
+def _refuse_loading_placeholders(module, state_dict, prefix, *args):
+    """load_state_dict of placeholders into a partitioned module would copy nothing (both are empty): refused."""
+    refuse_placeholders(state_dict, [prefix + n for n, p in dict.items(module._parameters)
+                                     if p is not None and record_of(p) is not None])
 
 
-def _global_rank():
-    import torch.distributed as dist
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

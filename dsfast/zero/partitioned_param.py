@@ -34,6 +34,7 @@ import itertools
 import torch
 
 from ..comm.flat_collectives import all_gather_flat
+from .gather_order import note_launch
 from .partition import ALIGN, BucketPlan, Entry, round_up
 
 
@@ -123,6 +124,8 @@ class PartitionedParam:
         self.shared, self.shared_offset = None, 0   # shared_params.SharedParams: same-host ranks' snapshot
         self.flight = None                           # prefetch.Flight filling `full` (GATHERING)
         self.swap = None                             # nvme_params.NvmeParams when the shard lives in a swap file
+        self.position = None                         # its index among its model's parameters (stage 3 owner)
+        self.name = None                             # and its name there (for errors)
         param.data = self._empty()
         param._dsfast_z3 = self
         param.ds_id, param.ds_shape, param.ds_numel = next(_ids), torch.Size(self.shape), self.numel
@@ -198,6 +201,7 @@ class PartitionedParam:
         if self.world == 1:
             self.full.copy_(self._src())
             return None
+        note_launch([self])
         return all_gather_flat(self.full, self._src(), group=self.group, async_op=True)
 
     def _publish(self):
@@ -299,6 +303,7 @@ def _launch_coalesced(recs):
     out = torch.empty(recs[0].world * total, dtype=recs[0].dtype, device=recs[0].device)
     for r in recs:
         r._alloc_full()
+    note_launch(recs)
     return recs, all_gather_flat(out, src, group=recs[0].group, async_op=True), out, total
 
 

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from .partitioned_param import gather, record_of
+from .placeholders import refuse_placeholders
 
 
 @torch.no_grad()
@@ -38,7 +39,7 @@ def gathered_state_dict(module, on_rank0_only=True, exclude_frozen=False):
 
 def persistent_buffers(module):
     """{name: buffer} of what module.state_dict() holds besides parameters (without calling it: a stage-3
-    module refuses state_dict() while its parameters are partitioned)."""
+    module's state_dict() holds placeholders while its parameters are partitioned)."""
     params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
     out = {}
     for mod_name, m in module.named_modules(remove_duplicate=False):
@@ -56,6 +57,7 @@ def load_partitioned_state_dict(module, sd, strict=True):
     parameter from the whole tensors in `sd` (every rank holds the same `sd`); buffers are copied as they are.
     Returns torch's (missing_keys, unexpected_keys) result."""
     from torch.nn.modules.module import _IncompatibleKeys
+    refuse_placeholders(sd, list(sd))   # (a slice of an empty tensor would zero the shard)
     expected = set()
     for name, p in module.named_parameters(remove_duplicate=False):
         expected.add(name)

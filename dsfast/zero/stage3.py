@@ -21,6 +21,8 @@ from .param_hooks import ParamCoordinator
 from .nvme_params import nvme_params
 from .nvme_states import nvme_states
 from .reducer import reducer_for
+from .gather_order import check_same_gathers
+from .leaf_granularity import set_leaves_by_granularity
 from .partitioned_param import DS_PARAM_ATTRS, PartitionedParam, gather, record_of
 from .shard_unit import ShardUnit, UnitStore
 from .shared_params import SharedParams, shareable
@@ -150,6 +152,8 @@ class Stage3(_ShardedBase):
         for r in self.store.all_records:   # frozen parameters, ones whose gradient never came
             r.backward_hold = False
             r.release()
+        if self.store.world > 1 and self.store.shared is None:   # (gathers by collectives)
+            check_same_gathers(self.group, self.store.device)
 
     @torch.no_grad()
     def shard_changed(self, param):
@@ -239,6 +243,7 @@ def build_stage3_owner(model, params, group_of, policy, world, rank, placement, 
     pin_param = bool(placement.offload_params and zero_cfg.offload_param.pin_memory)
     shard_device = placement.params_device
     records = []
+    names = {id(p): n for n, p in model.named_parameters()}
     for p in _unique_params(model):
         rec = record_of(p)
         if rec is None:
@@ -247,6 +252,7 @@ def build_stage3_owner(model, params, group_of, policy, world, rank, placement, 
             if rec.swap is not None and placement.nvme_params is None:
                 _bring_back(rec)   # zero.Init put it on NVMe; this run keeps parameters in memory
             _adopt(rec, p, world, rank, group, device, shard_device, pin_param)
+        rec.position, rec.name = len(records), names.get(id(p))   # (gather_order.py tells them apart by these)
         records.append(rec)
     trained = [record_of(p) for p in params]
     # before the 16-bit cast rounds them (shards zero.Init put on NVMe: read one by one by the store)
@@ -284,6 +290,8 @@ def build_stage3_owner(model, params, group_of, policy, world, rank, placement, 
     for r in persistent:
         r.persistent = True
     gather(persistent)
+    if int(zero_cfg.module_granularity_threshold) > 0:
+        set_leaves_by_granularity(model, int(zero_cfg.module_granularity_threshold))
     prefetch = world > 1 and store.shared is None   # gathers by collectives: hide them behind compute
     coordinator = ParamCoordinator(model, prefetch=prefetch, prefetch_bucket=int(zero_cfg.prefetch_bucket_size),
                                    max_live=int(zero_cfg.max_live_parameters))

@@ -1,8 +1,10 @@
 """A DeepSpeed-Chat-style ZeRO stage 3 program (programs/dschat_style.py) run unchanged with `import deepspeed`
 pointing at dsfast, on 2 gloo ranks: it counts parameters with ds_numel, trains, keeps an EMA engine, and saves the
-model the way DeepSpeed-Chat does (gathering each parameter that `hasattr(p, "ds_id")` and ds_status mark as
-partitioned). The saved file must hold the whole trained weights: without DeepSpeed's parameter attributes that
-program saves empty tensors and reports no error."""
+model the way DeepSpeed-Chat's step 1 does: save_hf_format on rank 0 only (state_dict() and torch.save: at stage 3
+DeepSpeed's placeholders, which dsfast saves with a warning into a file that refuses to load), then
+save_zero_three_model over the same file (gathering each parameter that `hasattr(p, "ds_id")` and ds_status mark as
+partitioned). The final file must hold the whole trained weights, equal to the engine's consolidated 16-bit ones:
+without DeepSpeed's parameter attributes that program saves empty tensors and reports no error."""
 import json
 import os
 import sys
@@ -35,7 +37,14 @@ def test_dschat_style_stage3_program_saves_the_whole_trained_model(tmp_path):
     assert losses[-1] < 0.8 * losses[0], (losses, log)
     saved = torch.load(save_dir / "pytorch_model.bin")
     whole = torch.load(save_dir / "reference.bin")
+    consolidated = torch.load(save_dir / "consolidated.bin")
     assert {k: tuple(v.shape) for k, v in saved.items()} == SHAPES
     for k, v in saved.items():
         assert torch.equal(v.float(), whole[k]), k
+        assert v.dtype == consolidated[k].dtype == torch.bfloat16 and torch.equal(v, consolidated[k]), k
+    # save_hf_format's file, before save_zero_three_model overwrote it: placeholders, saved with a warning naming
+    # the fix, into a file that refuses to load naming the parameter
+    assert "saving placeholders, not weights" in log and "save_16bit_model" in log, log
+    assert result["first_load_error"].startswith("this file holds no weights for 'embed.weight' (shape [64, 32]"), \
+        result
     assert "were changed inside the block" not in log, log   # the EMA copy is persistent: its changes stay

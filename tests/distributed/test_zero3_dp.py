@@ -111,15 +111,13 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_every_rank(two):
 
 
 def test_no_rank_holds_the_parameters_between_steps(two):
-    for rank, r in enumerate(two["s3_fancy"]):
+    for r in two["s3_fancy"]:
         assert all(s == (0,) for s in r["shapes"].values()), r["shapes"]
-        if rank == 0:    # the rank that writes files: state_dict() says what to call instead
-            assert "partitioned across ranks" in r["sd_error"] and "save_16bit_model" in r["sd_error"]
-        else:            # DeepSpeed's placeholders (accelerate's save on every rank), which refuse torch.save
-            assert r["sd_error"] is None and r["placeholders"], r
-            partitioned = {k: v for k, v in r["placeholders"].items() if v[0] == "PartitionedPlaceholder"}
-            assert partitioned and all(numel == 0 for _, numel in partitioned.values()), r["placeholders"]
-            assert r["save_error"].startswith("saving a placeholder: state_dict() of a ZeRO stage 3 model")
+        # DeepSpeed's placeholders on every rank (accelerate's and DeepSpeed-Chat's saves), saved with a warning
+        # into a file that refuses to load
+        partitioned = {k: v for k, v in r["placeholders"].items() if v[0] == "PartitionedPlaceholder"}
+        assert partitioned and all(numel == 0 for _, numel in partitioned.values()), r["placeholders"]
+        assert r["save_error"].startswith("this file holds no weights for "), r["save_error"]
 
 
 def test_persistent_parameters_stay_whole(two):

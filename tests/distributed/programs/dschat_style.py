@@ -1,10 +1,12 @@
 """A ZeRO stage 3 fine-tuning program written the way DeepSpeed-Chat's training scripts are (its utils.py helpers:
 print_rank_0, get_all_reduce_mean, _z3_params_to_fetch, moving_average, save_zero_three_model; the memory estimate
 DeepSpeed's docs suggest; the model built under deepspeed.zero.Init; an EMA copy initialised as a second engine
-with an inference config). Run with `deepspeed` pointing at dsfast (tests/distributed/deepspeed_shim.py).
+with an inference config; at the end, step 1's save: save_hf_format's state_dict() + torch.save on rank 0 only,
+then save_zero_three_model gathering on every rank and overwriting that file). Run with `deepspeed` pointing at
+dsfast (tests/distributed/deepspeed_shim.py).
 
 Rank 0 writes --out: the losses, the parameter count, the saved file's name and, for comparison, the whole weights
-as GatheredParameters over every parameter shows them.
+as GatheredParameters over every parameter shows them and the engine's consolidated 16-bit state dict.
 """
 import argparse
 import json
@@ -40,6 +42,20 @@ def moving_average(model, model_ema, beta=0.992, zero_stage=0):
             should_gather_param = len(params_to_fetch) > 0
             with deepspeed.zero.GatheredParameters(params_to_fetch, enabled=should_gather_param):
                 param_ema.data.copy_(torch.lerp(param.data, param_ema.data, beta))
+
+
+def save_hf_format(model, output_dir):
+    # DeepSpeed-Chat's: called on rank 0 only, whatever the stage (at stage 3 its state_dict() holds placeholders,
+    # and save_zero_three_model writes the real weights over this file next)
+    model_to_save = model.module if hasattr(model, "module") else model
+    os.makedirs(output_dir, exist_ok=True)
+    output_model_file = os.path.join(output_dir, "pytorch_model.bin")
+    save_dict = model_to_save.state_dict()
+    for key in list(save_dict.keys()):
+        if "lora" in key:
+            del save_dict[key]
+    torch.save(save_dict, output_model_file)
+    return output_model_file
 
 
 def save_zero_three_model(model_ema, global_rank, save_dir, zero_stage=0):
@@ -139,15 +155,30 @@ def main():
         if (step + 1) % (args.steps // 2) == 0:      # two "epochs"; DeepSpeed-Chat counts them on the engine
             engine.tput_timer.update_epoch_count()
 
-    saved = save_zero_three_model(engine, rank, args.output_dir, zero_stage=args.zero_stage)
+    # the end of DeepSpeed-Chat's step 1 (main.py): rank 0 saves in HF format, then stage 3 gathers and overwrites
+    first_load_error = None
+    if rank == 0:
+        first = save_hf_format(engine, args.output_dir)
+        try:                          # (for the test: what that first file holds before it is overwritten)
+            torch.load(first, weights_only=False)
+        except RuntimeError as err:
+            first_load_error = str(err)
+    if args.zero_stage == 3:
+        saved = save_zero_three_model(engine, rank, args.output_dir, zero_stage=args.zero_stage)
+    else:
+        saved = first if rank == 0 else None
+    consolidated = engine._zero3_consolidated_16bit_state_dict() if args.zero_stage == 3 else None
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), enabled=args.zero_stage == 3):
         whole = {k: v.detach().float().cpu() for k, v in engine.module.named_parameters()}
     if rank == 0:
         torch.save(whole, os.path.join(args.output_dir, "reference.bin"))
+        if consolidated is not None:
+            torch.save(consolidated, os.path.join(args.output_dir, "consolidated.bin"))
         with open(args.out, "w") as f:
             json.dump({"losses": losses, "n_params": n_params, "saved": saved,
                        "engine_type": type(engine).__module__, "epochs": engine.tput_timer.epoch_count,
-                       "timed_steps": engine.tput_timer.global_step_count}, f)
+                       "timed_steps": engine.tput_timer.global_step_count,
+                       "first_load_error": first_load_error}, f)
     torch.distributed.barrier()
 
 
