@@ -15,7 +15,9 @@ import dsfast
 ROOT = os.path.dirname(dsfast.__file__)
 LAYERS = ["ops", "optim", "zero", "checkpoint", "engine"]
 # DeepSpeed's import paths that dsfast keeps where DeepSpeed has them: re-exports, not dependencies of the layer
-COMPAT_PATHS = {"ops/adam.py": "deepspeed.ops.adam re-exports dsfast.optim's DeepSpeedCPUAdam / FusedAdam"}
+COMPAT_PATHS = {"ops/adam.py": "deepspeed.ops.adam re-exports dsfast.optim's DeepSpeedCPUAdam / FusedAdam",
+                "ops/adagrad.py": "deepspeed.ops.adagrad re-exports dsfast.optim's DeepSpeedCPUAdagrad",
+                "ops/lion.py": "deepspeed.ops.lion re-exports dsfast.optim's DeepSpeedCPULion"}
 
 
 def _package_of(module_name):
