@@ -35,9 +35,9 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
                  load_module_only)
 
 
-def consolidate(ckpt_dir, tag=None):
-    from .consolidate import consolidate as _consolidate
-    return _consolidate(ckpt_dir, tag)
+# imported here, not on first call: importing the submodule later would rebind `dsfast.checkpoint.consolidate` (the
+# function) to the module of the same name
+from .consolidate import consolidate
 
 
 __all__ = ["save_checkpoint", "load_checkpoint", "consolidate", "CheckpointError", "CheckpointCorruptError",
