@@ -187,18 +187,95 @@ def unmanaged_trace(initialize, gathered_parameters):
     return out
 
 
+# ------------------------------------------------------------------------------------------------ clipping runs
+# A small MLP with a client torch Adam, fp32, its gradients far above the clip, so every step clips and Adam's first
+# steps would turn a one-ulp difference in the clip coefficient into a visible one. Each case: a stage, the clip
+# (DeepSpeed 0.19.8's default 1.0, and 0.3 where stage 0's max_norm / norm and stages 1-3's 1 / (norm / max_norm)
+# round apart) and the optimizer's param groups (stages 1-3 take each group's norm, then their vector norm).
+# Traced bit for bit: each step's loss, the global norm DeepSpeed reports, a hash of every parameter's bytes.
+CLIP_CASES = [(stage, 1.0, 1) for stage in (0, 1, 2, 3)] + [(stage, 0.3, 2) for stage in (0, 1, 2, 3)]
+CLIP_STEPS = 8
+CLIP_MICRO = 4
+
+
+def clip_case_id(stage, clip, groups):
+    return f"stage {stage} clip {clip} groups {groups}"
+
+
+def clip_model():
+    import torch
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 24), torch.nn.Tanh(), torch.nn.Linear(24, 24), torch.nn.Tanh(),
+                               torch.nn.Linear(24, 3))
+
+
+def clip_config(stage, clip):
+    return {"train_micro_batch_size_per_gpu": CLIP_MICRO, "gradient_accumulation_steps": 1,
+            "gradient_clipping": clip, "steps_per_print": 1000, "zero_allow_untested_optimizer": True,
+            "zero_optimization": {"stage": stage}}
+
+
+def clip_optimizer(model, groups):
+    """torch Adam over the model; with 2 groups the biases form the second (another lr)."""
+    import torch
+    if groups == 1:
+        return torch.optim.Adam(model.parameters(), lr=1e-2)
+    weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+    return torch.optim.Adam([{"params": weights}, {"params": biases, "lr": 3e-2}], lr=1e-2)
+
+
+def clip_batch(step):
+    import torch
+    g = torch.Generator().manual_seed(500 + step)
+    return torch.randn(CLIP_MICRO, 8, generator=g), 20 * torch.randn(CLIP_MICRO, 3, generator=g)
+
+
+def params_digest(params):
+    """sha256 over every parameter's fp32 bytes, in order (equal digests: bit-identical weights)."""
+    import hashlib
+    h = hashlib.sha256()
+    for p in params:
+        h.update(p.detach().float().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def clip_trace(initialize, gathered_parameters, stage, clip, groups):
+    """{"loss": [each step's loss], "norm": [each step's get_global_grad_norm()], "digest": [weights' hash]}."""
+    import torch
+    model = clip_model()
+    engine = initialize(model=model, optimizer=clip_optimizer(model, groups), config=clip_config(stage, clip))[0]
+    out = {"loss": [], "norm": [], "digest": []}
+    params = list(engine.module.parameters())
+    for step in range(CLIP_STEPS):
+        x, y = clip_batch(step)
+        loss = torch.nn.functional.mse_loss(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        out["loss"].append(float(loss.detach()))
+        norm = engine.get_global_grad_norm()   # DeepSpeed's stage 0 in fp32 keeps none: None
+        out["norm"].append(None if norm is None else float(norm))
+        with gathered_parameters(params):
+            out["digest"].append(params_digest(params))
+    return out
+
+
+def clip_traces(initialize, gathered_parameters):
+    return {clip_case_id(*case): clip_trace(initialize, gathered_parameters, *case) for case in CLIP_CASES}
+
+
 # ------------------------------------------------------------------------------------------------ DeepSpeed's side
 def deepspeed_traces(kind):
     """DeepSpeed's traces of one kind of case (needs deepspeed importable; DS_ACCELERATOR=cpu without a GPU)."""
     return {"loss_scaler": _deepspeed_loss_scaler, "lr_schedules": _deepspeed_lr_schedules,
             "config_defaults": _deepspeed_config_defaults, "runtime_defaults": _deepspeed_runtime_defaults,
-            "unmanaged_accumulation": _deepspeed_unmanaged}[kind]()
+            "unmanaged_accumulation": _deepspeed_unmanaged, "clipping": _deepspeed_clipping}[kind]()
 
 
-KINDS = ("loss_scaler", "lr_schedules", "config_defaults", "runtime_defaults", "unmanaged_accumulation")
+KINDS = ("loss_scaler", "lr_schedules", "config_defaults", "runtime_defaults", "unmanaged_accumulation", "clipping")
 
 
-def _deepspeed_unmanaged():
+def _deepspeed_one_process():
     import os
 
     import deepspeed
@@ -206,7 +283,17 @@ def _deepspeed_unmanaged():
                        ("MASTER_PORT", "29517")):
         os.environ.setdefault(key, value)
     deepspeed.init_distributed(dist_backend="gloo")
+    return deepspeed
+
+
+def _deepspeed_unmanaged():
+    deepspeed = _deepspeed_one_process()
     return unmanaged_trace(lambda **kw: deepspeed.initialize(**kw), deepspeed.zero.GatheredParameters)
+
+
+def _deepspeed_clipping():
+    deepspeed = _deepspeed_one_process()
+    return clip_traces(lambda **kw: deepspeed.initialize(**kw), deepspeed.zero.GatheredParameters)
 
 
 def _deepspeed_runtime_defaults():

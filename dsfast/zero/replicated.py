@@ -74,7 +74,8 @@ class Replicated:
 
     def step(self, optimizer, factor, clip, check_overflow):
         """(applied, norm): the buckets are all-reduced already, so the decision needs no collective."""
-        decision = decide(self.buffers.flats(), factor, clip, check_overflow)
+        pieces = [(0, self.buffers.view_of(p)) for p in self.precision.params]   # DeepSpeed's per-param norms
+        decision = decide(self.buffers.flats(), factor, clip, check_overflow, pieces=pieces, stage=0)
         amp_step(optimizer, out16=self.precision.out16_groups(optimizer), **decision.step_kwargs())
         return decision.applied(), decision.norm
 

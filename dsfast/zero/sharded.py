@@ -59,11 +59,22 @@ class _ShardedBase(ShardOptimizer):
     def grad_shards(self):
         return [u.grad for u in self.store.units]
 
+    def norm_pieces(self):
+        """(param group, gradient piece) of each parameter part this rank owns, in DeepSpeed's order (group, then
+        parameter, then position): what DeepSpeed takes its per-tensor norms of (zero/clip_arith.py)."""
+        out = []
+        for u in self.store.units:
+            for e, a, b, off in self.store.pieces(u.plan):
+                out.append(((u.plan.group, e.param, a), u.grad[off:off + b - a]))
+        out.sort(key=lambda kv: kv[0])
+        return [(key[0], t) for key, t in out]
+
     def step(self, optimizer, factor, clip, check_overflow):
         """(applied, norm). factor: 1/world x 1/loss_scale; the grads stay for zero_grads() to clear. The decision
         is global (one all-reduce), so every rank skips or all-gathers alike."""
+        groups = 1 + max((u.plan.group for u in self.store.units), default=0)
         decision = decide(self.grad_shards(), factor, clip, check_overflow, self.world, self.group,
-                          device=self.store.device)
+                          device=self.store.device, pieces=self.norm_pieces(), stage=self.stage, groups=groups)
         self.host_copies()
         with agreed_swap_errors(self.swaps, self.world, self.rank, self.group):
             step_shards(self.store, optimizer, decision)

@@ -1,6 +1,8 @@
 """Record DeepSpeed's traces of the cross-check cases into tests/data/deepspeed_*.json.
 
-    DS_ACCELERATOR=cpu python tests/data/make_deepspeed_goldens.py      # in an env where deepspeed imports
+    DS_ACCELERATOR=cpu python tests/data/make_deepspeed_goldens.py [KIND ...]   # in an env where deepspeed imports
+
+KIND: one of tests/_deepspeed_cases.KINDS (default: all of them).
 
 The inputs live in tests/_deepspeed_cases.py; the tests compare dsfast against these files always, and against a
 live DeepSpeed too when one is importable. Refuses any DeepSpeed but the version the tests expect.
@@ -38,7 +40,11 @@ def main():
     if deepspeed.__version__ != cases.GOLDEN_DEEPSPEED:
         sys.exit(f"DeepSpeed {deepspeed.__version__} is importable; the goldens are of {cases.GOLDEN_DEEPSPEED} "
                  "(change GOLDEN_DEEPSPEED in tests/_deepspeed_cases.py to record another version)")
-    for kind in cases.KINDS:
+    kinds = sys.argv[1:] or cases.KINDS
+    unknown = [k for k in kinds if k not in cases.KINDS]
+    if unknown:
+        sys.exit(f"unknown golden kind(s) {unknown}: choose from {list(cases.KINDS)}")
+    for kind in kinds:
         path = cases.golden_path(kind)
         doc = {"deepspeed": deepspeed.__version__, "recorded_by": "tests/data/" + Path(__file__).name,
                "traces": cases.deepspeed_traces(kind)}

@@ -1,0 +1,57 @@
+"""The clip coefficient in DeepSpeed 0.19.8's own arithmetic (zero/clip_arith.py), so that a clipped run is
+bit-identical to DeepSpeed's.
+
+Compared with DeepSpeed's recorded runs (tests/data/deepspeed_clipping.json, tests/_deepspeed_cases.py CLIP_CASES:
+fp32, client torch Adam, one rank, stages 0-3, clip 1.0 with one param group and 0.3 with two): every step's loss
+and a sha256 of every parameter's bytes must be equal (tolerance: none, bit for bit), and so must the global norm
+where DeepSpeed reports one (its stage 0 in fp32 reports None; dsfast reports the norm it clipped with).
+Where DeepSpeed's fp32 sums overflow on a finite gradient, the float64 decision still clips (never skips).
+"""
+import math
+
+import pytest
+import torch
+
+import dsfast
+from _deepspeed_cases import CLIP_CASES, clip_case_id, clip_trace, load_golden
+from dsfast.zero.decide import decide
+
+
+def _init(**kw):
+    return dsfast.initialize(dist_init_required=False, **kw)
+
+
+@pytest.mark.parametrize("case", CLIP_CASES, ids=[clip_case_id(*c) for c in CLIP_CASES])
+def test_a_clipped_run_is_bit_identical_to_deepspeed_0_19_8(case):
+    want = load_golden("clipping")[clip_case_id(*case)]
+    got = clip_trace(_init, dsfast.zero.GatheredParameters, *case)
+    assert got["loss"] == want["loss"]
+    assert got["digest"] == want["digest"]
+    for mine, theirs in zip(got["norm"], want["norm"]):
+        assert theirs is None or mine == theirs
+    assert all(n is not None and n > 1.0 for n in got["norm"])   # every step clipped (the case is meaningful)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_finite_gradient_past_fp32_sums_still_clips(stage):
+    # bf16 holds 1e22; its square overflows DeepSpeed's fp32 sums (stages 0-2), so the float64 decision decides
+    big = torch.tensor([1e22, 3.0], dtype=torch.bfloat16)
+    small = torch.tensor([4.0])
+    pieces = [(0, big), (0, small)]
+    d = decide([big, small], factor=1.0, clip=1.0, check_overflow=True, pieces=pieces, stage=stage)
+    want = math.sqrt(float(big[0]) ** 2 + 9.0 + 16.0)
+    assert d.applied()
+    assert float(d.norm) == pytest.approx(want, rel=1e-6)
+    assert float(d.clip_coef) == pytest.approx(1.0 / want, rel=1e-6)
+
+
+def test_stage_0_and_stages_1_to_3_round_the_coefficient_each_their_way():
+    # DeepSpeed's stage 0 computes max_norm / (norm + 1e-6), stages 1-3 1 / ((norm + 1e-6) / max_norm): with
+    # max_norm 0.3 the two differ in the last bit for this gradient, and each stage must give its own
+    g = torch.tensor([2.0, 1.0])
+    coef = {s: decide([g], 1.0, 0.3, False, pieces=[(0, g)], stage=s).clip_coef for s in (0, 1, 3)}
+    n = torch.tensor(5.0).sqrt() + 1e-6
+    assert coef[0] == torch.min(torch.tensor(1.0), torch.tensor(0.3) / n)
+    assert coef[1] == 1.0 / torch.clamp(n / 0.3, min=1.0)
+    assert float(coef[3]) == pytest.approx(float(coef[1]), rel=1e-6)   # float64 there: same up to rounding
+    assert coef[0] != coef[1]
