@@ -209,8 +209,9 @@ def clip_model():
                                torch.nn.Linear(24, 3))
 
 
-def clip_config(stage, clip):
+def clip_config(stage, clip, world=1):
     return {"train_micro_batch_size_per_gpu": CLIP_MICRO, "gradient_accumulation_steps": 1,
+            "train_batch_size": CLIP_MICRO * world,
             "gradient_clipping": clip, "steps_per_print": 1000, "zero_allow_untested_optimizer": True,
             "zero_optimization": {"stage": stage}}
 
@@ -225,10 +226,13 @@ def clip_optimizer(model, groups):
     return torch.optim.Adam([{"params": weights}, {"params": biases, "lr": 3e-2}], lr=1e-2)
 
 
-def clip_batch(step):
+def clip_batch(step, rank=0, world=1):
+    """This rank's part of step `step`'s global batch."""
     import torch
     g = torch.Generator().manual_seed(500 + step)
-    return torch.randn(CLIP_MICRO, 8, generator=g), 20 * torch.randn(CLIP_MICRO, 3, generator=g)
+    x, y = torch.randn(CLIP_MICRO * world, 8, generator=g), 20 * torch.randn(CLIP_MICRO * world, 3, generator=g)
+    mine = slice(rank * CLIP_MICRO, (rank + 1) * CLIP_MICRO)
+    return x[mine], y[mine]
 
 
 def params_digest(params):
@@ -240,15 +244,17 @@ def params_digest(params):
     return h.hexdigest()
 
 
-def clip_trace(initialize, gathered_parameters, stage, clip, groups):
-    """{"loss": [each step's loss], "norm": [each step's get_global_grad_norm()], "digest": [weights' hash]}."""
+def clip_trace(initialize, gathered_parameters, stage, clip, groups, rank=0, world=1):
+    """{"loss": [each step's loss], "norm": [each step's get_global_grad_norm()], "digest": [weights' hash]}
+    (the loss: this rank's)."""
     import torch
     model = clip_model()
-    engine = initialize(model=model, optimizer=clip_optimizer(model, groups), config=clip_config(stage, clip))[0]
+    engine = initialize(model=model, optimizer=clip_optimizer(model, groups),
+                        config=clip_config(stage, clip, world))[0]
     out = {"loss": [], "norm": [], "digest": []}
     params = list(engine.module.parameters())
     for step in range(CLIP_STEPS):
-        x, y = clip_batch(step)
+        x, y = clip_batch(step, rank, world)
         loss = torch.nn.functional.mse_loss(engine(x), y)
         engine.backward(loss)
         engine.step()
@@ -258,6 +264,21 @@ def clip_trace(initialize, gathered_parameters, stage, clip, groups):
         with gathered_parameters(params):
             out["digest"].append(params_digest(params))
     return out
+
+
+def compare_bitwise(got, want, capability):
+    """Losses, norms (where DeepSpeed reports one) and weights' digests equal; on other CPU kernels than the
+    recording's, the losses to 1e-5 and a skip naming why the rest is not compared."""
+    import pytest
+    import torch
+    here = torch.backends.cpu.get_cpu_capability()
+    if here != capability:
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+        pytest.skip(f"bit-for-bit needs the recording's CPU kernels ({capability}); this machine runs {here}")
+    assert got["loss"] == want["loss"]
+    assert got["digest"] == want["digest"]
+    for mine, theirs in zip(got["norm"], want["norm"]):
+        assert theirs is None or mine == theirs
 
 
 def clip_traces(initialize, gathered_parameters):
@@ -292,8 +313,26 @@ def _deepspeed_unmanaged():
 
 
 def _deepspeed_clipping():
+    """One rank in this process, two gloo ranks launched (tests/distributed/worker_clip.py), and the CPU kernels'
+    vector width they ran with (a bit-for-bit comparison needs the same one: reductions sum in its lanes)."""
+    import tempfile
+
+    import torch
     deepspeed = _deepspeed_one_process()
-    return clip_traces(lambda **kw: deepspeed.initialize(**kw), deepspeed.zero.GatheredParameters)
+    one = clip_traces(lambda **kw: deepspeed.initialize(**kw), deepspeed.zero.GatheredParameters)
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "1 rank": one,
+            "2 ranks": clip_traces_launched("deepspeed", 2, tempfile.mkdtemp())}
+
+
+def clip_traces_launched(library, nprocs, tmp_dir, case_ids=()):
+    """{case id: rank 0's trace} of `library` ("deepspeed" or "dsfast") on `nprocs` gloo ranks."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "distributed"))
+    from dist_launch import launch
+    out = Path(tmp_dir) / f"clip_{library}_{nprocs}.json"
+    launch(str(Path(__file__).resolve().parent / "distributed" / "worker_clip.py"), [out, library, *case_ids],
+           nprocs=nprocs, timeout=600)
+    return json.loads(out.read_text())
 
 
 def _deepspeed_runtime_defaults():

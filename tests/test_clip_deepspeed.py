@@ -4,7 +4,9 @@ bit-identical to DeepSpeed's.
 Compared with DeepSpeed's recorded runs (tests/data/deepspeed_clipping.json, tests/_deepspeed_cases.py CLIP_CASES:
 fp32, client torch Adam, one rank, stages 0-3, clip 1.0 with one param group and 0.3 with two): every step's loss
 and a sha256 of every parameter's bytes must be equal (tolerance: none, bit for bit), and so must the global norm
-where DeepSpeed reports one (its stage 0 in fp32 reports None; dsfast reports the norm it clipped with).
+where DeepSpeed reports one (its stage 0 in fp32 reports None; dsfast reports the norm it clipped with). Bit for bit
+needs the CPU kernels' vector width of the recording (torch's reductions sum in its lanes); on another, the losses
+are compared to 1e-5 and the test says so by skipping the rest. Two ranks: tests/distributed/test_clip_deepspeed_dp.py.
 Where DeepSpeed's fp32 sums overflow on a finite gradient, the float64 decision still clips (never skips).
 """
 import math
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 import dsfast
-from _deepspeed_cases import CLIP_CASES, clip_case_id, clip_trace, load_golden
+from _deepspeed_cases import CLIP_CASES, clip_case_id, clip_trace, compare_bitwise, load_golden
 from dsfast.zero.decide import decide
 
 
@@ -23,13 +25,11 @@ def _init(**kw):
 
 @pytest.mark.parametrize("case", CLIP_CASES, ids=[clip_case_id(*c) for c in CLIP_CASES])
 def test_a_clipped_run_is_bit_identical_to_deepspeed_0_19_8(case):
-    want = load_golden("clipping")[clip_case_id(*case)]
+    golden = load_golden("clipping")
+    want = golden["1 rank"][clip_case_id(*case)]
     got = clip_trace(_init, dsfast.zero.GatheredParameters, *case)
-    assert got["loss"] == want["loss"]
-    assert got["digest"] == want["digest"]
-    for mine, theirs in zip(got["norm"], want["norm"]):
-        assert theirs is None or mine == theirs
     assert all(n is not None and n > 1.0 for n in got["norm"])   # every step clipped (the case is meaningful)
+    compare_bitwise(got, want, golden["cpu_capability"])
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
