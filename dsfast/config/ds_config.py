@@ -67,7 +67,7 @@ class DsConfig(StrictModel):
     dataloader_drop_last: bool = False
     sparse_gradients: bool = False
     disable_allgather: bool = False
-    disable_python_gc: Union[bool, int] = False
+    disable_python_gc: Union[bool, int] = False       # true: cyclic GC off while the engine lives (engine/python_gc.py)
     managed_gradient_accumulation: bool = True
     gradient_allreduce_op: str = "mean"              # DeepSpeed 0.19: "mean" | "sum"
     log_level: Optional[str] = None
@@ -293,6 +293,7 @@ class DsConfig(StrictModel):
             if getattr(owner, key) != default:
                 notes.append(f"{path} is ignored: {why}")
         notes += self.bf16.ignored()
+        notes += self.zero_optimization.ignored()
         for name in ("flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "compile",
                      "activation_checkpointing", "timers"):
             notes += getattr(self, name).ignored(name)
@@ -310,7 +311,6 @@ class DsConfig(StrictModel):
             notes.append("seq_parallel_communication_data_type is ignored; dsfast has no sequence parallelism")
         for flag, why in (("dump_state", "no state dump"),
                           ("disable_allgather", "no ZeRO all-gather at stage 0"),
-                          ("disable_python_gc", "dsfast leaves Python's garbage collector alone"),
                           ("use_data_before_expert_parallelism", "dsfast has no expert parallelism"),
                           ("log_level", 'configure the "dsfast" logger with the logging module')):
             if getattr(self, flag):

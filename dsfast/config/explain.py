@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from pydantic import BaseModel
 
 from .loader import parse_config
+from .zeropp import explain_note
 
 BATCH = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -109,6 +110,9 @@ def _walk(model: BaseModel, raw: Optional[dict], autos: set, prefix: Tuple, out:
         note, applies = DSFAST_CHOICES.get(dotted, (None, None))
         if note and applies(root or model, key is not None):
             origin += "; dsfast: " + note
+        meaning = explain_note(dotted, root or model)   # ZeRO++ keys: accepted as what (config/zeropp.py)
+        if meaning:
+            origin += "; dsfast: " + meaning
         out.append((dotted, value, origin))
 
 

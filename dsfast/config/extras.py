@@ -48,6 +48,18 @@ class CheckpointConfig(StrictModel):
 
 class DataTypesConfig(StrictModel):
     grad_accum_dtype: Optional[str] = None
+    # buffers kept in fp32 under fp16/bf16 (dsfast/precision/keep_fp32.py): "auto" (the model's own lists) or
+    # name patterns ([] keeps nothing), as DeepSpeed 0.19.8
+    keep_in_fp32_modules: Any = "auto"
+
+    @field_validator("keep_in_fp32_modules", mode="before")
+    @classmethod
+    def _patterns(cls, v):
+        if v == "auto" or (isinstance(v, list) and all(isinstance(n, str) for n in v)):
+            return v
+        raise plain_error(f'must be "auto" (the model\'s _keep_in_fp32_modules lists) or a list of buffer name '
+                          f'patterns such as ["*e_score_correction_bias"] ([] keeps nothing); got {v!r}')
+
     @field_validator("grad_accum_dtype", mode="before")
     @classmethod
     def _norm(cls, v):
@@ -111,9 +123,56 @@ class FlopsProfilerConfig(_Enabled):
         return []     # acted on: dsfast.profiling.flops_profiler.EngineProfile
 
 
+# The compile section of DeepSpeed 0.19.8 configures DeepCompile (its compiler passes for ZeRO); engine.compile()
+# itself is torch.compile of the module (engine/compile.py). DeepCompile's switches are refused by name, its tuning
+# knobs have no effect without it (in DeepSpeed too: noted). enabled/backend/kwargs are DeepSpeed < 0.16's keys
+# (0.19.8 refuses them): honoured, initialize() compiles the module with them.
+DEEPCOMPILE_SWITCHES = {
+    "deepcompile": "DeepCompile (DeepSpeed's compiler passes for ZeRO) is not supported by dsfast; remove it or set "
+                   "false: engine.compile() still compiles the module with torch.compile",
+    "autoep_non_moe": "compiling around AutoEP layers needs AutoEP (expert parallelism), which dsfast lacks; remove "
+                      "it or set false",
+    "passes": "DeepCompile passes are not supported by dsfast; remove the key (engine.compile() compiles the module "
+              "with torch.compile)",
+}
+
+
 class CompileConfig(_Enabled):
+    enabled: bool = False
     backend: str = "inductor"
     kwargs: dict = Field(default_factory=dict)
+    deepcompile: bool = False
+    autoep_non_moe: bool = False
+    passes: Optional[List[str]] = None
+    free_activation: bool = False
+    free_activation_threshold: int = 10 * 1024 * 1024
+    offload_activation: bool = False
+    offload_activation_pin_memory: bool = True
+    offload_opt_states: bool = False
+    double_buffer: bool = True
+    symmetric_memory: bool = False
+    debug_log: bool = False
+    offload_parameters: bool = False
+    sync_before_reduce: bool = False
+    sync_after_reduce: bool = False
+    sync_before_allgather: bool = False
+    sync_after_allgather: bool = False
+    keep_int_input_tensors: bool = True
+    keep_all_input_tensors: bool = False
+
+    @field_validator("deepcompile", "autoep_non_moe", "passes")
+    @classmethod
+    def _no_deepcompile(cls, v, info):
+        if v:
+            raise plain_error(DEEPCOMPILE_SWITCHES[info.field_name] + f" (got {v!r})")
+        return v
+
+    def ignored(self, name: str) -> List[str]:
+        tuning = [k for k in sorted(self.model_fields_set)
+                  if k not in ("enabled", "backend", "kwargs", *DEEPCOMPILE_SWITCHES)
+                  and getattr(self, k) != type(self).model_fields[k].default]
+        return [f"{name}.{k} tunes DeepCompile, which is off: it has no effect (in DeepSpeed 0.19.8 neither)"
+                for k in tuning]
 
 
 class ActivationCheckpointingConfig(StrictModel):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Optional
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from .base import StrictModel, nested_error, plain_error
 
@@ -134,6 +134,7 @@ class ZeroConfig(StrictModel):
     zero_quantized_weights: bool = False
     zero_quantized_nontrainable_weights: bool = False
     zero_quantized_gradients: bool = False
+    _world_for_notes: int = PrivateAttr(1)     # the world size ZeRO++'s notes speak of (config/zeropp.py)
     mics_shard_size: int = Field(-1, ge=-1)
     mics_hierarchical_params_gather: bool = False
     memory_efficient_linear: bool = True
@@ -228,6 +229,16 @@ class ZeroConfig(StrictModel):
             raise nested_error([(("compute_grad_norm",), "false is supported only with ZeRO stage 1 or 2")])
         return self
 
+    @model_validator(mode="after")
+    def _zeropp_by_meaning(self, info: ValidationInfo):
+        # ZeRO++: accepted where it means the same as off, refused by key otherwise (config/zeropp.py)
+        from .zeropp import zeropp_errors
+        errors = zeropp_errors(self, int((info.context or {}).get("world_size", 1)))
+        if errors:
+            raise nested_error(errors)
+        self._world_for_notes = int((info.context or {}).get("world_size", 1))
+        return self
+
     @property
     def overlap_comm_resolved(self) -> bool:
         return self.stage == 3 if self.overlap_comm is None else self.overlap_comm
@@ -241,4 +252,6 @@ class ZeroConfig(StrictModel):
         return self.offload_param.device if self.offload_param else "none"
 
     def ignored(self) -> List[str]:
-        return []
+        from .zeropp import zeropp_note
+        note = zeropp_note(self, self._world_for_notes)
+        return [note] if note else []

@@ -14,6 +14,7 @@ import torch
 
 from .autocast import autocast_plan
 from . import optimizer_roles
+from .compile import Compiling
 from .deepspeed_api import DeepSpeedQueries
 from .monitor import Monitor
 from .plain_backward import PlainBackward, engine_backward_running
@@ -27,7 +28,7 @@ class NoOptimizerError(RuntimeError):
     """backward()/step() on an engine built without anything to optimize."""
 
 
-class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
+class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
     """What `dsfast.initialize` returns. DeepSpeed's names: engine(batch), backward, step, ..."""
 
     def __init__(self, module, config, device, owner, optimizer, lr_scheduler, loss_scaler,
@@ -352,8 +353,24 @@ class Engine(DeepSpeedQueries, StateOffload, torch.nn.Module):
         return load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
                                load_lr_scheduler_states, load_module_only)
 
+    def hold_python_gc(self):
+        """disable_python_gc: cyclic GC off while this engine lives (engine/python_gc.py); destroy() ends it."""
+        from .python_gc import HOLD
+        if getattr(self, "_gc_token", None) is None:
+            self._gc_token = HOLD.acquire()
+
+    def collect_python_gc(self):
+        """One gc.collect() now (DeepSpeed's name), whatever disable_python_gc says; returns what it found."""
+        import gc
+        return gc.collect()
+
     def destroy(self):
         """Release the engine's hooks and buffers (DeepSpeed's engine.destroy()); the module stays usable."""
+        token = getattr(self, "_gc_token", None)
+        if token is not None:
+            from .python_gc import HOLD
+            self._gc_token = None
+            HOLD.release(token)
         self._owner.detach()
         for swap in getattr(self._owner, "swaps", ()):   # NVMe swap files and buffers: gone
             swap.close()

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from ..comm.data_parallel import data_parallel
 from ..config.master_precision import cpu_adam_fp32_states
+from ..precision.keep_fp32 import KeptFp32
 from ..zero.owners import build_owner
 from ..zero.precision import check_master_optimizer
 from .data import build_dataloader
@@ -66,7 +67,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     previous = getattr(model, "_dsfast_owner", None)
     if previous is not None:  # the model was given to initialize() before: its old hooks must not fire
         previous.detach()
+    kept = KeptFp32(model, cfg.data_types.keep_in_fp32_modules, training_dtype(cfg))   # the cast must spare them
     owner = build_owner(cfg, model, trainable, groups, bucket, dp, device)
+    kept.restore()
     object.__setattr__(model, "_dsfast_owner", owner)
 
     opt = _make_optimizer(cfg, optimizer, groups, owner, device, rank)
@@ -82,7 +85,16 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     engine = Engine(model, cfg, device, owner, opt, sched, scaler, rank=rank, world_size=world,
                     training_dataloader=loader)
     engine.client_optimizer = optimizer     # DeepSpeed's attribute (optimizer_name() reads it)
+    if cfg.disable_python_gc:   # as DeepSpeed 0.19.8: once the engine is built (engine/python_gc.py)
+        engine.hold_python_gc()
+    if cfg.compile.enabled:     # DeepSpeed < 0.16's compile.enabled / backend / kwargs (config/extras.py)
+        engine.compile(backend=cfg.compile.backend, compile_kwargs=cfg.compile.kwargs)
     return engine, opt, loader, sched
+
+
+def training_dtype(cfg):
+    """The dtype the model is cast to (None: it stays as it is, fp32 or under torch_autocast)."""
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision)
 
 
 def _pick_device(args):

@@ -21,6 +21,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from ..precision.keep_fp32 import upcast_kept
 from . import param_hooks
 from .param_hooks import ZeroParamDict
 from .partitioned_param import PartitionedParam, gather, record_of
@@ -92,12 +93,16 @@ class Init:
         # offload_param on NVMe with a path: each partition goes to its swap file as soon as it is made
         self.nvme = _nvme_target(param_cfg, cfg.get("aio"), self.pin)
         self.swap = None
+        # data_types.keep_in_fp32_modules: buffers the model names stay fp32 (precision/keep_fp32.py)
+        self.keep_fp32 = _keep_fp32_setting(cfg)
+        self.train_dtype = dtype or _config_dtype(cfg)
         self._patched = {}
         self._window = _Window()
         if module is not None and enabled:   # an existing module: partition it now
             self._setup()
             for m in module.modules():
                 self._partition(m)
+            upcast_kept(module, self.keep_fp32, self.train_dtype)
 
     # ---- where partitions live ----------------------------------------------------------------------------
     def _setup(self):
@@ -149,6 +154,8 @@ class Init:
             if depth == 0:   # the most derived __init__ is done: the module is built
                 ctx._window.flush()
                 ctx._partition(module)
+                # its fp32 list is complete now, before any checkpoint is loaded into the buffers it names
+                upcast_kept(module, ctx.keep_fp32, ctx.train_dtype)
                 del module.__dict__["_dsfast_init_depth"]
 
         __init__.__wrapped__ = orig
@@ -196,6 +203,28 @@ def _nvme_target(param_cfg, aio, pin):
     from .placement import NvmeTarget, aio_pool
     return NvmeTarget(param_cfg["nvme_path"], int(param_cfg.get("buffer_count", 5)),
                       pin=bool(pin) and torch.cuda.is_available(), **aio_pool(aio if isinstance(aio, dict) else None))
+
+
+def _config_dtype(cfg):
+    """The 16-bit dtype the config trains in (None: fp32)."""
+    bf16 = cfg.get("bf16", cfg.get("bfloat16")) or {}
+    if isinstance(bf16, dict) and bf16.get("enabled"):
+        return torch.bfloat16
+    fp16 = cfg.get("fp16") or {}
+    return torch.float16 if isinstance(fp16, dict) and fp16.get("enabled") else None
+
+
+def _keep_fp32_setting(cfg):
+    """data_types.keep_in_fp32_modules, checked as the config loader checks it (a DsConfigError naming it)."""
+    from pydantic import ValidationError
+
+    from dsfast.config.errors import raise_problems
+    from dsfast.config.extras import DataTypesConfig
+    value = (cfg.get("data_types") or {}).get("keep_in_fp32_modules", "auto")
+    try:
+        return DataTypesConfig(keep_in_fp32_modules=value).keep_in_fp32_modules
+    except ValidationError as err:
+        raise_problems([("data_types.keep_in_fp32_modules", err.errors()[0]["msg"])])
 
 
 def _read_config(cfg):
