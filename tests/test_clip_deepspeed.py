@@ -16,6 +16,7 @@ import torch
 
 import dsfast
 from _deepspeed_cases import CLIP_CASES, clip_case_id, clip_trace, compare_bitwise, load_golden
+from dsfast.zero import clip_arith
 from dsfast.zero.decide import decide
 
 
@@ -55,3 +56,22 @@ def test_stage_0_and_stages_1_to_3_round_the_coefficient_each_their_way():
     assert coef[1] == 1.0 / torch.clamp(n / 0.3, min=1.0)
     assert float(coef[3]) == pytest.approx(float(coef[1]), rel=1e-6)   # float64 there: same up to rounding
     assert coef[0] != coef[1]
+
+
+@pytest.mark.parametrize("n", [1, 37, 4096, 70_001, 300_000])
+def test_the_cpu_float64_norm_is_deepspeeds_bit_for_bit(n):
+    g = torch.randn(n, generator=torch.Generator().manual_seed(n)) * 7
+    for t in (g, g.bfloat16(), g[: n // 2 + 1]):
+        assert torch.equal(clip_arith._cpu_float64_norm(t), torch.linalg.vector_norm(t.double(), 2.0))
+
+
+def test_a_large_cpu_run_takes_fp32_norms_and_still_clips_right(monkeypatch):
+    # above EXACT_CPU_TOTAL DeepSpeed's float64 norms would cost 4-8x the pass on a CPU: fp32 accumulation there
+    g = [torch.randn(1000, generator=torch.Generator().manual_seed(i)) * 3 for i in range(3)]
+    pieces = [(0, t) for t in g]
+    exact = decide(g, 1.0, 1.0, False, pieces=pieces, stage=2)
+    monkeypatch.setattr(clip_arith, "EXACT_CPU_TOTAL", 100)
+    assert all(n.dtype == torch.float32 for n in clip_arith.piece_norms(pieces, 2))
+    fast = decide(g, 1.0, 1.0, False, pieces=pieces, stage=2)
+    assert float(fast.norm) == pytest.approx(float(exact.norm), rel=1e-6)
+    assert float(fast.clip_coef) == pytest.approx(float(exact.clip_coef), rel=1e-6)

@@ -20,11 +20,36 @@ import torch
 CLIP_EPS = 1e-6   # DeepSpeed's: max_norm / (total_norm + 1e-6)
 
 
+# On a CPU, DeepSpeed's float64 norms (stages 1-3) cost 4-8x the fp32 pass: the conversion is the work. Up to these
+# sizes they are taken exactly (through one reused float64 scratch buffer: no allocation per step); above, each
+# piece's norm is accumulated in fp32 as before, and the coefficient can differ from DeepSpeed's in its last bits.
+EXACT_CPU_TOTAL = 1 << 24     # gradient elements per rank
+EXACT_CPU_PIECE = 1 << 22     # elements of the largest piece (the scratch buffer: 32 MB)
+_scratch = None
+
+
+def _cpu_float64_norm(t):
+    """||t|| in float64, bit-identical to torch.linalg.vector_norm(t.double()) (DeepSpeed's), without allocating."""
+    global _scratch
+    if _scratch is None or _scratch.numel() < t.numel():
+        _scratch = torch.empty(max(t.numel(), 1 << 16), dtype=torch.float64)
+    buf = _scratch[:t.numel()].view(t.shape)
+    buf.copy_(t)
+    return torch.linalg.vector_norm(buf, 2.0)
+
+
 def piece_norms(pieces, stage):
-    """Each piece's 2-norm in DeepSpeed's dtype for `stage` (fp32 at stage 0, float64 above). dtype= reads the
-    tensor as DeepSpeed's .float()/.double() copy would, without making the copy (bit-identical on CPU)."""
-    dtype = torch.float32 if stage == 0 else torch.float64
-    return [torch.linalg.vector_norm(t, 2.0, dtype=dtype) for _, t in pieces]
+    """Each piece's 2-norm in DeepSpeed's dtype for `stage` (fp32 at stage 0, float64 above; fp32 on a CPU above
+    EXACT_CPU_*). dtype= reads the tensor as DeepSpeed's .float()/.double() copy would, without the copy (the same
+    bits on a CPU; on a GPU not compared)."""
+    tensors = [t for _, t in pieces]
+    if stage == 0:
+        return [torch.linalg.vector_norm(t, 2.0, dtype=torch.float32) for t in tensors]
+    if tensors and tensors[0].device.type == "cpu":
+        if sum(t.numel() for t in tensors) > EXACT_CPU_TOTAL or max(t.numel() for t in tensors) > EXACT_CPU_PIECE:
+            return list(torch._foreach_norm(tensors, 2, dtype=torch.float32))
+        return [_cpu_float64_norm(t) for t in tensors]
+    return [torch.linalg.vector_norm(t, 2.0, dtype=torch.float64) for t in tensors]
 
 
 def group_partials(pieces, norms, stage, groups, device):
@@ -36,7 +61,7 @@ def group_partials(pieces, norms, stage, groups, device):
         if not mine:
             out.append(torch.zeros((), dtype=torch.float64, device=device))
             continue
-        s = torch.stack(mine).pow(2.0).sum()
+        s = torch.stack(mine).pow(2.0).sum()   # (fp32 norms on a large CPU run: see EXACT_CPU_TOTAL)
         out.append((s.float() if stage < 3 else s).to(device=device, dtype=torch.float64))
     return torch.stack(out) if out else torch.zeros(0, dtype=torch.float64, device=device)
 
