@@ -81,3 +81,11 @@ def test_a_forked_child_gets_collection_back():
     assert not gc.isenabled()                          # the parent's hold is untouched
     engine.destroy()
     assert gc.isenabled()
+
+
+def test_an_engine_dropped_without_destroy_gives_it_back_when_collected():
+    engine = _engine()
+    assert not gc.isenabled()
+    del engine          # its hooks hold it in reference cycles: an explicit collection frees it (DeepSpeed's __del__)
+    gc.collect()
+    assert gc.isenabled() and python_gc.HOLD.engines == 0

@@ -354,10 +354,13 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
                                load_lr_scheduler_states, load_module_only)
 
     def hold_python_gc(self):
-        """disable_python_gc: cyclic GC off while this engine lives (engine/python_gc.py); destroy() ends it."""
+        """disable_python_gc: cyclic GC off while this engine lives (engine/python_gc.py); destroy() ends it, and
+        so does the engine's deletion (as DeepSpeed's __del__ does)."""
+        import weakref
+
         from .python_gc import HOLD
-        if getattr(self, "_gc_token", None) is None:
-            self._gc_token = HOLD.acquire()
+        if getattr(self, "_gc_release", None) is None:
+            self._gc_release = weakref.finalize(self, HOLD.release, HOLD.acquire())
 
     def collect_python_gc(self):
         """One gc.collect() now (DeepSpeed's name), whatever disable_python_gc says; returns what it found."""
@@ -366,11 +369,9 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
 
     def destroy(self):
         """Release the engine's hooks and buffers (DeepSpeed's engine.destroy()); the module stays usable."""
-        token = getattr(self, "_gc_token", None)
-        if token is not None:
-            from .python_gc import HOLD
-            self._gc_token = None
-            HOLD.release(token)
+        release = getattr(self, "_gc_release", None)
+        if release is not None:   # disable_python_gc: this engine's hold ends (once)
+            release()
         self._owner.detach()
         for swap in getattr(self._owner, "swaps", ()):   # NVMe swap files and buffers: gone
             swap.close()
