@@ -1,7 +1,7 @@
 """engine.compile() as DeepSpeed 0.19.8's without DeepCompile (dsfast/engine/compile.py): torch.compile of the module
 in place, engine.is_compiled, the same numbers as the uncompiled run (bit for bit: the "eager" and "aot_eager"
 backends run the same kernels), DeepCompile's arguments and config switches refused by name, its tuning keys noted,
-and DeepSpeed < 0.16's compile.enabled / backend / kwargs honoured at initialize."""
+and DeepSpeed <= 0.14.3's compile.enabled / backend / kwargs honoured at initialize."""
 import pytest
 import torch
 

@@ -125,7 +125,7 @@ class FlopsProfilerConfig(_Enabled):
 
 # The compile section of DeepSpeed 0.19.8 configures DeepCompile (its compiler passes for ZeRO); engine.compile()
 # itself is torch.compile of the module (engine/compile.py). DeepCompile's switches are refused by name, its tuning
-# knobs have no effect without it (in DeepSpeed too: noted). enabled/backend/kwargs are DeepSpeed < 0.16's keys
+# knobs have no effect without it (in DeepSpeed too: noted). enabled/backend/kwargs are DeepSpeed <= 0.14.3's keys
 # (0.19.8 refuses them): honoured, initialize() compiles the module with them.
 DEEPCOMPILE_SWITCHES = {
     "deepcompile": "DeepCompile (DeepSpeed's compiler passes for ZeRO) is not supported by dsfast; remove it or set "

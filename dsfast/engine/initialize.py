@@ -87,7 +87,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     engine.client_optimizer = optimizer     # DeepSpeed's attribute (optimizer_name() reads it)
     if cfg.disable_python_gc:   # as DeepSpeed 0.19.8: once the engine is built (engine/python_gc.py)
         engine.hold_python_gc()
-    if cfg.compile.enabled:     # DeepSpeed < 0.16's compile.enabled / backend / kwargs (config/extras.py)
+    if cfg.compile.enabled:     # DeepSpeed <= 0.14.3's compile.enabled / backend / kwargs (config/extras.py)
         engine.compile(backend=cfg.compile.backend, compile_kwargs=cfg.compile.kwargs)
     return engine, opt, loader, sched
 
