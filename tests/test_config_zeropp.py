@@ -29,7 +29,8 @@ def test_hpz_over_every_rank_is_the_same_as_none_and_accepted(size, world):
     assert cfg.zero_optimization.zero_hpz_partition_size == size
     if size != 1:
         assert "the same as no secondary partition" in notes(data, world)
-        origin = dict((k, o) for k, _, o in explain(data, world_size=world))["zero_optimization.zero_hpz_partition_size"]
+        origins = dict((k, o) for k, _, o in explain(data, world_size=world))
+        origin = origins["zero_optimization.zero_hpz_partition_size"]
         assert "accepted" in origin and "the same as 1" in origin
 
 

@@ -63,7 +63,8 @@ class KeptFp32:
 
     def __init__(self, module, setting, dtype):
         pattern = fp32_pattern(module, setting, dtype)
-        self.saved = [] if pattern is None else [(o, n, b.detach().float()) for o, n, b in kept_buffers(module, pattern)]
+        kept = kept_buffers(module, pattern) if pattern is not None else []
+        self.saved = [(owner, name, buf.detach().float()) for owner, name, buf in kept]
 
     @torch.no_grad()
     def restore(self):
