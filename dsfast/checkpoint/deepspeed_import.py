@@ -18,7 +18,7 @@ import sys
 import torch
 
 from .ds_unpickle import ds_load
-from .errors import CheckpointError
+from .errors import CheckpointCorruptError, CheckpointError
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
 _DS_KEYS = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
@@ -41,13 +41,19 @@ def _ranked(path, pattern):
 
 
 class DeepSpeedCheckpoint:
-    """Everything of one DeepSpeed tag folder, as full tensors: params[name] = {"shape", "tensors": {"master",
-    "exp_avg", ...} (flat fp32), "scalars": {"step": ...}}."""
+    """One DeepSpeed tag folder, read lazily: the .pt files are memory-mapped and each parameter is a list of
+    pieces, params[name] = {"shape", "pieces": [(start, stop, {"master": flat view, "exp_avg": ...})], "scalars"}
+    (one piece per rank that holds part of it, in element order). Nothing is joined or copied until asked:
+    tensor(name, key) joins one parameter; a resuming rank reads only the pieces overlapping its own ranges."""
 
     def __init__(self, path):
         self.path = path
         model_files = [os.path.join(path, MODEL_STATES)] if os.path.isfile(os.path.join(path, MODEL_STATES)) \
             else _ranked(path, "zero_pp_rank_*_mp_rank_00_model_states.pt")
+        optim_files = _ranked(path, "*zero_pp_rank_*_mp_rank_00_optim_states.pt")
+        for f in model_files[:1] + optim_files:     # every input named before any is read
+            if not os.path.isfile(f):
+                raise CheckpointCorruptError(f"{f}: missing")
         states = ds_load(model_files[0])
         self.module = dict(states["module"])
         self.global_steps = int(states.get("global_steps", 0))
@@ -56,7 +62,6 @@ class DeepSpeedCheckpoint:
         self.lr_scheduler = states.get("lr_scheduler")
         self.client_state = {k: v for k, v in states.items() if k not in _DS_KEYS}
         self.ds_config = states.get("ds_config") or {}
-        optim_files = _ranked(path, "*zero_pp_rank_*_mp_rank_00_optim_states.pt")
         self.params, self.param_groups, self.loss_scale = {}, [], None
         if not optim_files:
             self.stage, self.world_size = 0, int(states.get("dp_world_size", 1))
@@ -88,39 +93,36 @@ class DeepSpeedCheckpoint:
         index = [i for g in inner.get("param_groups", []) for i in g["params"]] or list(range(len(names)))
         for i, name in zip(index, names):
             state = inner.get("state", {}).get(i, {})
-            self._add(name, tuple(self.module[name].shape), {"master": masters[i].float().reshape(-1)}, state)
+            tensors, scalars = _split_state(state, lambda v: v.reshape(-1))
+            numel = self.module[name].numel()
+            self.params[name] = {"shape": list(self.module[name].shape), "scalars": scalars,
+                                 "pieces": [(0, numel, {"master": masters[i].reshape(-1), **tensors})]}
         self.param_groups = [_hyper(g) for g in inner.get("param_groups", [])]
         if "cur_scale" in opt:
             self.loss_scale = opt["cur_scale"]
 
-    def _add(self, name, shape, tensors, state):
-        scalars = {}
-        for key, value in state.items():
-            if torch.is_tensor(value) and value.numel() > 1 or (torch.is_tensor(value) and key != "step"):
-                tensors[key] = value.reshape(-1)
-            else:
-                scalars[key] = {"value": float(value), "tensor": "float32", "shape": []}
-        self.params[name] = {"shape": list(shape), "tensors": tensors, "scalars": scalars}
-
     def _stage12(self, shards, shapes):
         for g, group_shapes in enumerate(shapes):
             pieces = {name: [] for name in group_shapes}
-            keys, scalars = None, {}
+            scalars = {}
             for shard in shards:
                 flat = shard["single_partition_of_fp32_groups"][g]
                 state = shard["base_optimizer_state"]["state"][g]
                 # the state may keep the alignment padding the saved partition dropped: compare by >=
                 flat_state = {k: v for k, v in state.items()
                               if torch.is_tensor(v) and v.dim() > 0 and v.numel() >= flat.numel()}
-                keys = list(flat_state)
-                scalars = {k: v for k, v in state.items() if k not in flat_state}
+                _, scalars = _split_state({k: v for k, v in state.items() if k not in flat_state}, None)
                 for name, frag in shard["param_slice_mappings"][g].items():
                     lo, n = int(frag.start), int(frag.numel)
-                    pieces[name].append({"master": flat[lo:lo + n], **{k: v[lo:lo + n] for k, v in flat_state.items()}})
+                    start = pieces[name][-1][1] if pieces[name] else 0
+                    pieces[name].append((start, start + n, {"master": flat[lo:lo + n],
+                                                            **{k: v[lo:lo + n] for k, v in flat_state.items()}}))
             for name, shape in group_shapes.items():
-                tensors = {k: torch.cat([p[k] for p in pieces[name]]).float() for k in ["master"] + keys}
-                self._check(name, shape, tensors["master"])
-                self._add(name, tuple(shape), tensors, scalars)
+                held = pieces[name][-1][1] if pieces[name] else 0
+                if held != torch.Size(shape).numel():
+                    raise CheckpointError(f"{self.path}: the fragments of {name!r} hold {held} elements, its shape "
+                                          f"{tuple(shape)} needs {torch.Size(shape).numel()}")
+                self.params[name] = {"shape": list(shape), "pieces": pieces[name], "scalars": scalars}
             self.param_groups.append(_hyper(shards[0]["base_optimizer_state"]["param_groups"][g]))
 
     def _stage3(self, shards, shapes):
@@ -130,30 +132,68 @@ class DeepSpeedCheckpoint:
             states = [s["optimizer_state_dict"]["state"][g] for s in shards]
             flats = [s["fp32_flat_groups"][g] for s in shards]
             keys = [k for k, v in states[0].items() if torch.is_tensor(v) and v.numel() == flats[0].numel()]
-            scalars = {k: v for k, v in states[0].items() if k not in keys}
+            _, scalars = _split_state({k: v for k, v in states[0].items() if k not in keys}, None)
             for name, shape in group_shapes.items():
                 numel = int(torch.Size(shape).numel())
-                part = -(-numel // world)
-                tensors = {"master": torch.cat([f[offset:offset + part] for f in flats])[:numel].float()}
-                for k in keys:
-                    tensors[k] = torch.cat([st[k][offset:offset + part] for st in states])[:numel]
+                part = -(-numel // world)      # each rank holds ceil(numel / world) elements, the last padded
+                pieces = []
+                for r in range(world):
+                    lo, hi = r * part, min((r + 1) * part, numel)
+                    if lo < hi:
+                        n = hi - lo
+                        pieces.append((lo, hi, {"master": flats[r][offset:offset + n],
+                                                **{k: states[r][k][offset:offset + n] for k in keys}}))
                 offset += part
-                self._add(name, tuple(shape), tensors, scalars)
+                self.params[name] = {"shape": list(shape), "pieces": pieces, "scalars": scalars}
             self.param_groups.append(_hyper(shards[0]["optimizer_state_dict"]["param_groups"][g]))
 
-    def _check(self, name, shape, flat):
-        if flat.numel() != torch.Size(shape).numel():
-            raise CheckpointError(f"{self.path}: the fragments of {name!r} hold {flat.numel()} elements, its shape "
-                                  f"{tuple(shape)} needs {torch.Size(shape).numel()}")
+    def tensor(self, name, key="master"):
+        """The whole flat `key` of parameter `name`, joined from its pieces (fp32 for the master)."""
+        p = self.params[name]
+        numel = int(torch.Size(p["shape"]).numel())
+        first = p["pieces"][0][2][key]
+        out = torch.empty(numel, dtype=torch.float32 if key == "master" else first.dtype)
+        for lo, hi, tensors in p["pieces"]:
+            out[lo:hi] = tensors[key]
+            drop_pages(tensors[key])
+        return out
+
+    def module_entries(self):
+        """export_sources Entries of every module key: masters for trained parameters (joined per parameter),
+        the module's values (floating point as fp32) otherwise."""
+        from .export_sources import Entry
+        out = []
+        for k, v in self.module.items():
+            if k in self.params:
+                shape = tuple(self.params[k]["shape"])
+                out.append(Entry(k, shape, torch.float32, lambda k=k, s=shape: self.tensor(k).reshape(s),
+                                 [self.path]))
+            else:
+                dtype = torch.float32 if v.is_floating_point() else v.dtype
+                out.append(Entry(k, tuple(v.shape), dtype, lambda v=v, d=dtype: v.to(d, copy=True), [self.path]))
+        return out
 
     def full_state_dict(self):
         """fp32 weights for every module key (masters for trained params, module values otherwise)."""
-        out = {}
-        for k, v in self.module.items():
-            p = self.params.get(k)
-            out[k] = p["tensors"]["master"].reshape(p["shape"]).clone() if p else (
-                v.float() if v.is_floating_point() else v)
-        return out
+        return {e.name: e.fetch() for e in self.module_entries()}
+
+
+def _split_state(state, as_flat):
+    """(per-element tensors, JSON scalars) of one parameter's optimizer state; as_flat=None: all are scalars."""
+    tensors, scalars = {}, {}
+    for key, value in state.items():
+        if as_flat is not None and torch.is_tensor(value) and (value.numel() > 1 or key != "step"):
+            tensors[key] = as_flat(value)
+        else:
+            scalars[key] = {"value": float(value), "tensor": "float32", "shape": []}
+    return tensors, scalars
+
+
+def drop_pages(t):
+    """Drop the resident pages of a memory-mapped tensor's bytes (a streaming reader's memory stays at what it
+    copies now). Pages are read again from the file if touched; nothing here is ever written."""
+    from .pages import drop
+    drop(t.data_ptr(), t.numel() * t.element_size())
 
 
 def _hyper(group):
@@ -161,23 +201,34 @@ def _hyper(group):
 
 
 class _MemFile:
+    """The DeepSpeedCheckpoint's pieces as one "file" for shards.apply; release() drops the mapped pages of what
+    was read since the last call."""
+
     def __init__(self, path, tensors):
-        self.path, self._t = path, tensors
+        self.path, self._t, self._read = path, tensors, []
 
     def get(self, name):
+        self._read.append(self._t[name])
         return self._t[name]
 
+    def release(self):
+        for t in self._read:
+            drop_pages(t)
+        self._read = []
 
-def _as_manifest(ds):
+
+def _as_manifest(ds, file="ds"):
+    """(params manifest, {key: tensor}) as in a dsfast checkpoint: one slice per piece (a rank's fragment), so a
+    resuming rank reads only the fragments overlapping its own ranges (shards.apply), and views stay views."""
     params, tensors = {}, {}
     for name, p in ds.params.items():
-        keys = {}
-        for key, t in p["tensors"].items():
-            keys[key] = f"{name}/{key}"
-            tensors[keys[key]] = t
-        numel = int(torch.Size(p["shape"]).numel())
-        params[name] = {"shape": p["shape"], "slices": [{"rank": 0, "start": 0, "stop": numel, "file": "ds",
-                                                         "keys": keys, "scalars": p["scalars"]}]}
+        slices = []
+        for rank, (lo, hi, piece) in enumerate(p["pieces"]):
+            keys = {key: f"{name}@{lo}/{key}" for key in piece}
+            tensors.update({keys[key]: t for key, t in piece.items()})
+            slices.append({"rank": rank, "start": lo, "stop": hi, "file": file, "keys": keys,
+                           "scalars": p["scalars"]})
+        params[name] = {"shape": p["shape"], "slices": slices}
     return params, tensors
 
 
@@ -188,8 +239,9 @@ def load_deepspeed_into(engine, path, strict, load_optimizer_states, load_lr_sch
     ds = DeepSpeedCheckpoint(path)
     module = {k: v for k, v in ds.module.items()}
     if ds.stage == 3:        # partitioned module weights: the full fp32 ones, cast to the model's dtypes
-        ref = engine.module.state_dict()
-        module = {k: v.to(ref[k].dtype) if k in ref else v for k, v in ds.full_state_dict().items()}
+        ref = engine.module.state_dict()   # one fp32 tensor at a time, cast as it comes
+        module = {e.name: e.fetch().to(ref[e.name].dtype) if e.name in ref else e.fetch()
+                  for e in ds.module_entries()}
     engine.module.load_state_dict(module, strict=strict)
     layout = checkpoint_layout(engine)
     if module_only:
@@ -221,6 +273,12 @@ def consolidate_deepspeed(path):
     return DeepSpeedCheckpoint(path).full_state_dict()
 
 
+def deepspeed_entries(path):
+    """(export_sources Entries, preflight) of a DeepSpeed tag folder: its files are all opened (every missing or
+    unreadable one named) when the folder is read, before anything is written."""
+    return DeepSpeedCheckpoint(path).module_entries(), lambda: None
+
+
 def convert(src, dst, tag=None):
     """Write DeepSpeed checkpoint `src` (a save_dir with `latest`, or a tag folder) as a dsfast checkpoint."""
     from . import commit, manifest, state_files
@@ -232,12 +290,10 @@ def convert(src, dst, tag=None):
         src = os.path.join(src, tag)
     tag = tag or os.path.basename(os.path.normpath(src))
     ds = DeepSpeedCheckpoint(src)
-    params, tensors = _as_manifest(ds)
+    optim = manifest.optim_file(0)
+    params, tensors = _as_manifest(ds, optim)
     tmp = commit.tmp_dir(dst, tag, "convert")
     os.makedirs(tmp, exist_ok=True)
-    optim = manifest.optim_file(0)
-    for p in params.values():
-        p["slices"][0]["file"] = optim
     files = {optim: write_file(os.path.join(tmp, optim), tensors),
              manifest.MODEL_FILE: write_file(os.path.join(tmp, manifest.MODEL_FILE),
                                              {k: v.contiguous() for k, v in (ds.full_state_dict() if ds.stage == 3
