@@ -18,7 +18,8 @@ from .load import CheckpointReader, resolve
 
 def _checkpoint_path(ckpt_dir, tag):
     ckpt_dir = os.fspath(ckpt_dir)
-    if os.path.isfile(os.path.join(ckpt_dir, "manifest.json")) and tag is None:
+    from .deepspeed_import import is_deepspeed_checkpoint
+    if tag is None and (os.path.isfile(os.path.join(ckpt_dir, "manifest.json")) or is_deepspeed_checkpoint(ckpt_dir)):
         return ckpt_dir
     path, why = resolve(ckpt_dir, tag)
     if path is None:

@@ -67,7 +67,9 @@ class DeepSpeedCheckpoint:
             self.stage, self.world_size = 0, int(states.get("dp_world_size", 1))
             self._stage0(states)
         else:
-            shards = [ds_load(f)["optimizer_state_dict"] for f in optim_files]
+            first = ds_load(optim_files[0])["optimizer_state_dict"]
+            self._check_ranks(optim_files, first.get("partition_count"))
+            shards = [first] + [ds_load(f)["optimizer_state_dict"] for f in optim_files[1:]]
             self.stage, self.world_size = int(shards[0]["zero_stage"]), len(shards)
             scaler = shards[0].get("loss_scaler")
             self.loss_scale = getattr(scaler, "cur_scale", None)
@@ -78,6 +80,18 @@ class DeepSpeedCheckpoint:
                 self._stage12(shards, shapes)
         self.precision = "bf16" if (self.ds_config.get("bf16") or {}).get("enabled") else \
             "fp16" if (self.ds_config.get("fp16") or {}).get("enabled") else "fp32"
+
+    def _check_ranks(self, files, partition_count):
+        """Every rank DeepSpeed partitioned over has its optimizer file (named if missing, before any output)."""
+        counts = partition_count if isinstance(partition_count, (list, tuple)) else [partition_count]
+        world = max(int(c) for c in counts) if counts and None not in counts else len(files)
+        ranks = {int(re.search(r"zero_pp_rank_(\d+)_", os.path.basename(f)).group(1)) for f in files}
+        missing = sorted(set(range(world)) - ranks)
+        if missing:
+            pattern = os.path.basename(files[0]).replace(f"zero_pp_rank_{min(ranks)}_", "zero_pp_rank_{}_")
+            raise CheckpointCorruptError(f"{self.path}: DeepSpeed partitioned the optimizer over {world} ranks; the "
+                                         f"file of rank {missing[0]} is missing ({pattern.format(missing[0])}"
+                                         f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''})")
 
     def _param_names(self, states):
         buffers = set(states.get("buffer_names") or [])

@@ -107,27 +107,50 @@ def write_one_file(entries, path, dtype=torch.float32, fault=None):
 
 
 def write_hf_dir(entries, out_dir, dtype=torch.float32, max_shard_size="5GB", fault=None,
-                 weights_name="model.safetensors"):
-    """Write the entries into out_dir in the Hugging Face layout. Returns the list of files written."""
-    shards, total = plan_shards(entries, dtype, max_shard_size)
+                 weights_name="model.safetensors", torch_format=False):
+    """Write the entries into out_dir in the Hugging Face layout (max_shard_size None: one file). Returns the
+    files written. torch_format: torch.save files (pytorch_model.bin and its shards, DeepSpeed's default), each
+    built in memory one file at a time; a tied weight's second names go into its file, sharing its tensor."""
+    shards, total = plan_shards(entries, dtype, max_shard_size if max_shard_size is not None else 1 << 62)
     names = shard_names(len(shards), weights_name)
     index_name = f"{weights_name}.index.json"
+    aliases = {}
+    for e in entries:
+        if e.alias_of is not None and torch_format:
+            aliases.setdefault(e.alias_of, []).append(e.name)
     os.makedirs(out_dir, exist_ok=True)
     tmp = os.path.join(out_dir, f".dsfast-export-{uuid.uuid4().hex[:8]}")
     os.makedirs(tmp)
+    weight_map = {}
     try:
         for name, shard in zip(names, shards):
-            write_file(os.path.join(tmp, name), {e.name: _deferred(e, dtype) for e in shard},
-                       metadata={"format": "pt"}, fault=fault)
+            path = os.path.join(tmp, name)
+            for e in shard:
+                weight_map.update({k: name for k in [e.name] + aliases.get(e.name, [])})
+            if torch_format:
+                _save_torch_shard(path, shard, aliases, dtype, fault)
+            else:
+                write_file(path, {e.name: _deferred(e, dtype) for e in shard}, metadata={"format": "pt"},
+                           fault=fault)
         if len(shards) > 1:
-            index = {"metadata": {"total_size": total},
-                     "weight_map": {e.name: name for name, shard in zip(names, shards) for e in shard}}
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             with open(os.path.join(tmp, index_name), "w", encoding="utf-8") as f:
                 f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
         _move_into_place(tmp, out_dir, names, index_name if len(shards) > 1 else None, weights_name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return names + ([index_name] if len(shards) > 1 else [])
+
+
+def _save_torch_shard(path, shard, aliases, dtype, fault):
+    sd = {}
+    for e in shard:
+        sd[e.name] = e.fetch().to(_out_dtype(e, dtype))
+        for alias in aliases.get(e.name, []):
+            sd[alias] = sd[e.name]
+        if fault:
+            fault("tensor")
+    torch.save(sd, path)
 
 
 def _move_into_place(tmp, out_dir, names, index_name, weights_name):

@@ -25,6 +25,7 @@ for _name, _code in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"), (
 BY_CODE = {v: k for k, v in DTYPES.items()}
 MAX_HEADER = 256 << 20
 _CHUNK = 64 << 20
+_HASH_CHUNK = 8 << 20      # the pages a checksum keeps resident at a time
 
 
 def _bytes_of(t):
@@ -96,10 +97,10 @@ def _sha256(buf):
     more resident memory than one chunk, whatever its size."""
     digest, view = hashlib.sha256(), memoryview(buf)
     drop = isinstance(buf, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED")
-    for i in range(0, len(view), _CHUNK):
-        digest.update(view[i:i + _CHUNK])
+    for i in range(0, len(view), _HASH_CHUNK):
+        digest.update(view[i:i + _HASH_CHUNK])
         if drop:
-            buf.madvise(mmap.MADV_DONTNEED, i, min(_CHUNK, len(view) - i))
+            buf.madvise(mmap.MADV_DONTNEED, i, min(_HASH_CHUNK, len(view) - i))
     view.release()
     return digest.hexdigest()
 
