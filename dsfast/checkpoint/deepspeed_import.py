@@ -161,12 +161,14 @@ class DeepSpeedCheckpoint:
                 self.params[name] = {"shape": list(shape), "pieces": pieces, "scalars": scalars}
             self.param_groups.append(_hyper(shards[0]["optimizer_state_dict"]["param_groups"][g]))
 
-    def tensor(self, name, key="master"):
-        """The whole flat `key` of parameter `name`, joined from its pieces (fp32 for the master)."""
+    def tensor(self, name, key="master", out=None):
+        """The whole flat `key` of parameter `name`, joined from its pieces (fp32 for the master); into `out`'s
+        first elements if given (export_sources.target)."""
+        from .export_sources import target
         p = self.params[name]
         numel = int(torch.Size(p["shape"]).numel())
         first = p["pieces"][0][2][key]
-        out = torch.empty(numel, dtype=torch.float32 if key == "master" else first.dtype)
+        out = target(out, numel, torch.float32 if key == "master" else first.dtype)
         for lo, hi, tensors in p["pieces"]:
             out[lo:hi] = tensors[key]
             drop_pages(tensors[key])
@@ -180,16 +182,25 @@ class DeepSpeedCheckpoint:
         for k, v in self.module.items():
             if k in self.params:
                 shape = tuple(self.params[k]["shape"])
-                out.append(Entry(k, shape, torch.float32, lambda k=k, s=shape: self.tensor(k).reshape(s),
-                                 [self.path]))
+                out.append(Entry(k, shape, torch.float32,
+                                 lambda buf=None, k=k, s=shape: self.tensor(k, out=buf).reshape(s), [self.path]))
             else:
                 dtype = torch.float32 if v.is_floating_point() else v.dtype
-                out.append(Entry(k, tuple(v.shape), dtype, lambda v=v, d=dtype: v.to(d, copy=True), [self.path]))
+                out.append(Entry(k, tuple(v.shape), dtype, lambda buf=None, v=v, d=dtype: _copy_into(v, d, buf),
+                                 [self.path]))
         return out
 
     def full_state_dict(self):
         """fp32 weights for every module key (masters for trained params, module values otherwise)."""
         return {e.name: e.fetch() for e in self.module_entries()}
+
+
+def _copy_into(v, dtype, buf):
+    from .export_sources import target
+    got = target(buf, v.numel(), dtype)
+    got.copy_(v.reshape(-1))
+    drop_pages(v)
+    return got.reshape(v.shape)
 
 
 def _split_state(state, as_flat):

@@ -85,20 +85,43 @@ def shard_names(n, weights_name="model.safetensors"):
     return [weights_name] if n == 1 else [f"{stem}-{i + 1:05d}-of-{n:05d}{ext}" for i in range(n)]
 
 
-def _deferred(entry, dtype):
+class _Buffers:
+    """One reused 1-D buffer per dtype, as long as the largest tensor of that dtype: every tensor of an export is
+    fetched (and cast) into the same memory, so resident memory stays at the largest tensor (fresh tensors
+    freed one after another leave the C allocator's heap fragmented and the process larger)."""
+
+    def __init__(self, entries, dtype):
+        self.need = {}
+        for e in entries:
+            for d in {e.dtype, _out_dtype(e, dtype)}:
+                self.need[d] = max(self.need.get(d, 0), e.numel)
+        self.have = {}
+
+    def get(self, dtype):
+        if dtype not in self.have:
+            self.have[dtype] = torch.empty(self.need[dtype], dtype=dtype)
+        return self.have[dtype]
+
+
+def _deferred(entry, dtype, buffers):
     out = _out_dtype(entry, dtype)
 
     def fetch():
-        t = entry.fetch()
-        return t.to(out).contiguous().reshape(-1)
+        t = entry.fetch(buffers.get(entry.dtype)).reshape(-1)
+        if out == entry.dtype:
+            return t
+        cast = buffers.get(out)[:entry.numel]
+        cast.copy_(t)
+        return cast
     return Deferred(fetch, out, entry.numel, shape=entry.shape)
 
 
 def write_one_file(entries, path, dtype=torch.float32, fault=None):
     """All non-alias entries into the safetensors file `path` (temporary name, renamed at the end)."""
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    buffers = _Buffers(entries, dtype)
     try:
-        write_file(tmp, {e.name: _deferred(e, dtype) for e in entries if e.alias_of is None},
+        write_file(tmp, {e.name: _deferred(e, dtype, buffers) for e in entries if e.alias_of is None},
                    metadata={"format": "pt"}, fault=fault)
         os.replace(tmp, path)
     finally:
@@ -122,6 +145,7 @@ def write_hf_dir(entries, out_dir, dtype=torch.float32, max_shard_size="5GB", fa
     tmp = os.path.join(out_dir, f".dsfast-export-{uuid.uuid4().hex[:8]}")
     os.makedirs(tmp)
     weight_map = {}
+    buffers = _Buffers(entries, dtype)
     try:
         for name, shard in zip(names, shards):
             path = os.path.join(tmp, name)
@@ -130,7 +154,7 @@ def write_hf_dir(entries, out_dir, dtype=torch.float32, max_shard_size="5GB", fa
             if torch_format:
                 _save_torch_shard(path, shard, aliases, dtype, fault)
             else:
-                write_file(path, {e.name: _deferred(e, dtype) for e in shard}, metadata={"format": "pt"},
+                write_file(path, {e.name: _deferred(e, dtype, buffers) for e in shard}, metadata={"format": "pt"},
                            fault=fault)
         if len(shards) > 1:
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
