@@ -26,9 +26,13 @@ HASH_CHUNK = 8 * MB      # dsfast.checkpoint.safetensors_io._HASH_CHUNK
 def build_dsfast(path, tensors, numel):
     import torch
     import dsfast
-    torch.manual_seed(0)
-    side = int(numel ** 0.5)
-    model = torch.nn.Sequential(*[torch.nn.Linear(side, numel // side, bias=False) for _ in range(tensors)])
+    class Params(torch.nn.Module):       # parameters only: building 40M Linear weights' init would dominate
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.ParameterList(torch.nn.Parameter(torch.full((numel,), float(i)))
+                                            for i in range(tensors))
+
+    model = Params()
     cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2},
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
     engine, _, _, _ = dsfast.initialize(model=model, config=cfg, dist_init_required=False)
