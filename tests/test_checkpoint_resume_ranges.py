@@ -1,0 +1,89 @@
+"""Resuming at another world size or stage reads only each rank's ranges: the files and slices overlapping the
+rank's records, each slice's input pages dropped once copied (dsfast checkpoints at ZeRO 1/2, and DeepSpeed
+checkpoints, whose rank files are memory-mapped and never joined whole)."""
+import os
+
+import torch
+
+from dsfast.checkpoint import load, pages, shards
+from dsfast.checkpoint.deepspeed_import import DeepSpeedCheckpoint, _as_manifest, _MemFile
+from dsfast.checkpoint.safetensors_io import SafeTensorsFile
+from test_checkpoint import FakeOptimizer, _write_simulated, zero_like_layouts
+
+DS_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "deepspeed_ckpt")
+
+
+class Counting:
+    """A file of shards.apply's open_file that records what is read and released."""
+
+    def __init__(self, f, log):
+        self.f, self.log = f, log
+
+    def get(self, name):
+        self.log.append(("get", name))
+        return self.f.get(name)
+
+    def release(self):
+        self.log.append(("release", None))
+        self.f.release()
+
+
+def _overlapping(params, layout):
+    want = set()
+    for r in layout.records:
+        for s in params[r.name]["slices"]:
+            if s["start"] < r.stop and r.start < s["stop"]:
+                want.add((r.name, s["start"]))
+    return want
+
+
+def test_a_dsfast_rank_reads_only_the_slices_overlapping_its_ranges(tmp_path):
+    names, shapes = ["a.weight", "a.bias", "b.weight", "c"], [(5, 3), (5,), (4, 5), (7,)]
+    g = torch.Generator().manual_seed(0)
+    full = {k: {n: torch.randn(s, generator=g) for n, s in zip(names, shapes)} for k in ("master", "exp_avg")}
+    m = _write_simulated(tmp_path, zero_like_layouts(shapes, 4, names), full)        # saved by 4 ranks
+    for layout in zero_like_layouts(shapes, 2, names):                                # resumed by 2
+        log, opened = [], []
+
+        def open_file(name):
+            opened.append(name)
+            return Counting(SafeTensorsFile(str(tmp_path / name), m["files"][name]), log)
+        shards.apply(layout, FakeOptimizer(), m["params"], open_file)
+        read = {tuple(k.split("/")[0].split("@")) for op, k in log if op == "get"}
+        want = {(n, str(s)) for n, s in _overlapping(m["params"], layout)}
+        assert read == want and len(read) < sum(len(p["slices"]) for p in m["params"].values())
+        assert set(opened) == set(load._files_needed(layout, m["params"])) and len(set(opened)) == 2
+        gets_then_release = [op for op, _ in log]
+        assert gets_then_release.count("release") == len(read)         # every slice's pages dropped once copied
+        assert gets_then_release[-1] == "release"
+
+
+def test_a_deepspeed_rank_reads_only_the_fragments_overlapping_its_ranges():
+    ds = DeepSpeedCheckpoint(os.path.join(DS_DATA, "stage2_fp32", "global_step2"))
+    for p in ds.params.values():       # the fragments are views of the mapped rank files, not copies
+        for _, _, piece in p["pieces"]:
+            assert all(pages._file_mapping(t.data_ptr()) is not None for t in piece.values() if t.numel())
+    params, tensors = _as_manifest(ds)
+    names = list(params)
+    shapes = [tuple(params[n]["shape"]) for n in names]
+    for layout in zero_like_layouts(shapes, 3, names):            # saved by 2 ranks, resumed by 3
+        mem, got = _MemFile(ds.path, tensors), []
+        mem_get = mem.get
+        mem.get = lambda key: (got.append(key), mem_get(key))[1]
+        opt = FakeOptimizer()
+        shards.apply(layout, opt, params, lambda _: mem)
+        read = {tuple(k.split("/")[0].split("@")) for k in got}
+        assert read == {(n, str(s)) for n, s in _overlapping(params, layout)}
+        assert len(read) < sum(len(p["slices"]) for p in params.values())
+        for r in layout.records:                                  # and the values are the joined ones
+            n = r.stop - r.start
+            want = ds.tensor(r.name)[r.start:r.stop]
+            assert torch.equal(r.opt_param.detach().view(-1)[r.opt_offset:r.opt_offset + n], want)
+            want = ds.tensor(r.name, "exp_avg")[r.start:r.stop]
+            assert torch.equal(opt.state[r.opt_param]["exp_avg"].view(-1)[r.opt_offset:r.opt_offset + n], want)
+
+
+def test_dropping_pages_never_touches_anonymous_memory():
+    t = torch.arange(1 << 20, dtype=torch.float32)          # heap memory: MADV_DONTNEED would zero it
+    pages.drop(t.data_ptr(), t.numel() * 4)
+    assert torch.equal(t, torch.arange(1 << 20, dtype=torch.float32))
