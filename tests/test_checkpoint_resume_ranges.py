@@ -87,3 +87,30 @@ def test_dropping_pages_never_touches_anonymous_memory():
     t = torch.arange(1 << 20, dtype=torch.float32)          # heap memory: MADV_DONTNEED would zero it
     pages.drop(t.data_ptr(), t.numel() * 4)
     assert torch.equal(t, torch.arange(1 << 20, dtype=torch.float32))
+
+
+def test_a_zero3_engine_resumes_a_deepspeed_checkpoint_from_its_own_ranges(monkeypatch, tmp_path):
+    import dsfast
+    from test_checkpoint_deepspeed import expected, folder, model
+    ds_read = []
+    real = DeepSpeedCheckpoint.read_range
+    monkeypatch.setattr(DeepSpeedCheckpoint, "read_range",
+                        lambda self, name, a, b: (ds_read.append((name, a, b)), real(self, name, a, b))[1])
+    cfg = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000, "bf16": {"enabled": True},
+           "zero_optimization": {"stage": 3, "param_persistence_threshold": 0},
+           "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
+    engine, _, _, _ = dsfast.initialize(model=model(), config=cfg, dist_init_required=False)
+    engine.load_checkpoint(folder(2, "bf16"))
+    want = expected(2, "bf16")
+    assert {n for n, _, _ in ds_read} == set(want) - {k for k in want if "running" in k}
+    assert engine.global_steps == 2
+    engine.save_checkpoint(str(tmp_path), "again")      # its fp32 masters are DeepSpeed's, exactly
+    from dsfast.checkpoint import consolidate
+    got = consolidate(str(tmp_path))
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    with torch.no_grad():     # the module's (bf16) weights follow: the forward of the loaded model
+        out = engine(torch.ones(2, 6))
+    ref = model()
+    ref.load_state_dict(want)
+    torch.testing.assert_close(out.float(), ref.to(torch.bfloat16)(torch.ones(2, 6).to(torch.bfloat16)).float(),
+                               rtol=2e-2, atol=2e-2)

@@ -174,6 +174,21 @@ class DeepSpeedCheckpoint:
             drop_pages(tensors[key])
         return out
 
+    def read_range(self, name, start, stop):
+        """Elements [start, stop) of parameter `name` (fp32 master) from the fragments overlapping them; a
+        module value (a frozen parameter) when it has no master; None when the checkpoint has neither."""
+        p = self.params.get(name)
+        if p is None:
+            v = self.module.get(name)
+            return None if v is None or v.numel() == 0 else v.reshape(-1)[start:stop].float()
+        out = torch.empty(stop - start, dtype=torch.float32)
+        for lo, hi, tensors in p["pieces"]:
+            a, b = max(lo, start), min(hi, stop)
+            if a < b:
+                out[a - start:b - start] = tensors["master"][a - lo:b - lo]
+                drop_pages(tensors["master"])
+        return out
+
     def module_entries(self):
         """export_sources Entries of every module key: masters for trained parameters (joined per parameter),
         the module's values (floating point as fp32) otherwise."""
@@ -262,12 +277,15 @@ def load_deepspeed_into(engine, path, strict, load_optimizer_states, load_lr_sch
     from . import shards
     from .layout import checkpoint_layout, engine_after_load, masters_from_module
     ds = DeepSpeedCheckpoint(path)
-    module = {k: v for k, v in ds.module.items()}
-    if ds.stage == 3:        # partitioned module weights: the full fp32 ones, cast to the model's dtypes
-        ref = engine.module.state_dict()   # one fp32 tensor at a time, cast as it comes
-        module = {e.name: e.fetch().to(ref[e.name].dtype) if e.name in ref else e.fetch()
-                  for e in ds.module_entries()}
-    engine.module.load_state_dict(module, strict=strict)
+    if engine.state_owner.partitions_params:     # a ZeRO-3 engine: each rank reads the elements it keeps
+        _load_own_ranges(engine.module, ds, strict)
+    else:
+        module = {k: v for k, v in ds.module.items()}
+        if ds.stage == 3:        # partitioned module weights: the full fp32 ones, cast to the model's dtypes
+            ref = engine.module.state_dict()   # one fp32 tensor at a time, cast as it comes
+            module = {e.name: e.fetch().to(ref[e.name].dtype) if e.name in ref else e.fetch()
+                      for e in ds.module_entries()}
+        engine.module.load_state_dict(module, strict=strict)
     layout = checkpoint_layout(engine)
     if module_only:
         masters_from_module(engine, layout)
@@ -292,6 +310,22 @@ def load_deepspeed_into(engine, path, strict, load_optimizer_states, load_lr_sch
         engine.lr_scheduler.load_state_dict(ds.lr_scheduler)
     engine_after_load(engine)
     return path, ds.client_state
+
+
+def _load_own_ranges(module, ds, strict):
+    """A ZeRO-3 engine's slices of every parameter from the DeepSpeed fragments overlapping them (fp32 masters,
+    cast by the partition), buffers from the module states; strict: every parameter and buffer found."""
+    from dsfast.zero.save16 import load_partitioned_slices, persistent_buffers
+    missing = load_partitioned_slices(module, ds.read_range)
+    own = persistent_buffers(module)
+    for key, buf in own.items():
+        if key in ds.module:
+            buf.copy_(ds.module[key])
+        else:
+            missing.append(key)
+    if strict and missing:
+        raise CheckpointError(f"{ds.path}: the DeepSpeed checkpoint has no weights for {missing[:5]} of this model "
+                              "(ZeRO stage 3); load with load_module_strict=False to load what matches")
 
 
 def consolidate_deepspeed(path):
