@@ -246,3 +246,19 @@ def test_deepspeed_checkpoints_export_streamed(tmp_path, stage, dtype):
     export(folder, str(tmp_path / "hf"), max_shard_size="200")
     got, idx = read_hf_dir(str(tmp_path / "hf"))
     assert idx is not None and set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_cli_torch_file_and_one_safetensors_file_keep_working(tmp_path):
+    ck = saved(tmp_path)
+    want = consolidate(ck)
+    assert main([ck, str(tmp_path / "w.pt"), "--torch", "--dtype", "bf16"]) == 0
+    got = torch.load(tmp_path / "w.pt", weights_only=True)
+    assert set(got) == set(want) and got["head.weight"].data_ptr() == got["emb.weight"].data_ptr()
+    assert all(torch.equal(got[k], want[k].to(torch.bfloat16) if want[k].is_floating_point() else want[k])
+               for k in want)
+    assert main([ck, str(tmp_path / "w.safetensors"), "--exclude-frozen"]) == 0
+    st = pytest.importorskip("safetensors.torch")
+    got = st.load_file(str(tmp_path / "w.safetensors"))
+    assert set(got) == set(want) - {"head.weight", "norm.weight", "norm.bias"}      # frozen left out, buffer kept
+    assert all(torch.equal(got[k], want[k]) for k in got)
+    assert sorted(os.listdir(tmp_path)) == ["ck", "w.pt", "w.safetensors"]            # no temporary file left

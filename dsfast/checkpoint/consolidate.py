@@ -101,7 +101,8 @@ def main(argv=None):
             from .export_hf import output_dtype
             dtype = output_dtype(args.dtype)
             sd = consolidate(args.ckpt_dir, args.tag, args.exclude_frozen)
-            sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
+            cast = {}       # a tied weight's names keep sharing one tensor
+            sd = {k: cast.setdefault(id(v), v.to(dtype) if v.is_floating_point() else v) for k, v in sd.items()}
             tmp = f"{args.out}.tmp-{os.getpid()}"
             torch.save(sd, tmp)
             os.replace(tmp, args.out)
