@@ -262,3 +262,21 @@ def test_cli_torch_file_and_one_safetensors_file_keep_working(tmp_path):
     assert set(got) == set(want) - {"head.weight", "norm.weight", "norm.bias"}      # frozen left out, buffer kept
     assert all(torch.equal(got[k], want[k]) for k in got)
     assert sorted(os.listdir(tmp_path)) == ["ck", "w.pt", "w.safetensors"]            # no temporary file left
+
+
+def test_lazy_mode_reads_each_tensor_at_contiguous(tmp_path, monkeypatch):
+    from dsfast.checkpoint.safetensors_io import SafeTensorsFile
+    from dsfast.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    ck = saved(tmp_path)
+    want = consolidate(ck)
+    reads = []
+    real_get = SafeTensorsFile.get
+    monkeypatch.setattr(SafeTensorsFile, "get", lambda self, name: (reads.append(name), real_get(self, name))[1])
+    lazy = get_fp32_state_dict_from_zero_checkpoint(ck, lazy_mode=True)
+    assert reads == [] and set(lazy) == set(want)                          # nothing read yet
+    assert lazy["head.weight"] is lazy["emb.weight"]                       # tied: one placeholder
+    for k, v in lazy.items():
+        assert v.shape == want[k].shape and v.dtype == want[k].dtype
+        got = v.contiguous()
+        assert torch.equal(got, want[k]), k
+    assert len([r for r in reads if r.startswith("emb.weight")]) == 2     # read at each .contiguous(), no cache

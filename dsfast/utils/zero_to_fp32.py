@@ -14,9 +14,36 @@ from ..checkpoint.manifest import MODEL_FILE
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None, exclude_frozen_parameters=False,
                                              lazy_mode=False):
     """{name: fp32 tensor} of the checkpoint in checkpoint_dir (the tag `latest` names when tag is None).
-    lazy_mode: DeepSpeed then returns placeholders that .contiguous() turns into tensors; these are tensors
-    already, which .contiguous() returns as they are."""
-    return consolidate(checkpoint_dir, tag, exclude_frozen=exclude_frozen_parameters)
+    lazy_mode (DeepSpeed's): {name: LazyTensor} instead, nothing read yet; each one's .contiguous() reads that
+    tensor alone from the slices that hold it (a tied weight's names share one LazyTensor, as they share a tensor
+    in the eager dict). Every input file is checked first in both modes."""
+    if not lazy_mode:
+        return consolidate(checkpoint_dir, tag, exclude_frozen=exclude_frozen_parameters)
+    from ..checkpoint.consolidate import entries
+    found, check = entries(checkpoint_dir, tag, exclude_frozen_parameters)
+    check()
+    out = {}
+    for e in found:
+        out[e.name] = out[e.alias_of] if e.alias_of is not None else LazyTensor(e)
+    return out
+
+
+class LazyTensor:
+    """DeepSpeed's lazy_mode placeholder: shape and dtype now, the values at .contiguous() (a fresh tensor each
+    call; keep it only while needed, which is the point)."""
+
+    def __init__(self, entry):
+        self._entry = entry
+        self.shape, self.dtype = torch.Size(entry.shape), entry.dtype
+
+    def numel(self):
+        return self._entry.numel
+
+    def contiguous(self):
+        return self._entry.fetch()
+
+    def __repr__(self):
+        return f"LazyTensor({self._entry.name!r}, shape={tuple(self.shape)}, dtype={self.dtype})"
 
 
 def convert_zero_checkpoint_to_state_dict(checkpoint_dir, output_dir, dtype=torch.float32, max_shard_size="5GB",
