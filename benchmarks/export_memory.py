@@ -7,8 +7,9 @@ larger).
 builds a checkpoint of `tensors` parameters of `numel` fp32 elements (dsfast: an engine at ZeRO stage 2 on one
 rank; deepspeed: a DeepSpeed 0.19 stage-2 folder of `--ranks` ranks in DeepSpeed's format, written directly),
 then, in a fresh process, measures the resident memory growth (VmHWM after the export minus VmRSS before, the
-peak reset first where /proc/self/clear_refs allows) of the export to a sharded Hugging Face folder, and of
-building the whole state_dict with consolidate() for comparison. Prints one JSON object.
+peak reset first where /proc/self/clear_refs allows) of the export to a sharded Hugging Face folder, of
+`dsfast convert-deepspeed` (DeepSpeed checkpoints), and of building the whole state_dict with consolidate() for
+comparison. Prints one JSON object.
 tests/test_checkpoint_export_memory.py runs it at the size the issue names.
 """
 import argparse
@@ -105,6 +106,13 @@ def _growth(fn):
     return _status("VmHWM") - before, seconds, reset, result
 
 
+def _is_deepspeed(D, path):
+    if D.is_deepspeed_checkpoint(path):
+        return True
+    latest = os.path.join(path, "latest")
+    return os.path.exists(latest) and D.is_deepspeed_checkpoint(os.path.join(path, open(latest).read().strip()))
+
+
 def measure(ckpt, out, max_shard_size):
     """In this (fresh) process: the growth of the export, then of consolidate() for comparison."""
     import importlib
@@ -115,6 +123,11 @@ def measure(ckpt, out, max_shard_size):
     found, _ = C.entries(ckpt)
     largest = max(e.numel * e.dtype.itemsize for e in found)
     export_growth, export_s, reset, (_, files) = _growth(lambda: C.export(ckpt, out, max_shard_size=max_shard_size))
+    convert = {}
+    D = importlib.import_module("dsfast.checkpoint.deepspeed_import")
+    if _is_deepspeed(D, ckpt):          # `dsfast convert-deepspeed` too
+        growth, secs, _, _ = _growth(lambda: D.convert(ckpt, out + "-converted"))
+        convert = {"convert_growth": growth, "convert_s": round(secs, 3)}
     dict_growth, dict_s, _, sd = _growth(lambda: C.consolidate(ckpt))
     total_in = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(ckpt) for f in fs)
     return {"largest_tensor": largest, "read_buffer": max(largest, HASH_CHUNK),
@@ -122,7 +135,7 @@ def measure(ckpt, out, max_shard_size):
             "output_bytes": sum(os.path.getsize(os.path.join(out, f)) for f in files), "files": len(files),
             "export_growth": export_growth, "export_s": round(export_s, 3),
             "consolidate_dict_growth": dict_growth, "consolidate_dict_s": round(dict_s, 3), "peak_reset": reset,
-            "tensors": len(sd)}
+            "tensors": len(sd), **convert}
 
 
 def main(argv=None):

@@ -18,6 +18,7 @@ import sys
 import torch
 
 from .ds_unpickle import ds_load
+from .safetensors_io import Deferred
 from .errors import CheckpointCorruptError, CheckpointError
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
@@ -218,6 +219,21 @@ def _copy_into(v, dtype, buf):
     return got.reshape(v.shape)
 
 
+def _streamed(tensors):
+    """{key: Deferred} handing write_file each (memory-mapped) tensor in turn, the pages of the one written before
+    dropped first: a conversion keeps one tensor's pages resident, not the checkpoint's."""
+    last = []
+
+    def make(t):
+        def fetch():
+            while last:
+                drop_pages(last.pop())
+            last.append(t)
+            return t.contiguous().reshape(-1)
+        return Deferred(fetch, t.dtype, t.numel(), shape=t.shape)
+    return {k: make(t) for k, t in tensors.items()}
+
+
 def _split_state(state, as_flat):
     """(per-element tensors, JSON scalars) of one parameter's optimizer state; as_flat=None: all are scalars."""
     tensors, scalars = {}, {}
@@ -353,10 +369,13 @@ def convert(src, dst, tag=None):
     params, tensors = _as_manifest(ds, optim)
     tmp = commit.tmp_dir(dst, tag, "convert")
     os.makedirs(tmp, exist_ok=True)
-    files = {optim: write_file(os.path.join(tmp, optim), tensors),
-             manifest.MODEL_FILE: write_file(os.path.join(tmp, manifest.MODEL_FILE),
-                                             {k: v.contiguous() for k, v in (ds.full_state_dict() if ds.stage == 3
-                                                                              else ds.module).items()})}
+    if ds.stage == 3:     # the module states hold no weights at stage 3: the joined fp32 masters, one at a time
+        from .export_hf import module_tensors_deferred
+        module = module_tensors_deferred(ds.module_entries())
+    else:
+        module = _streamed(ds.module)
+    files = {optim: write_file(os.path.join(tmp, optim), _streamed(tensors)),
+             manifest.MODEL_FILE: write_file(os.path.join(tmp, manifest.MODEL_FILE), module)}
     from . import jsonable
     extra = {}
     engine = dict(ds.engine, micro_steps=ds.global_steps, loss_scaler=(

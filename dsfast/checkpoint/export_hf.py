@@ -116,12 +116,17 @@ def _deferred(entry, dtype, buffers):
     return Deferred(fetch, out, entry.numel, shape=entry.shape)
 
 
+def module_tensors_deferred(entries, dtype=torch.float32):
+    """{name: Deferred} of the non-alias entries for write_file, fetched one at a time into reused buffers."""
+    buffers = _Buffers(entries, dtype)
+    return {e.name: _deferred(e, dtype, buffers) for e in entries if e.alias_of is None}
+
+
 def write_one_file(entries, path, dtype=torch.float32, fault=None):
     """All non-alias entries into the safetensors file `path` (temporary name, renamed at the end)."""
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    buffers = _Buffers(entries, dtype)
     try:
-        write_file(tmp, {e.name: _deferred(e, dtype, buffers) for e in entries if e.alias_of is None},
+        write_file(tmp, module_tensors_deferred(entries, dtype),
                    metadata={"format": "pt"}, fault=fault)
         os.replace(tmp, path)
     finally:
