@@ -77,7 +77,8 @@ streamed: one tensor in memory at a time (peak memory about the largest tensor p
 
 OUT is a folder in the Hugging Face layout that from_pretrained reads: model.safetensors, or past --max-shard-size
 model-00001-of-0000N.safetensors + model.safetensors.index.json; a tied weight is written once, under its first
-name. An OUT ending in .safetensors is one safetensors file; with --torch, one torch.save file (built in memory).
+name (add the model's config.json to the folder and from_pretrained loads it). An OUT ending in .safetensors
+is one safetensors file; with --torch, one torch.save file (built in memory).
 Every input file is checked (size, sha256) before anything is written, and the output appears only when complete
 (written under a temporary name, renamed at the end)."""
 
