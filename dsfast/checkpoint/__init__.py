@@ -18,8 +18,6 @@ Files, one job each:
 """
 from .errors import CheckpointCorruptError, CheckpointError, CheckpointTimeoutError, UnsafeStateError
 from .layout import Layout, SliceRecord, checkpoint_layout, engine_after_load
-# loaded now, so that importing the submodule later never rebinds the name `consolidate` (the function below) to it
-from . import consolidate as _consolidate_module  # noqa: E402,F401
 
 
 def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=True, async_save=None,
@@ -37,8 +35,9 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
                  load_module_only)
 
 
-def consolidate(ckpt_dir, tag=None, exclude_frozen=False):
-    return _consolidate_module.consolidate(ckpt_dir, tag, exclude_frozen)
+# imported here, not on first call: importing the submodule later would rebind `dsfast.checkpoint.consolidate` (the
+# function) to the module of the same name
+from .consolidate import consolidate
 
 
 __all__ = ["save_checkpoint", "load_checkpoint", "consolidate", "CheckpointError", "CheckpointCorruptError",
