@@ -280,3 +280,14 @@ def test_lazy_mode_reads_each_tensor_at_contiguous(tmp_path, monkeypatch):
         got = v.contiguous()
         assert torch.equal(got, want[k]), k
     assert len([r for r in reads if r.startswith("emb.weight")]) == 2     # read at each .contiguous(), no cache
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_export_at_stage_0_and_3_is_the_consolidated_weights(tmp_path, stage):
+    ck = saved(tmp_path, stage=stage)
+    want = consolidate(ck)
+    export(ck, str(tmp_path / "hf"), dtype="bf16", max_shard_size="400")
+    got, idx = read_hf_dir(str(tmp_path / "hf"))
+    assert idx is not None and set(got) == set(want) - {"head.weight"}
+    for k, v in got.items():
+        assert torch.equal(v, want[k].to(torch.bfloat16) if want[k].is_floating_point() else want[k]), k

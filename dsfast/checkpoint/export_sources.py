@@ -93,8 +93,7 @@ def _sliced_module_entry(reader, key, entry):
     dtype = torch.float32 if saved.is_floating_point else saved
 
     def fetch(out=None):
-        got = target(out, numel, dtype)
-        got.copy_(module_slices.read_range(reader, key, 0, numel))
+        got = module_slices.read_range(reader, key, 0, numel, into=target(out, numel, dtype))
         for name in files:
             reader.file(name).release()
         return got.reshape(shape)
