@@ -40,8 +40,9 @@ def build_dsfast(path, tensors, numel):
     engine.save_checkpoint(path, "t")
 
 
-def build_deepspeed(path, tensors, numel, ranks, states=("exp_avg", "exp_avg_sq")):
-    """A DeepSpeed 0.19 ZeRO stage-2 tag folder (one param group, the flat group split evenly over `ranks`)."""
+def build_deepspeed(path, tensors, numel, ranks, states=("exp_avg", "exp_avg_sq"), tied=False):
+    """A DeepSpeed 0.19 ZeRO stage-2 tag folder (one param group, the flat group split evenly over `ranks`);
+    tied: the module also holds "tied.weight", a second name of "0.weight" (DeepSpeed's shared_params)."""
     import collections
     import types
     import torch
@@ -58,7 +59,11 @@ def build_deepspeed(path, tensors, numel, ranks, states=("exp_avg", "exp_avg_sq"
     module = {n: full[i * numel:(i + 1) * numel].reshape(numel // 1024, 1024).to(torch.bfloat16)
               for i, n in enumerate(names)}
     shapes = collections.OrderedDict((n, torch.Size(module[n].shape)) for n in names)
-    torch.save({"module": module, "buffer_names": [], "param_shapes": [shapes], "global_steps": 1,
+    shared = {}
+    if tied:
+        module["tied.weight"], shared["tied.weight"] = module["0.weight"], "0.weight"
+    torch.save({"module": module, "buffer_names": [], "param_shapes": [shapes], "shared_params": shared,
+                "global_steps": 1,
                 "dp_world_size": ranks, "ds_config": {"bf16": {"enabled": True}}},
                os.path.join(path, "mp_rank_00_model_states.pt"))
     per = -(-full.numel() // ranks)

@@ -291,3 +291,16 @@ def test_export_at_stage_0_and_3_is_the_consolidated_weights(tmp_path, stage):
     assert idx is not None and set(got) == set(want) - {"head.weight"}
     for k, v in got.items():
         assert torch.equal(v, want[k].to(torch.bfloat16) if want[k].is_floating_point() else want[k]), k
+
+
+def test_deepspeed_shared_params_are_the_first_name_s_master_written_once(tmp_path):
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import export_memory
+    export_memory.build_deepspeed(str(tmp_path / "ds"), tensors=3, numel=2048, ranks=2, states=(), tied=True)
+    sd = consolidate(str(tmp_path / "ds"))
+    assert sd["tied.weight"] is sd["0.weight"] and sd["0.weight"].dtype == torch.float32   # the master, not bf16
+    assert not torch.equal(sd["0.weight"], sd["0.weight"].to(torch.bfloat16).float())
+    export(str(tmp_path / "ds"), str(tmp_path / "hf"))
+    got, _ = read_hf_dir(str(tmp_path / "hf"))
+    assert set(got) == {"0.weight", "1.weight", "2.weight"} and torch.equal(got["0.weight"], sd["0.weight"])

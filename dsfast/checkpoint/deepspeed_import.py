@@ -63,6 +63,7 @@ class DeepSpeedCheckpoint:
         self.lr_scheduler = states.get("lr_scheduler")
         self.client_state = {k: v for k, v in states.items() if k not in _DS_KEYS}
         self.ds_config = states.get("ds_config") or {}
+        self.shared = dict(states.get("shared_params") or {})     # {second name: first name} of tied weights
         self.params, self.param_groups, self.loss_scale = {}, [], None
         if not optim_files:
             self.stage, self.world_size = 0, int(states.get("dp_world_size", 1))
@@ -194,8 +195,12 @@ class DeepSpeedCheckpoint:
         """export_sources Entries of every module key: masters for trained parameters (joined per parameter),
         the module's values (floating point as fp32) otherwise."""
         from .export_sources import Entry
-        out = []
+        out, by_name = [], {}
         for k, v in self.module.items():
+            first = by_name.get(self.shared.get(k))
+            if first is not None:      # a tied weight's second name (DeepSpeed's shared_params): the first's master
+                out.append(Entry(k, first.shape, first.dtype, first.fetch, first.files, alias_of=first.name))
+                continue
             if k in self.params:
                 shape = tuple(self.params[k]["shape"])
                 out.append(Entry(k, shape, torch.float32,
@@ -204,11 +209,16 @@ class DeepSpeedCheckpoint:
                 dtype = torch.float32 if v.is_floating_point() else v.dtype
                 out.append(Entry(k, tuple(v.shape), dtype, lambda buf=None, v=v, d=dtype: _copy_into(v, d, buf),
                                  [self.path]))
+            by_name[k] = out[-1]
         return out
 
     def full_state_dict(self):
-        """fp32 weights for every module key (masters for trained params, module values otherwise)."""
-        return {e.name: e.fetch() for e in self.module_entries()}
+        """fp32 weights for every module key (masters for trained params, module values otherwise; a tied weight's
+        names share one tensor)."""
+        out = {}
+        for e in self.module_entries():
+            out[e.name] = out[e.alias_of] if e.alias_of is not None else e.fetch()
+        return out
 
 
 def _copy_into(v, dtype, buf):
