@@ -304,3 +304,26 @@ def test_deepspeed_shared_params_are_the_first_name_s_master_written_once(tmp_pa
     export(str(tmp_path / "ds"), str(tmp_path / "hf"))
     got, _ = read_hf_dir(str(tmp_path / "hf"))
     assert set(got) == {"0.weight", "1.weight", "2.weight"} and torch.equal(got["0.weight"], sd["0.weight"])
+
+
+def test_an_export_killed_mid_write_leaves_only_a_hidden_temporary_folder(tmp_path):
+    import subprocess
+    import sys
+    ck = saved(tmp_path)
+    out = tmp_path / "hf"
+    code = ("import os, signal, sys\n"
+            "from dsfast.checkpoint.consolidate import export\n"
+            "n = []\n"
+            "def kill(stage):\n"
+            "    n.append(stage)\n"
+            "    if len(n) == 5:\n"
+            "        os.kill(os.getpid(), signal.SIGKILL)\n"
+            "export(sys.argv[1], sys.argv[2], max_shard_size='400', fault=kill)\n")
+    r = subprocess.run([sys.executable, "-c", code, ck, str(out)], capture_output=True, text=True)
+    assert r.returncode == -9, r.stderr
+    left = os.listdir(out)
+    assert len(left) == 1 and left[0].startswith(".dsfast-export-")      # nothing a loader would pick up
+    assert any(f.endswith(".safetensors") for f in os.listdir(out / left[0]))   # it had written part
+    export(ck, str(out), max_shard_size="400")                           # a rerun completes beside it
+    got, idx = read_hf_dir(str(out))
+    assert idx is not None and set(got) == set(consolidate(ck)) - {"head.weight"}
