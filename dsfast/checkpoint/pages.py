@@ -23,7 +23,9 @@ def _file_mapping(address):
             for line in f:
                 parts = line.split(None, 5)
                 lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                if lo <= address < hi:
+                if lo > address:          # the lines are in address order: no mapping holds it
+                    return None
+                if address < hi:
                     path = parts[5].strip() if len(parts) == 6 else ""
                     regular = path.startswith("/") and not path.startswith(("/dev/", "/memfd:", "/SYSV")) \
                         and not path.endswith("(deleted)")
