@@ -1,6 +1,8 @@
-"""DeepSpeed 0.19 checkpoints (stages 0-3, fp32 / bf16) -> full per-parameter fp32 masters and optimizer state,
-read through restricted unpickling (ds_unpickle.py). load_checkpoint uses it for a DeepSpeed folder; `dsfast
-convert-deepspeed SRC DST` writes it as a dsfast checkpoint.
+"""DeepSpeed 0.19 checkpoints (stages 0-3, fp32 / bf16) -> per-parameter fp32 masters and optimizer state, read
+through restricted unpickling (ds_unpickle.py) from memory-mapped files, one fragment per rank, nothing joined until
+asked: load_checkpoint uses it for a DeepSpeed folder (each rank copies the fragments overlapping its own ranges),
+`dsfast consolidate` streams its weights, `dsfast convert-deepspeed SRC DST` writes it as a dsfast checkpoint
+(one tensor's pages resident at a time).
 
 Where DeepSpeed keeps the fp32 masters:
   stage 0 fp32   the module weights; Adam state per parameter in model_states['optimizer']
