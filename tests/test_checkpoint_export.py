@@ -113,6 +113,9 @@ def test_cli_refuses_a_bad_size_or_dtype_before_writing(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([ck, str(tmp_path / "o"), "--dtype", "int8"])
     assert "invalid choice: 'int8'" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    (tmp_path / "o").write_text("a file, not a folder")
+    assert main([ck, str(tmp_path / "o")]) == 2
+    assert "File exists" in capsys.readouterr().err and (tmp_path / "o").read_text() == "a file, not a folder"
     with pytest.raises(SystemExit):
         main(["--help"])
     text = capsys.readouterr().out

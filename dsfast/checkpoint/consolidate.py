@@ -113,7 +113,7 @@ def main(argv=None):
                                   args.exclude_frozen, one_file=args.out.endswith(".safetensors"))
             written = [e for e in found if e.alias_of is None]
             count, numel = len(written), sum(e.numel for e in written)
-    except (CheckpointError, ValueError) as err:
+    except (CheckpointError, ValueError, OSError) as err:     # OSError: the output cannot be written there
         print(f"dsfast consolidate: error: {err}", file=sys.stderr)
         return 2
     print(f"dsfast consolidate: {count} tensors, {numel} elements -> {args.out} ({len(files)} file(s))")
