@@ -52,11 +52,17 @@ STAND_INS = [
 
 
 def ds_load(path):
-    """torch.load(path) with only tensors, containers and the stand-ins allowed."""
+    """torch.load(path) with only tensors, containers and the stand-ins allowed. The tensors are memory-mapped
+    (torch's zip format, what DeepSpeed writes): a reader of one parameter's fragment reads only its pages."""
     extra = [getattr(torch, "Size")]
     try:
         with torch.serialization.safe_globals(STAND_INS + extra):
-            return torch.load(path, map_location="cpu", weights_only=True)
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as err:      # the legacy (non-zip) format cannot be mapped: read it whole
+                if "mmap" not in str(err):
+                    raise
+                return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise CheckpointCorruptError(f"{path}: missing") from None
     except Exception as err:   # UnpicklingError (a refused global), zip errors (a truncated file), ...

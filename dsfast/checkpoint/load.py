@@ -101,6 +101,7 @@ def _load(engine, reader, strict, load_optimizer_states, load_lr_scheduler_state
         for name in module_slices.files_needed(engine, reader):
             reader.file(name)
     _load_module(engine.module, module_sd, strict, reader.dir, stage3, reader)
+    reader.file(reader.manifest["module_file"]).release()   # copied into the module: its pages can go
     client = jsonable.decode(state.get("client_state") or {}, tensors)
     if module_only:
         if not stage3:   # at stage 3 the partitions' masters followed the loaded slices already

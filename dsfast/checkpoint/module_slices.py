@@ -49,14 +49,15 @@ def manifest_entries(reports):
     return params
 
 
-def read_range(reader, name, start, stop):
+def read_range(reader, name, start, stop, into=None):
     """Elements [start, stop) of module weight `name` from the slices that overlap them, or None if the
-    checkpoint has no such weight (a second name of a tied weight reads the first one's)."""
+    checkpoint has no such weight (a second name of a tied weight reads the first one's). into: a 1-D tensor of
+    stop - start elements to fill (converted to its dtype) instead of a new one."""
     m = reader.manifest
     entry = m["module_params"].get(name) or m["module_params"].get(m.get("tied", {}).get(name))
     if entry is None:
         return None
-    out, covered, dtype = None, 0, None
+    out, covered = into, 0
     for s in entry["slices"]:
         lo, hi = max(start, s["start"]), min(stop, s["stop"])
         if lo >= hi:

@@ -25,6 +25,7 @@ for _name, _code in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"), (
 BY_CODE = {v: k for k, v in DTYPES.items()}
 MAX_HEADER = 256 << 20
 _CHUNK = 64 << 20
+_HASH_CHUNK = 8 << 20      # the pages a checksum keeps resident at a time
 
 
 def _bytes_of(t):
@@ -38,11 +39,13 @@ class Deferred:
     """A 1-D tensor of `numel` x `dtype` that write_file asks for (fetch()) only when its turn comes to be written:
     a ZeRO unit's states on NVMe are in host memory one unit at a time."""
 
-    def __init__(self, fetch, dtype, numel):
-        self.fetch, self.dtype, self.shape = fetch, dtype, (int(numel),)
+    def __init__(self, fetch, dtype, numel, shape=None):
+        self.fetch, self.dtype = fetch, dtype
+        self.shape = tuple(int(d) for d in shape) if shape is not None else (int(numel),)
+        self._numel = int(numel)
 
     def numel(self):
-        return self.shape[0]
+        return self._numel
 
     def element_size(self):
         return torch.empty(0, dtype=self.dtype).element_size()
@@ -81,11 +84,25 @@ def write_file(path, tensors, metadata=None, fault=None):
                 part = data[i:i + _CHUNK]
                 f.write(part)
                 digest.update(part)
+            t = data = part = None   # freed before the next fetch: one Deferred tensor in memory at a time
             if fault:
                 fault("tensor")
         f.flush()
         os.fsync(f.fileno())
     return {"size": 8 + len(raw) + offset, "sha256": digest.hexdigest()}
+
+
+def _sha256(buf):
+    """sha256 of a mapped file, chunk by chunk, each chunk's pages dropped once hashed: checking a file costs no
+    more resident memory than one chunk, whatever its size."""
+    digest, view = hashlib.sha256(), memoryview(buf)
+    drop = isinstance(buf, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED")
+    for i in range(0, len(view), _HASH_CHUNK):
+        digest.update(view[i:i + _HASH_CHUNK])
+        if drop:
+            buf.madvise(mmap.MADV_DONTNEED, i, min(_HASH_CHUNK, len(view) - i))
+    view.release()
+    return digest.hexdigest()
 
 
 class SafeTensorsFile:
@@ -108,7 +125,7 @@ class SafeTensorsFile:
             if expect.get("size") is not None and size != expect["size"]:
                 raise CheckpointCorruptError(f"{path}: is {size} bytes but the manifest says {expect['size']} "
                                              "(truncated or replaced)")
-            if expect.get("sha256") and hashlib.sha256(buf).hexdigest() != expect["sha256"]:
+            if expect.get("sha256") and _sha256(buf) != expect["sha256"]:
                 raise CheckpointCorruptError(f"{path}: sha256 does not match the manifest (the file is corrupted)")
         self.buffer = buf
         self.header, self.data_start = self._parse(buf, size)
@@ -151,6 +168,13 @@ class SafeTensorsFile:
 
     def keys(self):
         return list(self.header)
+
+    def release(self):
+        """Drop the pages of the file this process has read (they stay in the page cache): a streaming reader
+        keeps its resident memory to what it is copying now. Views stay valid: a page read again is mapped again
+        (the mapping is never written to)."""
+        if isinstance(self.buffer, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+            self.buffer.madvise(mmap.MADV_DONTNEED)
 
     def __contains__(self, name):
         return name in self.header

@@ -129,6 +129,9 @@ def apply(layout, optimizer, params_manifest, open_file, load_optimizer_states=T
                     converted.add((key, str(piece.dtype).replace("torch.", ""), str(dst.dtype).replace("torch.", "")))
                     piece = piece.to(dst.dtype)
                 dst.view(-1)[dst_lo:dst_hi].copy_(piece)
+                release = getattr(f, "release", None)   # a mapped input: drop the pages just copied
+                if release is not None:
+                    release()
             covered += hi - lo
             if first_scalars is None:
                 first_scalars = s.get("scalars", {})

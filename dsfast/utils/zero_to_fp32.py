@@ -2,72 +2,68 @@
 without a process group (dsfast.checkpoint.consolidate does the work; `dsfast consolidate` is its command), and the
 file listings programs use to inspect a tag folder (get_optim_files: one file per data-parallel rank)."""
 import glob
-import json
 import os
 import re
 
 import torch
 
-from ..checkpoint.manifest import MODEL_FILE
-from ..checkpoint.safetensors_io import write_file
-
 from ..checkpoint.consolidate import consolidate
+from ..checkpoint.manifest import MODEL_FILE
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None, exclude_frozen_parameters=False,
                                              lazy_mode=False):
     """{name: fp32 tensor} of the checkpoint in checkpoint_dir (the tag `latest` names when tag is None).
-    lazy_mode: DeepSpeed then returns placeholders that .contiguous() turns into tensors; these are tensors
-    already, which .contiguous() returns as they are."""
-    return consolidate(checkpoint_dir, tag, exclude_frozen=exclude_frozen_parameters)
+    lazy_mode (DeepSpeed's): {name: LazyTensor} instead, nothing read yet; each one's .contiguous() reads that
+    tensor alone from the slices that hold it (a tied weight's names share one LazyTensor, as they share a tensor
+    in the eager dict). Every input file is checked first in both modes."""
+    if not lazy_mode:
+        return consolidate(checkpoint_dir, tag, exclude_frozen=exclude_frozen_parameters)
+    from ..checkpoint.consolidate import entries
+    found, check = entries(checkpoint_dir, tag, exclude_frozen_parameters)
+    check()
+    out = {}
+    for e in found:
+        out[e.name] = out[e.alias_of] if e.alias_of is not None else LazyTensor(e)
+    return out
 
 
-_OUTPUT_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-                  "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+class LazyTensor:
+    """DeepSpeed's lazy_mode placeholder: shape and dtype now, the values at .contiguous() (a fresh tensor each
+    call; keep it only while needed, which is the point)."""
 
+    def __init__(self, entry):
+        self._entry = entry
+        self.shape, self.dtype = torch.Size(entry.shape), entry.dtype
 
-def _output_dtype(dtype):
-    name = dtype[len("torch."):] if isinstance(dtype, str) and dtype.startswith("torch.") else dtype
-    found = _OUTPUT_DTYPES.get(name.lower()) if isinstance(name, str) else name
-    if found not in _OUTPUT_DTYPES.values():
-        raise ValueError(f"Unsupported output dtype {dtype!r}. Choose one of: {', '.join(sorted(_OUTPUT_DTYPES))}")
-    return found
+    def numel(self):
+        return self._entry.numel
+
+    def contiguous(self):
+        return self._entry.fetch()
+
+    def __repr__(self):
+        return f"LazyTensor({self._entry.name!r}, shape={tuple(self.shape)}, dtype={self.dtype})"
 
 
 def convert_zero_checkpoint_to_state_dict(checkpoint_dir, output_dir, dtype=torch.float32, max_shard_size="5GB",
                                           safe_serialization=False, tag=None, exclude_frozen_parameters=False):
     """Writes the consolidated weights into output_dir as DeepSpeed 0.19.8 does: pytorch_model.bin (torch.save) or
-    model.safetensors, floating-point tensors in `dtype`; with max_shard_size (default "5GB"), split by Hugging
-    Face's split_torch_state_dict_into_shards (huggingface_hub) into numbered files plus their index JSON."""
-    dtype = _output_dtype(dtype)
-    sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters)
-    sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
-    weights = "model.safetensors" if safe_serialization else "pytorch_model.bin"
-    index = None
-    if max_shard_size is None:
-        files = {weights: list(sd)}
-    else:
-        try:
-            from huggingface_hub import split_torch_state_dict_into_shards
-        except ImportError:
-            raise ImportError("convert_zero_checkpoint_to_state_dict(max_shard_size=...) splits the weights with "
-                              "huggingface_hub: pip install huggingface_hub, or pass max_shard_size=None") from None
-        pattern = weights.replace(".bin", "{suffix}.bin").replace(".safetensors", "{suffix}.safetensors")
-        split = split_torch_state_dict_into_shards(sd, filename_pattern=pattern, max_shard_size=max_shard_size)
-        files = split.filename_to_tensors
-        if split.is_sharded:
-            index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
-    os.makedirs(output_dir, exist_ok=True)
-    for name, keys in files.items():
-        path = os.path.join(output_dir, name)
-        if safe_serialization:      # safetensors stores no shared storage: each tensor its own copy
-            write_file(path, {k: sd[k].contiguous().clone() for k in keys}, metadata={"format": "pt"})
-        else:
-            torch.save({k: sd[k] for k in keys}, path)
-    if index is not None:
-        index_file = "model.safetensors.index.json" if safe_serialization else "pytorch_model.bin.index.json"
-        with open(os.path.join(output_dir, index_file), "w", encoding="utf-8") as f:
-            f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    model.safetensors, floating-point tensors in `dtype`; past max_shard_size (default "5GB"; None: one file),
+    numbered files plus their index JSON, split as huggingface_hub's split_torch_state_dict_into_shards splits.
+    Streamed (dsfast.checkpoint.export_hf): safetensors one tensor in memory at a time, torch files one file at a
+    time; every input file is checked before anything is written, the output appears only when complete. In
+    safetensors a tied weight is written once (its first name), as save_pretrained writes it."""
+    from ..checkpoint.consolidate import entries
+    from ..checkpoint.export_hf import output_dtype, parse_max_shard_size, write_hf_dir
+    dtype = output_dtype(dtype)
+    if max_shard_size is not None:
+        parse_max_shard_size(max_shard_size)
+    found, check = entries(checkpoint_dir, tag, exclude_frozen_parameters)
+    check()
+    write_hf_dir(found, output_dir, dtype, max_shard_size,
+                 weights_name="model.safetensors" if safe_serialization else "pytorch_model.bin",
+                 torch_format=not safe_serialization)
 
 
 def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_shard_size="5GB",
