@@ -10,6 +10,7 @@ import os
 
 import torch.distributed as dist
 
+from ..comm.where import at, done
 from .errors import CheckpointTimeoutError
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -89,21 +90,30 @@ class Meeting:
         """Every rank's value, in rank order."""
         if not self.distributed:
             return [value]
+        at(("checkpoint", self.what, phase))
         self._set(phase, value)
-        return self._wait(phase, range(self.world))
+        values = self._wait(phase, range(self.world))
+        done()
+        return values
 
     def gather(self, phase, value: bytes):
         """Rank 0 gets every rank's value; the others get None (they do not wait)."""
         if not self.distributed:
             return [value]
+        at(("checkpoint", self.what, phase))
         self._set(phase, value)
-        return self._wait(phase, range(self.world)) if self.rank == 0 else None
+        values = self._wait(phase, range(self.world)) if self.rank == 0 else None
+        done()
+        return values
 
     def broadcast(self, phase, value: bytes = None):
         """Rank 0's value on every rank."""
         if not self.distributed:
             return value
+        at(("checkpoint", self.what, phase))
         if self.rank == 0:
             self._set(phase, value)
-            return value
-        return self._wait(phase, [0])[0]
+        else:
+            value = self._wait(phase, [0])[0]
+        done()
+        return value

@@ -20,6 +20,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..comm.where import at, done
+
 CLIP_EPS = 1e-6   # DeepSpeed's clip coefficient: max_norm / (total_norm + 1e-6)
 
 
@@ -68,7 +70,9 @@ def decide(grads, factor, clip, check_overflow, world=1, group=None, device=None
         return StepDecision(grad_scale, None, None, None)
     sq = sum_of_squares(grads, device)
     if world > 1:
+        at(("decision",))
         dist.all_reduce(sq, group=group)
+        done()
     norm = sq.sqrt() * factor
     found_inf = (~torch.isfinite(sq)).to(torch.float32) if check_overflow else None
     clip_coef = None
