@@ -102,8 +102,8 @@ def _group(lines):
     out = {}
     for r, text in lines:
         out.setdefault(text, []).append(r)
-    return [f"{_ranks(rs)} {'are' if len(rs) > 1 and text.startswith('is ') else ''}"
-            f"{text[3:] if len(rs) > 1 and text.startswith('is ') else text}" for text, rs in out.items()]
+    return [f"{_ranks(rs)} {'are ' + text[3:] if len(rs) > 1 and text.startswith('is ') else text}"
+            for text, rs in out.items()]
 
 
 def _counts(entries, key):

@@ -115,8 +115,10 @@ class Watch(threading.Thread):
         return self.names
 
     def publish(self, gone=False):
-        self.beat += 1
         with self.lock:
+            if self.halt.is_set() and not gone:
+                return          # stop() published this rank's last entry already
+            self.beat += 1
             self.store.set(f"{PREFIX}{self.rank}", hang_report.entry(WHERE, self.beat, self._names(), gone))
 
     def read_all(self):
@@ -131,6 +133,9 @@ class Watch(threading.Thread):
         seq, since, first = None, time.monotonic(), None
         try:
             while not self.halt.wait(self.poll):
+                if not dist.is_initialized():   # the program destroyed the group itself: its run is over
+                    self.stop()
+                    return
                 self.publish()
                 told = self.told()
                 if told:
@@ -151,7 +156,7 @@ class Watch(threading.Thread):
                         found = self.store.compare_set(VERDICT, "", found).decode()
                     self.finish(found)
         except Exception as e:   # the store went away (its host, rank 0, ended): the group's own errors follow
-            if not self.halt.is_set():
+            if not self.halt.is_set() and dist.is_initialized():
                 _say(self.rank, f"the hang watch lost the store ({type(e).__name__}: {str(e)[:200]}); it stops")
 
     def told(self):
