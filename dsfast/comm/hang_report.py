@@ -61,9 +61,14 @@ def describe_what(what, names):
              "nvme": "in the NVMe swap's agreement after its I/O",
              "updated shards": "gathering the updated parameter shards after the optimizer step",
              "exit": "at the end of its program, waiting for the other ranks to finish",
-             "initialize": "in initialize()'s broadcast of rank 0's weights"}
+             "initialize": "in initialize()'s broadcast of rank 0's weights",
+             "save_16bit_model": "in save_16bit_model's barrier",
+             "shared tables": "agreeing on the same-host shared-memory tables in initialize()"}
     if kind in fixed:
         return fixed[kind]
+    if kind in ("zero.Init", "GatheredParameters", "full parameter"):
+        params = _params(what[1], names)
+        return f"in {kind}'s collective" + (f" for `{params[0]}`" if params else "")
     if kind == "checkpoint":
         return f"at {what[1]}'s rendezvous {what[2]!r}"
     if kind == "deepspeed.comm":
