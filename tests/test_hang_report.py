@@ -57,6 +57,18 @@ def test_forward_counts_and_eval_forwards_explain_the_hang():
         hang_report.verdict(before, after, 2, 3)
 
 
+def test_a_module_gathered_on_some_ranks_only_is_named():
+    before = {0: _e(1, 7, True, what="gathering `layers.1` (weight)"), 1: _e(1, 7, True, what="reducing bucket 0"),
+              2: _e(1, 7, True, what="gathering `layers.1` (weight)")}
+    after = {r: dict(e, beat=2) for r, e in before.items()}
+    assert hang_report.verdict(before, after, 3, 3).endswith(
+        "the ranks issued different collectives: `layers.1` is gathered on ranks 0, 2 only (a module that ran on "
+        "some ranks only: a data-dependent branch under ZeRO stage 3?)")
+    before[1]["what"] = after[1]["what"] = "in the step decision's all-reduce"
+    before[0]["what"] = after[0]["what"] = before[2]["what"] = after[2]["what"] = "reducing bucket 0"
+    assert hang_report.verdict(before, after, 3, 3).endswith("or a collective called on some ranks only")
+
+
 def test_dead_and_ended_ranks_are_named():
     before = {0: _e(1, 7, True), 1: _e(4, 6, False, site="backward", step=2, micro=2), 2: _e(1, 7, True)}
     after = {0: _e(2, 7, True), 1: _e(4, 6, False, site="backward", step=2, micro=2), 2: _e(2, 7, True)}

@@ -130,6 +130,14 @@ def cause(live, dead, gone):
             return f"the ranks ran different numbers of {what} passes ({_counts(live, key)})"
     if gone:
         return f"{_ranks(sorted(gone))} left the job while the others still wait"
+    gathered = {}
+    for r, e in sorted(live.items()):
+        if e["what"].startswith("gathering `"):
+            gathered.setdefault(e["what"].split("`")[1], []).append(r)
+    lone = next(((m, rs) for m, rs in gathered.items() if len(rs) < len(live)), None)
+    if lone:
+        return (f"the ranks issued different collectives: `{lone[0]}` is gathered on {_ranks(lone[1])} only (a "
+                "module that ran on some ranks only: a data-dependent branch under ZeRO stage 3?)")
     return ("the ranks issued different collectives: a module or parameter used on some ranks only (a "
             "data-dependent branch under ZeRO stage 3?) or a collective called on some ranks only")
 

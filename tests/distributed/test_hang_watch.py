@@ -52,7 +52,7 @@ def test_skipped_module_shows_the_diverging_collectives(runs):
     # reduces (gloo pairs same-sized gathers of different layers silently, so which step it stops in may vary)
     assert "rank 0 is gathering `layers.1` (weight, bias) in backward (global_steps" in msg
     assert "rank 1 is reducing gradient bucket 0 (layers.2.bias, layers.2.weight, ... (6 in all)) in backward" in msg
-    assert "the ranks issued different collectives" in msg
+    assert "the ranks issued different collectives: `layers.1` is gathered on rank 0 only" in msg
 
 
 def test_checkpoint_on_one_rank(runs):
