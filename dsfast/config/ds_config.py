@@ -9,9 +9,9 @@ from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_
 
 from .base import StrictModel, nested_error, plain_error
 from .batch import BatchSizeError, resolve_batch_sizes
-from .extras import (IGNORED_SECTIONS, UNSUPPORTED_FEATURES, ActivationCheckpointingConfig, CheckpointConfig, CometConfig, HangWatchConfig,
+from .extras import (IGNORED_SECTIONS, UNSUPPORTED_FEATURES, ActivationCheckpointingConfig, CheckpointConfig, CometConfig,
                      CommsLoggerConfig, CompileConfig, CsvMonitorConfig, DataTypesConfig, FlopsProfilerConfig,
-                     TensorboardConfig, TimersConfig, WandbConfig, check_unsupported_feature,
+                     HangWatchConfig, TensorboardConfig, TimersConfig, WandbConfig, check_unsupported_feature,
                      aio_notes, check_aio, normalize_dtype)
 from .master_precision import master_precision_errors
 from .optimizer import OptimizerConfig
