@@ -9,6 +9,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from ..comm.where import waiting
 from ..zero.save16 import gathered_state_dict
 from .safetensors_io import write_file
 
@@ -24,5 +25,6 @@ def save_16bit_model(module, save_dir, save_filename, exclude_frozen=False):
         else:
             torch.save(sd, path)
     if dist.is_initialized():
-        dist.barrier()
+        with waiting("save_16bit_model"):
+            dist.barrier()
     return True

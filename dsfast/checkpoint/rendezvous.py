@@ -7,9 +7,11 @@ timeout_s, for the keys it needs. A rank that never calls save_checkpoint (DeepS
 import datetime
 import itertools
 import os
+import threading
 
 import torch.distributed as dist
 
+from ..comm import where
 from .errors import CheckpointTimeoutError
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -45,6 +47,15 @@ class Meeting:
         self.world = dist.get_world_size() if self.distributed else 1
         self.prefix = f"dsfast/ckpt/{next(_SAVES)}/"
         self.store = dist.distributed_c10d._get_default_store() if self.distributed else None
+
+    def _at(self, phase):
+        # the hang watch follows the main thread: an async save's commit runs in its own thread beside training
+        if threading.current_thread() is threading.main_thread():
+            where.at(("checkpoint", self.what, phase))
+
+    def _done(self):
+        if threading.current_thread() is threading.main_thread():
+            where.done()
 
     def _lost(self, phase, err):
         return CheckpointTimeoutError(
@@ -89,21 +100,30 @@ class Meeting:
         """Every rank's value, in rank order."""
         if not self.distributed:
             return [value]
+        self._at(phase)
         self._set(phase, value)
-        return self._wait(phase, range(self.world))
+        values = self._wait(phase, range(self.world))
+        self._done()
+        return values
 
     def gather(self, phase, value: bytes):
         """Rank 0 gets every rank's value; the others get None (they do not wait)."""
         if not self.distributed:
             return [value]
+        self._at(phase)
         self._set(phase, value)
-        return self._wait(phase, range(self.world)) if self.rank == 0 else None
+        values = self._wait(phase, range(self.world)) if self.rank == 0 else None
+        self._done()
+        return values
 
     def broadcast(self, phase, value: bytes = None):
         """Rank 0's value on every rank."""
         if not self.distributed:
             return value
+        self._at(phase)
         if self.rank == 0:
             self._set(phase, value)
-            return value
-        return self._wait(phase, [0])[0]
+        else:
+            value = self._wait(phase, [0])[0]
+        self._done()
+        return value

@@ -4,15 +4,31 @@ DeepSpeed's comm API mirrors torch.distributed; the extra `prof`, `log_name` and
 communication logger, which dsfast does not have: they are accepted and have no effect. `ReduceOp` is
 torch's, so torch's and deepspeed.comm's operators are the same objects here.
 """
+import functools
+
 import torch.distributed as dist
 
 from .queries import needs_group
+from .where import at, done
 
 ReduceOp = dist.ReduceOp
 
 # torch 2.13 renamed these two (the old names still work but warn on every call)
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _watched(fn):
+    """Tag the call for the hang watch (where.py) while it runs."""
+    what = ("deepspeed.comm", fn.__name__)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        at(what)
+        out = fn(*args, **kwargs)
+        done()
+        return out
+    return wrapper
 
 
 class _Handles:
@@ -31,12 +47,14 @@ class _Handles:
 
 
 @needs_group
+@_watched
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False, log_name="all_reduce",
                debug=None):
     return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
 
 
 @needs_group
+@_watched
 def inference_all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False, log_name="all_reduce",
                          debug=None):
     # DeepSpeed's shared-memory kernel for inference; the result is the same synchronous all-reduce
@@ -46,6 +64,7 @@ def inference_all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, pr
 
 
 @needs_group
+@_watched
 def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False, prof=False, log_name="all_reduce",
                          debug=None):
     works = [dist.all_reduce(t, op=op, group=group, async_op=True) for t in tensors]
@@ -57,32 +76,38 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False, p
 
 
 @needs_group
+@_watched
 def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, prof=False, log_name="reduce", debug=None):
     return dist.reduce(tensor, dst, op=op, group=group, async_op=async_op)
 
 
 @needs_group
+@_watched
 def broadcast(tensor, src, group=None, async_op=False, prof=False, log_name="broadcast", debug=None):
     return dist.broadcast(tensor, src, group=group, async_op=async_op)
 
 
 @needs_group
+@_watched
 def broadcast_object_list(object_list, src, group=None, device=None, prof=False, log_name="broadcast_object_list",
                           debug=None):
     return dist.broadcast_object_list(object_list, src, group=group, device=device)
 
 
 @needs_group
+@_watched
 def all_gather(tensor_list, tensor, group=None, async_op=False, prof=False, log_name="all_gather", debug=None):
     return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
 
 
 @needs_group
+@_watched
 def all_gather_object(object_list, obj, group=None, prof=False, log_name="all_gather_object", debug=None):
     return dist.all_gather_object(object_list, obj, group=group)
 
 
 @needs_group
+@_watched
 def all_gather_into_tensor(output_tensor, tensor, group=None, async_op=False, prof=False,
                            log_name="all_gather_into_tensor", debug=None):
     return _all_gather_single(output_tensor, tensor, group=group, async_op=async_op)
@@ -93,6 +118,7 @@ def allgather_fn(output_tensor, input_tensor, group=None, async_op=False, debug=
 
 
 @needs_group
+@_watched
 def all_gather_coalesced(output_tensors, input_tensors, group=None, async_op=False):
     if len(output_tensors) != len(input_tensors):
         raise ValueError(f"all_gather_coalesced: {len(output_tensors)} output tensors for {len(input_tensors)} "
@@ -106,6 +132,7 @@ def all_gather_coalesced(output_tensors, input_tensors, group=None, async_op=Fal
 
 
 @needs_group
+@_watched
 def reduce_scatter_tensor(output_tensor, tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False,
                           log_name="reduce_scatter_tensor", debug=None):
     return _reduce_scatter_single(output_tensor, tensor, op=op, group=group, async_op=async_op)
@@ -116,12 +143,14 @@ def reduce_scatter_fn(output_tensor, tensor, op=ReduceOp.SUM, group=None, async_
 
 
 @needs_group
+@_watched
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, prof=False,
                    log_name="reduce_scatter", debug=None):
     return dist.reduce_scatter(output, input_list, op=op, group=group, async_op=async_op)
 
 
 @needs_group
+@_watched
 def all_to_all_single(output, tensor, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False,
                       prof=False, log_name="all_to_all_single", debug=None):
     return dist.all_to_all_single(output, tensor, output_split_sizes=output_split_sizes,
@@ -129,38 +158,45 @@ def all_to_all_single(output, tensor, output_split_sizes=None, input_split_sizes
 
 
 @needs_group
+@_watched
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, prof=False, log_name="all_to_all",
                debug=None):
     return dist.all_to_all(output_tensor_list, input_tensor_list, group=group, async_op=async_op)
 
 
 @needs_group
+@_watched
 def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, prof=False, log_name="gather", debug=None):
     return dist.gather(tensor, gather_list=gather_list, dst=dst, group=group, async_op=async_op)
 
 
 @needs_group
+@_watched
 def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, prof=False, log_name="scatter",
             debug=None):
     return dist.scatter(tensor, scatter_list=scatter_list, src=src, group=group, async_op=async_op)
 
 
 @needs_group
+@_watched
 def send(tensor, dst, group=None, tag=0, prof=False, log_name="send", debug=None):
     return dist.send(tensor, dst, group=group, tag=tag)
 
 
 @needs_group
+@_watched
 def recv(tensor, src=None, group=None, tag=0, prof=False, log_name="recv", debug=None):
     return dist.recv(tensor, src, group=group, tag=tag)
 
 
 @needs_group
+@_watched
 def isend(tensor, dst, group=None, tag=0, prof=False, log_name="isend", debug=None):
     return dist.isend(tensor, dst, group=group, tag=tag)
 
 
 @needs_group
+@_watched
 def irecv(tensor, src=None, group=None, tag=0, prof=False, log_name="irecv", debug=None):
     return dist.irecv(tensor, src, group=group, tag=tag)
 
@@ -176,17 +212,20 @@ class P2POp:
 
 
 @needs_group
+@_watched
 def batch_isend_irecv(p2p_op_list, prof=False, log_name="batch_isend_irecv", debug=None):
     ops = [dist.P2POp(getattr(dist, p.op), p.tensor, p.peer, p.group, p.tag) for p in p2p_op_list]
     return dist.batch_isend_irecv(ops)
 
 
 @needs_group
+@_watched
 def barrier(group=None, async_op=False, device_ids=None, prof=False, log_name="barrier", debug=None):
     return dist.barrier(group=group, async_op=async_op, device_ids=device_ids)
 
 
 @needs_group
+@_watched
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False, prof=False, log_name="monitored_barrier",
                       debug=None):
     return dist.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)

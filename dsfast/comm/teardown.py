@@ -15,6 +15,8 @@ import time
 
 import torch.distributed as dist
 
+from . import hang_watch, where
+
 EXIT_TIMEOUT = "DSFAST_EXIT_TIMEOUT_S"
 DEFAULT_EXIT_TIMEOUT_S = 30.0
 _ARRIVED, _DONE = "dsfast/exit/arrived", "dsfast/exit/done"
@@ -70,7 +72,11 @@ def destroy_at_exit():
         _say(rank, f"{e}; not waiting for the other ranks")
         timeout = 0.0
     store = _default_store() if world > 1 else None
+    where.call("exit", where.WHERE.step, where.WHERE.micro)
+    where.at(("exit",))     # the hang watch tells a rank that left its loop early from one still training
     alive = None if store is None else _meet(store, _ARRIVED, rank, world, timeout, "before tearing the group down")
+    hang_watch.stop()       # every rank arrived (or will not): from here a silent rank is not a hang
+    where.done()
     try:
         dist.destroy_process_group()
         gc.collect()        # frees the backend now if only unreachable cycles (an engine's hooks) still hold it

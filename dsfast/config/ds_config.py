@@ -11,7 +11,7 @@ from .base import StrictModel, nested_error, plain_error
 from .batch import BatchSizeError, resolve_batch_sizes
 from .extras import (IGNORED_SECTIONS, UNSUPPORTED_FEATURES, ActivationCheckpointingConfig, CheckpointConfig, CometConfig,
                      CommsLoggerConfig, CompileConfig, CsvMonitorConfig, DataTypesConfig, FlopsProfilerConfig,
-                     TensorboardConfig, TimersConfig, WandbConfig, check_unsupported_feature,
+                     HangWatchConfig, TensorboardConfig, TimersConfig, WandbConfig, check_unsupported_feature,
                      aio_notes, check_aio, normalize_dtype)
 from .master_precision import master_precision_errors
 from .optimizer import OptimizerConfig
@@ -74,6 +74,7 @@ class DsConfig(StrictModel):
     sequence_parallel_size: int = Field(1, ge=1)
     use_data_before_expert_parallelism: bool = False
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    hang_watch: HangWatchConfig = Field(default_factory=HangWatchConfig)   # dsfast's own section
     # --- accepted, reported as ignored when enabled ---
     activation_checkpointing: ActivationCheckpointingConfig = Field(default_factory=ActivationCheckpointingConfig)
     flops_profiler: FlopsProfilerConfig = Field(default_factory=FlopsProfilerConfig)

@@ -44,6 +44,9 @@ DSFAST_CHOICES = {
 DSFAST_KEYS = {
     "checkpoint.async_save": "dsfast's own key: write checkpoints from host copies in the background",
     "checkpoint.timeout_s": "dsfast's own key: how long a save/load waits for the other ranks",
+    "hang_watch.enabled": "dsfast's own key: say which rank is where when the ranks stop agreeing (a hang)",
+    "hang_watch.after_s": "dsfast's own key: seconds a rank waits in one collective before the ranks' positions "
+                          "are compared ($DSFAST_HANG_WATCH_S wins; below the process group's timeout)",
 }
 
 
@@ -153,6 +156,12 @@ def explain(data: dict, world_size: int = 1, source: Optional[str] = None, env=N
     out.append(("(environment) process group timeout [s]", seconds,
                 f"user (environment {which})" if which else
                 f"default: DeepSpeed 0.19.8 ({DEFAULT_TIMEOUT_MIN} minutes; DEEPSPEED_TIMEOUT minutes overrides)"))
+    from dsfast.comm.hang_watch import ENV as HANG_ENV, resolve_after_s
+    after = resolve_after_s(cfg, seconds, env)
+    out.append(("(environment) hang watch after [s]", after,
+                f"user (environment {HANG_ENV})" if env.get(HANG_ENV, "").strip() else
+                "dsfast: compare the ranks' positions after this wait in one collective (0: off; config "
+                f"hang_watch, environment {HANG_ENV})"))
     return out
 
 

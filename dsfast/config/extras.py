@@ -46,6 +46,13 @@ class CheckpointConfig(StrictModel):
         return valid[v.lower()]
 
 
+class HangWatchConfig(StrictModel):
+    """dsfast's own: when a rank has waited `after_s` in one collective, compare every rank's position over the
+    store and stop the job with a message saying which rank is where (dsfast/comm/hang_watch.py)."""
+    enabled: bool = True
+    after_s: float = Field(30.0, gt=0)
+
+
 class DataTypesConfig(StrictModel):
     grad_accum_dtype: Optional[str] = None
     # buffers kept in fp32 under fp16/bf16 (dsfast/precision/keep_fp32.py): "auto" (the model's own lists) or

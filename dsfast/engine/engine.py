@@ -20,6 +20,7 @@ from .monitor import Monitor
 from .plain_backward import PlainBackward, engine_backward_running
 from .progress import Progress
 from .state_offload import StateOffload
+from ..comm import where
 from ..utils.timer import ThroughputTimer
 from ..zero.state_owner import memory_breakdown
 
@@ -168,6 +169,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         """module(*inputs, **kwargs). Under fp16/bf16, fp32 tensors in the inputs are cast to the model's dtype
         (whatever fp16.auto_cast says: DeepSpeed would fail with a dtype mismatch; integer inputs are untouched)."""
         self.require_states("forward")
+        where.forward(self.global_steps, self.micro_steps, self.module.training)   # for the hang watch
         if self._precision.dtype is not None:
             inputs, kwargs = _cast_floats((inputs, kwargs), self._precision.dtype)
         self._progress.start("fwd")
@@ -197,6 +199,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise ValueError(f"engine.backward expects a scalar loss tensor; got "
                              f"{type(loss).__name__ if not torch.is_tensor(loss) else tuple(loss.shape)}")
+        where.backward(self.global_steps, self.micro_steps)
         self._progress.start("bwd")
         self._progress.record_loss(loss)
         self.monitor.record_loss(loss)
@@ -252,6 +255,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         """At the accumulation boundary: unscale, clip, skip on overflow, optimizer + scheduler step."""
         self._require_optimizer("step")
         self.require_states("step")
+        where.call("step", self.global_steps, self.micro_steps)
         self._step_applied = False
         if self._unmanaged:
             self._unmanaged_boundary()
@@ -343,6 +347,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         from dsfast.checkpoint import save_checkpoint
         if client_sd is not None and client_state is not None:
             raise TypeError("save_checkpoint: pass client_state or client_sd (the same thing), not both")
+        where.call("save_checkpoint", self.global_steps, self.micro_steps)
         return save_checkpoint(self, save_dir, tag, client_state if client_state is not None else client_sd,
                                save_latest, async_save=async_save, exclude_frozen_parameters=exclude_frozen_parameters)
 
@@ -350,6 +355,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
                         load_lr_scheduler_states=True, load_module_only=False):
         """DeepSpeed's load_checkpoint -> (path, client_state), or (None, None) when there is no checkpoint."""
         from dsfast.checkpoint import load_checkpoint
+        where.call("load_checkpoint", self.global_steps, self.micro_steps)
         return load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
                                load_lr_scheduler_states, load_module_only)
 

@@ -9,7 +9,9 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from ..comm import hang_watch
 from ..comm.data_parallel import data_parallel
+from ..comm.where import waiting
 from ..config.master_precision import cpu_adam_fp32_states
 from ..precision.keep_fp32 import KeptFp32
 from ..zero.owners import build_owner
@@ -59,8 +61,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     cfg = load_config(config=config, config_params=config_params, args=args, world_size=world)
     device = _pick_device(args)
     model.to(device)
+    if dp.group is None:
+        hang_watch.start(cfg, model)     # says which rank is where when the ranks stop agreeing (hang_watch.py)
     if world > 1:
-        _broadcast_from_rank0(model)
+        with waiting("initialize"):
+            _broadcast_from_rank0(model)
 
     trainable, groups = _trainable(model, optimizer, model_parameters)
     bucket = min(int(cfg.zero_optimization.reduce_bucket_size), STAGE0_BUCKET_ELEMS)

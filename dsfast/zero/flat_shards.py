@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.flat_collectives import all_gather_flat
+from ..comm.where import at, done
 from .nvme_states import nvme_states
 from .partition import plan_buckets
 from .shard_unit import ShardUnit, UnitStore
@@ -101,6 +102,7 @@ class FlatShards(UnitStore):
         """Every rank's updated slice into every rank's parameter buckets (in place: input is our own slice)."""
         if self.world == 1:
             return
+        at(("updated shards",))
         if self.table is not None:
             # shared memory: once every rank wrote its slice, copy the others' slices out of their rows. A rank
             # writes its row again only in its next step, after the next backward's barriers, so no one is
@@ -111,6 +113,7 @@ class FlatShards(UnitStore):
                     if q != self.rank:
                         lo, hi = plan.shard_range(q)
                         self.table[self.rank, offset + lo:offset + hi].copy_(self.table[q, offset + lo:offset + hi])
+            done()
             return
         handles = []
         for plan, flat in zip(self.plans, self.flats):
@@ -118,3 +121,4 @@ class FlatShards(UnitStore):
             handles.append(all_gather_flat(flat, flat[lo:hi], group=group, async_op=True))
         for h in handles:
             h.wait()
+        done()

@@ -13,6 +13,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from ..comm.where import waiting
 from .param_hooks import register_external_parameter
 from .partitioned_param import gather, publish, record_of
 
@@ -55,7 +56,8 @@ class GatheredParameters:
             for r in self.records:
                 values = r.param.data
                 if r.world > 1:
-                    dist.broadcast(values, src=self.modifier_rank, group=r.group)
+                    with waiting("GatheredParameters", [r]):
+                        dist.broadcast(values, src=self.modifier_rank, group=r.group)
                 r.set_from_full(values)   # (the master follows)
             publish(self.records)   # same-host ranks: the shared snapshot takes the new slices
         elif self._watch is not None:

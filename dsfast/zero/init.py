@@ -21,6 +21,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from ..comm.where import waiting
 from ..precision.keep_fp32 import upcast_kept
 from . import param_hooks
 from .param_hooks import ZeroParamDict
@@ -53,7 +54,8 @@ class _Window:
         for r in self.records:
             values = r.param.data
             if r.world > 1:
-                dist.broadcast(values, src=0, group=r.group)
+                with waiting("zero.Init", [r]):
+                    dist.broadcast(values, src=0, group=r.group)
             r.set_from_full(values)
             r.refs -= 1
             r.release()
@@ -124,7 +126,8 @@ class Init:
                 continue
             p.data = p.data.to(self.device, dtype=self.dtype or p.dtype)
             if self.world > 1:
-                dist.broadcast(p.data, src=0, group=self.group)
+                with waiting("zero.Init", [p]):
+                    dist.broadcast(p.data, src=0, group=self.group)
             rec = PartitionedParam(p, self.world, self.rank, self.group, self.device, self.shard_device,
                                    pin=self.pin and self.nvme is None)
             if self.nvme is not None:

@@ -34,6 +34,7 @@ import itertools
 import torch
 
 from ..comm.flat_collectives import all_gather_flat
+from ..comm.where import at, done
 from .gather_order import note_launch
 from .partition import ALIGN, BucketPlan, Entry, round_up
 
@@ -280,6 +281,11 @@ def gather(records, refresh=False):
             r._launch()
         else:
             pending.setdefault((r.dtype, r.device, id(r.group), r.world), []).append(r)
+    if not (pending or flights):
+        for r in todo:
+            r._publish()
+        return
+    at(("gather", todo))   # the hang watch's tag (where.py): only where a collective runs
     launched = []
     for recs in pending.values():
         if len(recs) == 1:
@@ -295,6 +301,7 @@ def gather(records, refresh=False):
         f.finish()
     for r in todo:
         r._publish()
+    done()
 
 
 def _launch_coalesced(recs):

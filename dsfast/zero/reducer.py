@@ -23,6 +23,7 @@ Three transports (`transport` names the one in use):
 """
 import torch
 
+from ..comm.where import at, done
 from .shared_params import rendezvous
 
 MAX_IN_FLIGHT = 2
@@ -150,7 +151,9 @@ class GlooReducer(Reducer):
 
     def _finish_oldest(self):
         b, handle, out, _ = self._in_flight.pop(0)
+        at(("reduce", b))
         handle.wait()
+        done()
         b.land(out)
         self._reduced(b)
 
@@ -160,7 +163,9 @@ class GlooReducer(Reducer):
 
     def _reduce_late(self, b, buf):
         handle, out = b.launch_collective(buf, self.rank, self.group)
+        at(("reduce", b))
         handle.wait()
+        done()
         b.land(out)
         self.collectives_launched += 1
         self._reduced(b)
@@ -205,7 +210,9 @@ class ShmReducer(Reducer):
     def begin(self):
         super().begin()
         if self._epoch is not None and (self.shared is None or self.shared.epoch == self._epoch):
+            at(("reduce", None))
             rendezvous(self.group)   # no publish (a step) since the last backward: its slot reads may go on
+            done()
         self._epoch = None
 
     def _slot_free(self, b):
@@ -222,7 +229,9 @@ class ShmReducer(Reducer):
         if early is not None:   # arrived before its slot was free
             self._rows(b)[self.rank].copy_(early)
         b.seal(self._rows(b)[self.rank])
+        at(("reduce", b))
         rendezvous(self.group)   # every rank wrote this bucket (and reduced the one before)
+        done()
         b.reduce_rows(self._rows(b), self.rank)
         self.collectives_launched += 1
         self._next += 1
@@ -232,16 +241,20 @@ class ShmReducer(Reducer):
         if self.resident:
             # resident rows are written by other ranks (stage 0) and read by them (both): no one may use its row
             # again (the step reads it, zero_grads zeroes it) until every rank is done with every row
+            at(("reduce", None))
             rendezvous(self.group)
+            done()
             return
         # no rank may write a slot again while another still reads it: the next backward's begin() waits for
         # every rank unless a publish (the step's, a collective with two rendezvous) came in between
         self._epoch = self.shared.epoch if self.shared is not None else -1
 
     def _reduce_late(self, b, buf):
+        at(("reduce", b))
         rendezvous(self.group)   # no one still reads the slots
         self._rows(b)[self.rank].copy_(buf)
         rendezvous(self.group)
+        done()
         b.reduce_rows(self._rows(b), self.rank)
         self.collectives_launched += 1
         self._reduced(b)

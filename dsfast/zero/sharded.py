@@ -14,6 +14,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from ..comm.where import waiting
 from . import grad_buckets
 from .decide import decide
 from .flat_shards import FlatShards
@@ -126,7 +127,8 @@ class _ShardedBase(ShardOptimizer):
                 use(self.store.units[plan.index].shard)
                 full[a - e.offset:b - e.offset].copy_(source(plan.index)[a - lo:b - lo])
         if self.world > 1:
-            dist.all_reduce(full, group=self.group)
+            with waiting("full parameter", [param]):
+                dist.all_reduce(full, group=self.group)
         return full.view(self._shape_of(param))
 
     def _shape_of(self, param):

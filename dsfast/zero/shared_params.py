@@ -17,6 +17,8 @@ and DSFAST_SHM_ALLREDUCE is not "0" (shm_reduce.shm_allocator decides, for every
 import torch
 import torch.distributed as dist
 
+from ..comm.where import at, done
+
 _TOKENS = {}
 
 
@@ -64,11 +66,13 @@ class SharedParams:
     @torch.no_grad()
     def publish(self, records=None):
         """A collective: every rank's current shards of `records` (all when None) into the table."""
+        at(("publish",))
         rendezvous(self.group)
         for r in (self.records if records is None else records):
             lo = r.shared_offset + self.rank * r.shard_numel
             self.flat[lo:lo + r.shard_numel].copy_(r.shard)
         rendezvous(self.group)
+        done()
         self.epoch += 1
 
     def memory(self):

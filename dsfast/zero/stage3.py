@@ -15,6 +15,7 @@ import torch
 
 import torch.distributed as dist
 
+from ..comm.where import waiting
 from .shm_reduce import shm_allocator
 from . import grad_buckets
 from .param_hooks import ParamCoordinator
@@ -312,8 +313,9 @@ def _persistent(records, param_threshold, model_threshold):
 def _shm_allocator(records, device, world, group):
     """A shm_reduce.SharedTable when stage 3 can go through shared memory (every rank agrees), else None."""
     ok = torch.tensor([1 if shareable(records, device) else 0])
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
-    return shm_allocator(world, group) if ok.item() else None
+    with waiting("shared tables"):
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+        return shm_allocator(world, group) if ok.item() else None
 
 
 def _bring_back(rec):

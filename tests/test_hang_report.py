@@ -1,0 +1,149 @@
+"""The hang watch's decisions and words in one process (dsfast/comm/hang_report.py, hang_watch.resolve_after_s,
+where.py); the distributed cases are tests/distributed/test_hang_watch.py."""
+import json
+
+import pytest
+import torch
+
+from dsfast.comm import hang_report, where
+from dsfast.comm.hang_watch import DEFAULT_AFTER_S, resolve_after_s
+from dsfast.config import load_config
+
+
+def _e(beat, seq, inside, what="gathering `a`", site="forward", forwards=1, evals=0, gone=False, step=0, micro=0):
+    return {"beat": beat, "seq": seq, "inside": inside, "what": what, "site": site, "step": step, "micro": micro,
+            "forwards": forwards, "backwards": 0, "evals": evals, "training": True, "gone": gone}
+
+
+def test_slow_rank_outside_any_collective_is_no_hang():
+    # rank 0 waits in collective 5; rank 1 is still computing (not inside, heartbeat moving): merely slower
+    before = {0: _e(1, 5, True), 1: _e(1, 4, False)}
+    after = {0: _e(2, 5, True), 1: _e(2, 4, False)}
+    assert hang_report.verdict(before, after, 2, 3) is None
+
+
+def test_rank_whose_collective_count_moves_is_no_hang():
+    before = {0: _e(1, 5, True), 1: _e(1, 3, True, what="reducing gradient bucket 0")}
+    after = {0: _e(2, 5, True), 1: _e(2, 4, True, what="reducing gradient bucket 1")}
+    assert hang_report.verdict(before, after, 2, 3) is None
+
+
+def test_ranks_waiting_in_the_same_collective_are_slow_together_not_hung():
+    before = {r: _e(1, 5, True) for r in range(3)}
+    after = {r: _e(2, 5, True) for r in range(3)}
+    assert hang_report.verdict(before, after, 3, 3) is None
+
+
+def test_different_collectives_are_a_hang_naming_each_rank():
+    before = {0: _e(1, 7, True, forwards=5, micro=4, step=3), 1: _e(1, 6, True, what="at save_checkpoint's "
+              "rendezvous 'begin'", site="save_checkpoint", forwards=4, step=3),
+              2: _e(1, 7, True, forwards=5, micro=4, step=3)}
+    after = {r: dict(e, beat=2) for r, e in before.items()}
+    msg = hang_report.verdict(before, after, 3, 3)
+    assert msg == ("ranks 0, 2 are gathering `a` in forward (global_steps 3, micro_steps 4); rank 1 is at "
+                   "save_checkpoint's rendezvous 'begin' in save_checkpoint (global_steps 3): save_checkpoint / "
+                   "load_checkpoint must be called on every rank at the same point")
+
+
+def test_forward_counts_and_eval_forwards_explain_the_hang():
+    before = {0: _e(1, 7, True, forwards=5), 1: _e(1, 6, True, what="at the end of its program", site="exit",
+                                                    forwards=4)}
+    after = {r: dict(e, beat=2) for r, e in before.items()}
+    assert hang_report.verdict(before, after, 2, 3).endswith(
+        "the ranks ran different numbers of forward passes (rank 0: 5, rank 1: 4)")
+    before[1].update(evals=1, forwards=5, site="backward")
+    after = {r: dict(e, beat=2) for r, e in before.items()}
+    assert "different numbers of forwards in eval mode (rank 0: 0, rank 1: 1)" in \
+        hang_report.verdict(before, after, 2, 3)
+
+
+def test_a_module_gathered_on_some_ranks_only_is_named():
+    before = {0: _e(1, 7, True, what="gathering `layers.1` (weight)"), 1: _e(1, 7, True, what="reducing bucket 0"),
+              2: _e(1, 7, True, what="gathering `layers.1` (weight)")}
+    after = {r: dict(e, beat=2) for r, e in before.items()}
+    assert hang_report.verdict(before, after, 3, 3).endswith(
+        "the ranks issued different collectives: `layers.1` is gathered on ranks 0, 2 only (a module that ran on "
+        "some ranks only: a data-dependent branch under ZeRO stage 3?)")
+    before[1]["what"] = after[1]["what"] = "in the step decision's all-reduce"
+    before[0]["what"] = after[0]["what"] = before[2]["what"] = after[2]["what"] = "reducing bucket 0"
+    assert hang_report.verdict(before, after, 3, 3).endswith("or a collective called on some ranks only")
+
+
+def test_dead_and_ended_ranks_are_named():
+    before = {0: _e(1, 7, True), 1: _e(4, 6, False, site="backward", step=2, micro=2), 2: _e(1, 7, True)}
+    after = {0: _e(2, 7, True), 1: _e(4, 6, False, site="backward", step=2, micro=2), 2: _e(2, 7, True)}
+    msg = hang_report.verdict(before, after, 3, 3)
+    assert "rank 1 is dead (no heartbeat for 3 s; it was last computing in backward (global_steps 2, " \
+           "micro_steps 2) (in no collective))" in msg and msg.endswith(": rank 1 died")
+    # a rank whose program ended left the watch: named as such, not as dead
+    after[1] = dict(after[1], gone=True)
+    msg = hang_report.verdict(before, after, 3, 3)
+    assert "rank 1 has ended its program" in msg and "dead" not in msg
+
+
+def test_rank_not_yet_publishing_is_left_out():
+    before, after = {0: _e(1, 3, True)}, {0: _e(2, 3, True)}
+    assert hang_report.verdict(before, after, 2, 3) is None
+
+
+def test_tags_in_words():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    names = hang_report.param_names(model)
+    recs = [type("Rec", (), {"param": p})() for p in model[1][0].parameters()]
+    assert hang_report.describe_what(("gather", recs), names) == "gathering `1.0` (weight, bias)"
+    assert hang_report.describe_what(("gather", [type("Rec", (), {"param": p})() for p in model.parameters()]),
+                                     names) == "gathering `(the root module)` (0.weight, 0.bias, 1.0.weight, 1.0.bias)"
+    bucket = type("B", (), {"index": 2, "members": [(0, recs[0])]})()
+    assert hang_report.describe_what(("reduce", bucket), names) == "reducing gradient bucket 2 (1.0.weight)"
+    assert hang_report.describe_what(("checkpoint", "save_checkpoint", "commit"), names) == \
+        "at save_checkpoint's rendezvous 'commit'"
+    assert hang_report.describe_what(("deepspeed.comm", "all_reduce"), names) == "in deepspeed.comm.all_reduce"
+
+
+def test_where_counts_and_tags_without_building_text():
+    w, saved = where.WHERE, {k: getattr(where.WHERE, k) for k in where.Where.__slots__}
+    try:
+        seq = w.seq
+        tag = ("gather", [])
+        where.at(tag)
+        assert (w.seq, w.inside, w.what is tag) == (seq + 1, True, True)    # the tuple itself: no text made
+        where.done()
+        assert not w.inside
+        where.forward(3, 7, training=False)
+        entry = json.loads(hang_report.entry(w, 9, {}))
+        assert entry["site"] == "forward" and entry["step"] == 3 and entry["micro"] == 7 and entry["evals"] >= 1
+    finally:
+        for k, v in saved.items():
+            setattr(w, k, v)
+
+
+def _cfg(section=None):
+    base = {"train_batch_size": 1}
+    if section is not None:
+        base["hang_watch"] = section
+    return load_config(config=base)
+
+
+def test_threshold_sources_and_bounds():
+    assert resolve_after_s(_cfg(), 600, env={}) == DEFAULT_AFTER_S
+    assert resolve_after_s(_cfg({"after_s": 12}), 600, env={}) == 12
+    assert resolve_after_s(_cfg({"after_s": 12}), 600, env={"DSFAST_HANG_WATCH_S": "4"}) == 4
+    assert resolve_after_s(_cfg({"enabled": False}), 600, env={}) == 0
+    assert resolve_after_s(_cfg(), 600, env={"DSFAST_HANG_WATCH_S": "0"}) == 0
+    assert resolve_after_s(_cfg(), 20, env={}) == 10          # the default stays below a short group timeout
+
+
+@pytest.mark.parametrize("env,cfg,match", [
+    ({"DSFAST_HANG_WATCH_S": "soon"}, None, r"DSFAST_HANG_WATCH_S='soon': give the seconds \(>= 0\)"),
+    ({"DSFAST_HANG_WATCH_S": "-1"}, None, r"DSFAST_HANG_WATCH_S='-1'"),
+    ({"DSFAST_HANG_WATCH_S": "700"}, None, r"DSFAST_HANG_WATCH_S=700 s is not below the process group's timeout"),
+    ({}, {"after_s": 900}, r"hang_watch.after_s=900 s is not below the process group's timeout \(600 s\)"),
+])
+def test_bad_thresholds_are_errors_naming_the_source(env, cfg, match):
+    with pytest.raises(ValueError, match=match):
+        resolve_after_s(_cfg(cfg), 600, env=env)
+
+
+def test_config_refuses_a_non_positive_after_s():
+    with pytest.raises(Exception, match="hang_watch.after_s"):
+        _cfg({"after_s": 0})
