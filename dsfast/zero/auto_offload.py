@@ -8,10 +8,11 @@ so all ranks agree and the choice fits on every host.
 """
 import logging
 
+from .plan import PLACES, make_plan
+
 logger = logging.getLogger("dsfast.zero")
 
 ORDER = ("none", "cpu", "nvme")   # fastest first
-_NAME = {False: "none", True: "cpu", "nvme": "nvme"}
 
 
 def _matches(cfg):
@@ -26,21 +27,22 @@ def _matches(cfg):
 
 def choose(cfg, params, largest, world, local_ranks, fig):
     """(device, plan row) for an "auto" offload_optimizer; ValueError where nothing fits or auto cannot apply."""
-    from .plan import make_plan
     if cfg.fp16.fp16_master_weights_and_grads:
         raise ValueError('zero_optimization.offload_optimizer.device "auto" does not plan fp16 masters '
                          '(fp16_master_weights_and_grads, which needs "cpu"): set the device to "cpu"')
     mixed = cfg.fp16.enabled or cfg.bf16.enabled
-    rows = make_plan(params, world, fig, local_ranks, mixed, largest, headroom=0.9, only=_matches(cfg))
+    z = cfg.zero_optimization
+    rows = make_plan(params, world, fig, local_ranks, mixed, largest, headroom=0.9, only=_matches(cfg),
+                     buffer_count=max(z.offload_optimizer.buffer_count, 1), bucket=z.reduce_bucket_size)
     fitting = [r for r in rows if not r["why_not"]]
     if not fitting:
-        why = "; ".join(f"{_NAME[r['offload_optimizer']]}: {', '.join(r['why_not'])}" for r in rows)
+        why = "; ".join(f"{PLACES[r['offload_optimizer']]}: {', '.join(r['why_not'])}" for r in rows)
         hint = "" if fig.nvme_path else ' (give "nvme_path" in the section to let it consider NVMe)'
         raise ValueError(f'zero_optimization.offload_optimizer.device "auto": no placement of the optimizer '
                          f"states of {params} parameters fits on this machine at stage {cfg.zero_stage} with "
                          f"{world} rank(s) ({why}){hint}; add ranks or memory, or set the device yourself")
-    best = min(fitting, key=lambda r: ORDER.index(_NAME[r["offload_optimizer"]]))
-    return _NAME[best["offload_optimizer"]], best
+    best = min(fitting, key=lambda r: ORDER.index(PLACES[r["offload_optimizer"]]))
+    return PLACES[best["offload_optimizer"]], best
 
 
 def measured_figures(device, nvme_path):

@@ -35,8 +35,10 @@ def count_model(spec):
     state-dict file. The largest layer is 0 where a bare count gives no way to know it."""
     if not os.path.exists(str(spec)):
         try:
-            return parse_count(spec), 0
-        except ValueError:
+            return parse_count(spec, "model"), 0
+        except ValueError as e:
+            if "at least 1" in str(e):
+                raise
             raise ValueError(f"model {spec!r} is neither a parameter count (7e9, 1.3B) nor an existing file: give "
                              "a count, a Hugging Face config.json or model directory, a .safetensors file or a "
                              f"state-dict file ({', '.join(STATE_DICT_FILES)})") from None

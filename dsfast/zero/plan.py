@@ -136,10 +136,13 @@ def _offload(device, nvme_path, pin):
     return out
 
 
+PLACES = {False: "none", True: "cpu", "nvme": "nvme"}   # estimate.py's row values -> the config's device names
+
+
 def config_section(row, fig):
     """The config keys of a plan row: {"zero_optimization": ..., and "bf16": ... where it has 16-bit masters}.
     pin_memory only where `ulimit -l` allows this rank's host bytes to be page-locked."""
-    device = {False: "none", True: "cpu", "nvme": "nvme"}
+    device = PLACES
     pin = fig.memlock is None or row["host"] <= fig.memlock
     zero = {"stage": row["stage"]}
     if row["stage"] > 0:
@@ -172,7 +175,8 @@ def format_plan(rows, fig, show_all=False):
         if r["why_not"] and not show_all:
             break
         floor = "-" if r["floor_s"] is None else f"{r['floor_s'] * 1e3:.1f} ms"
-        lines.append(f"{i + 1:>3} {r['stage']:>5} {str(r['offload_optimizer']):>11} {str(r['offload_param']):>13} "
+        where = f"{PLACES[r['offload_optimizer']]:>11} {PLACES[r['offload_param']]:>13}"
+        lines.append(f"{i + 1:>3} {r['stage']:>5} {where} "
                      f"{r['masters']:>7} {r['states']:>6} {_gib(r['device']):>10} {_gib(r['host']):>9} "
                      f"{_gib(r.get('nvme', 0)):>9} {floor:>10}" + ("" if not r["why_not"] else
                                                                   "  does not fit: " + "; ".join(r["why_not"])))
