@@ -290,3 +290,10 @@ def test_explain_says_what_auto_does():
     rows = {k: (v, o) for k, v, o in explain(_auto_cfg())}
     value, origin = rows["zero_optimization.offload_optimizer.device"]
     assert value == "auto" and origin.startswith("user; dsfast:") and "picks" in origin
+
+
+def test_dsfast_plan_is_a_cli_subcommand(capsys):
+    from dsfast.launcher.cli import main as dsfast_main
+    rc = dsfast_main(["plan", "--model", "1e9", "--world-size", "1", "--host-gib", "64", "--device-gib", "80",
+                      "--bandwidth-gbs", "20", "--device-bandwidth-gbs", "2000"])
+    assert rc == 0 and '"offload_optimizer": {"device": "none"}' in capsys.readouterr().out
