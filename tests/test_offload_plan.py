@@ -297,3 +297,20 @@ def test_dsfast_plan_is_a_cli_subcommand(capsys):
     rc = dsfast_main(["plan", "--model", "1e9", "--world-size", "1", "--host-gib", "64", "--device-gib", "80",
                       "--bandwidth-gbs", "20", "--device-bandwidth-gbs", "2000"])
     assert rc == 0 and '"offload_optimizer": {"device": "none"}' in capsys.readouterr().out
+
+
+def test_auto_beside_parameters_on_nvme_keeps_to_what_the_sections_allow(tmp_path):
+    data = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 3, "offload_optimizer": {"device": "auto"},
+        "offload_param": {"device": "nvme", "nvme_path": str(tmp_path)}}}
+    cfg = parse_config(data, world_size=1)
+    fig = HostFigures(host_available=64 * GIB, device_memory=16 * GIB, nvme_path=str(tmp_path), nvme_free=10 ** 12)
+    assert auto_offload.choose(cfg, PSI, 10 ** 7, 1, 1, fig)[0] == "cpu"    # "nvme" would need its own nvme_path
+    with pytest.raises(ValueError, match='has no placement to choose from with offload_param "nvme"'):
+        auto_offload.choose(cfg, PSI, 10 ** 7, 1, 1, HostFigures(host_available=64 * GIB, device_memory=16 * GIB))
+
+
+def test_a_config_transformers_cannot_build_is_refused_by_file():
+    pytest.importorskip("transformers")
+    with pytest.raises(ValueError, match="cfg.json: transformers cannot build a causal LM"):
+        count_hf_config({"model_type": "t5"}, "cfg.json")

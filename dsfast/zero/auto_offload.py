@@ -32,8 +32,17 @@ def choose(cfg, params, largest, world, local_ranks, fig):
                          '(fp16_master_weights_and_grads, which needs "cpu"): set the device to "cpu"')
     mixed = cfg.fp16.enabled or cfg.bf16.enabled
     z = cfg.zero_optimization
-    rows = make_plan(params, world, fig, local_ranks, mixed, largest, headroom=0.9, only=_matches(cfg),
+    config_rows = _matches(cfg)
+    may_swap = bool(z.offload_optimizer.nvme_path)   # "nvme" needs the section's own nvme_path
+
+    def only(r):
+        return config_rows(r) and (r["offload_optimizer"] != "nvme" or may_swap)
+    rows = make_plan(params, world, fig, local_ranks, mixed, largest, headroom=0.9, only=only,
                      buffer_count=max(z.offload_optimizer.buffer_count, 1), bucket=z.reduce_bucket_size)
+    if not rows:
+        raise ValueError(f'zero_optimization.offload_optimizer.device "auto" has no placement to choose from with '
+                         f'offload_param "{z.offload_param_device}"; give offload_optimizer an "nvme_path" or set '
+                         "its device yourself")
     fitting = [r for r in rows if not r["why_not"]]
     if not fitting:
         why = "; ".join(f"{PLACES[r['offload_optimizer']]}: {', '.join(r['why_not'])}" for r in rows)
@@ -68,7 +77,9 @@ def resolve_auto_offload(cfg, model, world, device, figures=None):
     from .estimate import model_sizes
     from .sharded import local_ranks
     params, largest = model_sizes(model)
-    fig = measured_figures(device, off.nvme_path) if figures is None else figures
+    z = cfg.zero_optimization
+    disk = off.nvme_path or (z.offload_param.nvme_path if z.offload_param_device == "nvme" else None)
+    fig = measured_figures(device, disk) if figures is None else figures
     choice, row = choose(cfg, params, largest, world, min(local_ranks(), world), fig)
     choice = _slowest_over_ranks(choice)
     off.device = choice

@@ -107,6 +107,9 @@ def count_hf_config(cfg, source="config"):
         return _count_on_meta(cfg)
     except ImportError:
         return _count_by_formula(cfg, source)
+    except Exception as e:   # transformers raises several kinds for a config it cannot build
+        raise ValueError(f"{source}: transformers cannot build a causal LM from this config ({type(e).__name__}: "
+                         f"{e}); give the parameter count with --params") from None
 
 
 def _count_on_meta(cfg):

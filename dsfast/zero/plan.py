@@ -2,7 +2,7 @@
 step can be at best.
 
     dsfast plan --model 7e9 --world-size 8 [--nvme-path /local/nvme] [--out zero.json]
-    python -m dsfast.zero.plan --model path/to/config.json --world-size 1 --bandwidth-gbs 20 --skip-disk
+    python -m dsfast.zero.plan --model path/to/config.json --world-size 1 --bandwidth-gbs 20 --host-gib 128
 
 Host figures (dsfast.zero.host_figures): available memory (shared by the --local-ranks ranks of this host),
 `ulimit -l`, /dev/shm, the in-place memory bandwidth, the accelerator's memory and bandwidth, and with
