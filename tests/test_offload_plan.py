@@ -314,3 +314,33 @@ def test_a_config_transformers_cannot_build_is_refused_by_file():
     pytest.importorskip("transformers")
     with pytest.raises(ValueError, match="cfg.json: transformers cannot build a causal LM"):
         count_hf_config({"model_type": "t5"}, "cfg.json")
+
+
+def test_ranks_that_disagree_take_the_slowest_placement(monkeypatch):
+    import torch.distributed as dist
+
+    def gather(out, mine):   # this rank says "none", the other one found too little memory for it
+        out[:] = [mine, "cpu"]
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a: 2)
+    monkeypatch.setattr(dist, "all_gather_object", gather)
+    assert auto_offload._slowest_over_ranks("none") == "cpu"
+    assert auto_offload._slowest_over_ranks("nvme") == "nvme"
+
+
+def test_the_measurements_run_short_and_refuse_a_memory_filesystem(tmp_path, monkeypatch):
+    from dsfast.zero import host_figures
+    assert 0 < host_figures.memory_bandwidth_gbs(0.01, 1 << 20) < 1e5
+    fig = measure_host(str(tmp_path), bandwidth=False, host_available=GIB)
+    assert fig.host_available == GIB and fig.nvme_free > 0 and fig.nvme_read_gbs is None
+    try:
+        w, r = host_figures.disk_bandwidth(str(tmp_path), 16 << 20)
+        assert w > 0 and r > 0 and not list(tmp_path.iterdir())    # its file is gone
+    except OSError as e:   # only a filesystem without O_DIRECT here; measure_host turns that into the error below
+        assert e.errno == 22, e
+    monkeypatch.setattr(host_figures, "disk_bandwidth", lambda *a: (_ for _ in ()).throw(OSError(22, "Invalid")))
+    with pytest.raises(ValueError, match=r"O_DIRECT bandwidth measurement failed \(Invalid\); give the disk"):
+        measure_host(str(tmp_path), host_gbs=10.0)
+    monkeypatch.setattr(host_figures, "memory_filesystem_note", lambda path, key: f"{key}={path!r} is on tmpfs")
+    with pytest.raises(ValueError, match="is on tmpfs"):
+        measure_host(str(tmp_path), bandwidth=False)

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from .nvme_checks import meminfo_available
+from .nvme_checks import meminfo_available, memory_filesystem_note
 
 CEILING_BYTES = 12   # a += s * b: read a, read b, write a (4 bytes each)
 DISK_CHUNK = 8 << 20  # bytes per O_DIRECT call of the disk measurement
@@ -140,8 +140,16 @@ def measure_host(nvme_path=None, bandwidth=True, disk_mib=256, **given):
                              "to plan for")
         if fig.nvme_free is None:
             fig.nvme_free = free_bytes(nvme_path)
+        note = memory_filesystem_note(nvme_path, "nvme_path")
+        if note:
+            raise ValueError(note)
         if bandwidth and (fig.nvme_read_gbs is None or fig.nvme_write_gbs is None):
-            w, r = disk_bandwidth(nvme_path, int(disk_mib) << 20)
+            try:
+                w, r = disk_bandwidth(nvme_path, int(disk_mib) << 20)
+            except OSError as e:
+                why = e.strerror or str(e)
+                raise ValueError(f"nvme_path {nvme_path!r}: the O_DIRECT bandwidth measurement failed ({why}); give "
+                                 "the disk's figures instead (--disk-read-gbs, --disk-write-gbs)") from None
             fig.nvme_write_gbs = fig.nvme_write_gbs or w / 1e3
             fig.nvme_read_gbs = fig.nvme_read_gbs or r / 1e3
     return fig
