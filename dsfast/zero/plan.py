@@ -232,19 +232,19 @@ def main(argv=None):
                          args.prefer)
     except ValueError as e:
         ap.error(str(e))
-    print(f"model: {params / 1e9:.3f}B parameters (largest layer {largest / 1e6:.1f}M), {args.world_size} ranks")
-    for line in format_plan(rows, fig, args.all):
-        print(line)
-    if not rows or rows[0]["why_not"]:
-        print("nothing fits: " + ("; ".join(rows[0]["why_not"]) if rows else "no candidate") +
-              ". Add ranks or hosts, give --nvme-path, or lower --headroom's margin")
-        return 1
-    best = config_section(rows[0], fig)
-    print("best: " + json.dumps(best))
-    if args.out:
+    best = None if not rows or rows[0]["why_not"] else config_section(rows[0], fig)
+    if best is not None and args.out:   # written first: a reader that stops the output early still gets it
         with open(args.out, "w") as f:
             json.dump(best, f, indent=2)
             f.write("\n")
+    print(f"model: {params / 1e9:.3f}B parameters (largest layer {largest / 1e6:.1f}M), {args.world_size} ranks")
+    for line in format_plan(rows, fig, args.all):
+        print(line)
+    if best is None:
+        print("nothing fits: " + ("; ".join(rows[0]["why_not"]) if rows else "no candidate") +
+              ". Add ranks or hosts, give --nvme-path, or raise --headroom (less room left for activations)")
+        return 1
+    print("best: " + json.dumps(best) + (f" (written to {args.out})" if args.out else ""))
     return 0
 
 
