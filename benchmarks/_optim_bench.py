@@ -3,24 +3,7 @@
 import statistics
 import time
 
-import torch
-
-CEILING_BYTES = 12  # a += s * b: read a, read b, write a (4 bytes each)
-
-
-class Ceiling:
-    """Memory-bandwidth ceiling measured as an in-place kernel, like the optimizers themselves."""
-
-    def __init__(self, n):
-        self.a = torch.rand(n)
-        self.b = torch.rand(n)
-        self.n = n
-
-    def sample(self):
-        t0 = time.perf_counter()
-        self.a.add_(self.b, alpha=1e-7)
-        dt = time.perf_counter() - t0
-        return CEILING_BYTES * self.n / dt / 1e9
+from dsfast.zero.host_figures import CEILING_BYTES, Ceiling  # noqa: F401  (the one ceiling; re-exported)
 
 
 def run_interleaved(impls, rounds, ceiling, warmup=1, slow_keep=2):

@@ -25,20 +25,18 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from dsfast.zero.nvme_buffers import HostBuffer  # noqa: E402
+from dsfast.zero.host_figures import DISK_CHUNK as CHUNK, disk_bandwidth  # noqa: E402
 from dsfast.zero.nvme_files import SwapDir  # noqa: E402
 from dsfast.zero.nvme_io import SwapIO  # noqa: E402
 from dsfast.zero.nvme_window import UnitWindow  # noqa: E402
 
 MIB = 1 << 20
-CHUNK = 8 * MIB
 
 
 def fs_type(path):
@@ -46,35 +44,9 @@ def fs_type(path):
 
 
 def ceiling(path, total, streams=1):
-    """(write MB/s, read MB/s) of O_DIRECT streams over one file of `total` bytes in CHUNK calls: one stream (the
-    disk's sequential bandwidth), or `streams` threads each on its own part (the disk at that queue depth)."""
-    bufs = [HostBuffer(CHUNK) for _ in range(streams)]
-    for b in bufs:
-        b.tensor.random_(0, 256)
-    f = os.path.join(path, "ceiling.bin")
-    part = total // streams
-
-    def run(flags, call):
-        fd = os.open(f, flags | os.O_DIRECT, 0o600)
-
-        def stream(k):
-            for off in range(k * part, (k + 1) * part, CHUNK):
-                call(fd, [bufs[k].memoryview()], off)
-        t0 = time.perf_counter()
-        threads = [threading.Thread(target=stream, args=(k,)) for k in range(streams)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if flags & os.O_WRONLY:
-            os.fsync(fd)
-        took = time.perf_counter() - t0
-        os.close(fd)
-        return total / took / 1e6
-    w = run(os.O_WRONLY | os.O_CREAT | os.O_TRUNC, os.pwritev)
-    r = run(os.O_RDONLY, os.preadv)
-    os.unlink(f)
-    return w, r
+    """(write MB/s, read MB/s) of O_DIRECT streams over one file of `total` bytes (host_figures.disk_bandwidth,
+    the measurement `dsfast plan` makes too)."""
+    return disk_bandwidth(path, total, streams)
 
 
 def dd(path, total):

@@ -70,7 +70,7 @@ def test_offload_device_and_nvme_path_errors_name_the_section(section):
     with pytest.raises(DsConfigError, match=rf"zero_optimization\.{section}: device \"nvme\" needs \"nvme_path\""):
         load_config({**base, "zero_optimization": {"stage": 3, section: {"device": "nvme"}}})
     with pytest.raises(DsConfigError, match=rf"zero_optimization\.{section}\.device: must be one of 'none', 'cpu', "
-                                            rf"'nvme' \(got 'gpu'\)"):
+                                            rf"'nvme'( or 'auto' \(dsfast picks .*\))? \(got 'gpu'\)"):
         load_config({**base, "zero_optimization": {"stage": 3, section: {"device": "gpu"}}})
     model = {"offload_optimizer": OffloadOptimizerConfig, "offload_param": OffloadParamConfig}[section]
     assert model(device="CPU").device == "cpu" and model(device=None).device == "none"

@@ -38,7 +38,14 @@ DSFAST_CHOICES = {
     "zero_optimization.cpu_offload_use_pin_memory": ("honoured for the offload it maps to (DeepSpeed 0.19.8 "
                                                      "ignores the deprecated key and pins)",
                                                      lambda cfg, given: given),
+    "zero_optimization.offload_optimizer.device": (
+        '"auto" is dsfast\'s own value: initialize() picks "none", "cpu" or "nvme" (nvme only with nvme_path) '
+        "from this model's size, the world size and the machine's free memory, the fastest that fits, and logs "
+        "it (`dsfast plan` shows the options)",
+        lambda cfg, given: cfg.zero_optimization.offload_optimizer_device == "auto"),
 }
+# "auto" values that are dsfast's own (DSFAST_CHOICES explains them), not a framework's placeholder
+DSFAST_AUTO = {("zero_optimization", "offload_optimizer", "device")}
 
 # Keys DeepSpeed does not have
 DSFAST_KEYS = {
@@ -56,7 +63,7 @@ def _auto_paths(data: Any, prefix: Tuple = ()) -> List[Tuple]:
         for key, value in data.items():
             out += _auto_paths(value, prefix + (key,))
         return out
-    return [prefix] if isinstance(data, str) and data == "auto" else []
+    return [prefix] if isinstance(data, str) and data == "auto" and prefix not in DSFAST_AUTO else []
 
 
 def _without(data: dict, paths: List[Tuple]) -> dict:

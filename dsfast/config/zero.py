@@ -53,6 +53,8 @@ class _OffloadTarget(StrictModel):
 
 
 class OffloadOptimizerConfig(_OffloadTarget):
+    """device may also be "auto": initialize() picks none, cpu or nvme from the offload plan
+    (zero/auto_offload.py)."""
     buffer_count: int = Field(4, ge=0)
     pin_memory: bool = True          # DeepSpeed's default since 0.19.5 (false before); only CUDA pins
     pipeline_read: bool = False
@@ -61,6 +63,17 @@ class OffloadOptimizerConfig(_OffloadTarget):
     ratio: float = Field(1.0, ge=0.0, le=1.0)   # < 1: offload only part of the states (stage 3 only)
     super_offload: bool = False
     cpuadam_cores_perc: float = Field(0.8, ge=0.0, le=1.0)
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _check_device(cls, v):
+        if isinstance(v, str) and v.lower() == "auto":
+            return "auto"
+        try:
+            return _device(v)
+        except ValueError:
+            raise plain_error(f"must be one of {', '.join(repr(d) for d in _DEVICES)} or 'auto' (dsfast picks one "
+                              f"from the machine's memory at initialize) (got {v!r})") from None
 
     @property
     def pipeline(self) -> bool:
@@ -206,6 +219,10 @@ class ZeroConfig(StrictModel):
 
     @model_validator(mode="after")
     def _offload_needs_stage(self):
+        if self.offload_optimizer_device == "auto" and self.stage == 0:
+            raise nested_error([(("offload_optimizer", "device"), '"auto" picks where the optimizer states of ZeRO '
+                                                                  'stage 1, 2 or 3 go (stage is 0); set a stage or '
+                                                                  'remove the section')])
         if self.offload_optimizer is not None and self.offload_optimizer.device != "none" and self.stage == 0:
             raise nested_error([(("offload_optimizer",), "offloading optimizer states needs ZeRO stage 1, 2 or 3 "
                                                          "(stage is 0)")])

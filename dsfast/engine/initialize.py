@@ -14,6 +14,7 @@ from ..comm.data_parallel import data_parallel
 from ..comm.where import waiting
 from ..config.master_precision import cpu_adam_fp32_states
 from ..precision.keep_fp32 import KeptFp32
+from ..zero.auto_offload import resolve_auto_offload
 from ..zero.owners import build_owner
 from ..zero.precision import check_master_optimizer
 from .data import build_dataloader
@@ -60,6 +61,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 
     cfg = load_config(config=config, config_params=config_params, args=args, world_size=world)
     device = _pick_device(args)
+    resolve_auto_offload(cfg, model, world, device)   # "auto" offload: the plan's choice, logged
     model.to(device)
     if dp.group is None:
         hang_watch.start(cfg, model)     # says which rank is where when the ranks stop agreeing (hang_watch.py)
