@@ -43,15 +43,24 @@ def build_dsfast(path, tensors, numel):
 def build_deepspeed(path, tensors, numel, ranks, states=("exp_avg", "exp_avg_sq"), tied=False):
     """A DeepSpeed 0.19 ZeRO stage-2 tag folder (one param group, the flat group split evenly over `ranks`);
     tied: the module also holds "tied.weight", a second name of "0.weight" (DeepSpeed's shared_params)."""
-    import collections
     import types
-    import torch
     from dsfast.checkpoint.ds_unpickle import STAND_INS
     fragment = next(c for c in STAND_INS if c.__name__ == "fragment_address")
     parts = fragment.__module__.split(".")       # pickle looks the class up by its (DeepSpeed) module name
-    for i in range(1, len(parts) + 1):
-        sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+    added = [".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) not in sys.modules]
+    for name in added:
+        sys.modules[name] = types.ModuleType(name)
     sys.modules[fragment.__module__].fragment_address = fragment
+    try:
+        _write_deepspeed(path, tensors, numel, ranks, states, tied, fragment)
+    finally:   # the stand-in modules go: a test process must not keep a `deepspeed` that is not DeepSpeed
+        for name in added:
+            sys.modules.pop(name, None)
+
+
+def _write_deepspeed(path, tensors, numel, ranks, states, tied, fragment):
+    import collections
+    import torch
     os.makedirs(path, exist_ok=True)
     torch.manual_seed(0)
     names = [f"{i}.weight" for i in range(tensors)]
