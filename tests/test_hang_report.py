@@ -147,3 +147,21 @@ def test_bad_thresholds_are_errors_naming_the_source(env, cfg, match):
 def test_config_refuses_a_non_positive_after_s():
     with pytest.raises(Exception, match="hang_watch.after_s"):
         _cfg({"after_s": 0})
+
+
+def test_a_collective_failing_while_the_watch_ends_the_process_exits_with_the_verdict_s_code(monkeypatch):
+    """A rank that read the verdict first ends and fails this rank's collective before this rank's watch has ended
+    it: the main thread's error must not turn the verdict's exit code (87) into an ordinary failure (1)."""
+    import types
+
+    from dsfast.comm import hang_watch
+    watch = types.SimpleNamespace(finishing=True, poll=0.0, halt=None)
+    monkeypatch.setattr(hang_watch, "_watch", [watch])
+    monkeypatch.setattr(hang_watch.time, "sleep", lambda s: None)
+
+    def exits(code):
+        raise SystemExit(code)
+    monkeypatch.setattr(hang_watch.os, "_exit", exits)
+    with pytest.raises(SystemExit) as ended:
+        hang_watch._excepthook(RuntimeError, RuntimeError("Connection closed by peer"), None)
+    assert ended.value.code == hang_watch.HANG_EXIT_CODE == 87

@@ -106,6 +106,7 @@ class Watch(threading.Thread):
         self.names = None
         self.beat = 0
         self.halt = threading.Event()
+        self.finishing = False            # finish() is ending this process with a verdict
         self.lock = threading.Lock()      # the thread and the excepthook share the store connection
 
     # ---- the store -------------------------------------------------------------------------------------
@@ -166,6 +167,7 @@ class Watch(threading.Thread):
 
     def finish(self, text):
         """Print the verdict and end this process (see the module docstring for why not an exception)."""
+        self.finishing = True
         self.halt.set()
         _say(self.rank, f"HangError: {text}. Every rank stops (exit code {HANG_EXIT_CODE}); "
                         f"{ENV} / hang_watch.after_s set how long a rank waits before this check", error=True)
@@ -222,6 +224,11 @@ def _say(rank, text, error=False):
 
 def _excepthook(kind, value, tb):
     watch = _watch[0] if _watch else None
+    if watch is not None and watch.finishing and issubclass(kind, Exception):
+        # the watch is ending this process with a verdict, and a rank that read it first has ended, failing this
+        # rank's collective: the exit code is the verdict's (finish() exits within this wait)
+        time.sleep(3 * watch.poll + 2.0)
+        os._exit(HANG_EXIT_CODE)
     if watch is not None and WHERE.inside and not watch.halt.is_set() and issubclass(kind, Exception):
         try:
             found = watch.after_failure()
