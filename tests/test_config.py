@@ -406,8 +406,18 @@ def test_scheduler_type_unknown_and_case():
         "WarmupCosineLR"
     _, msg = problems({**BASE, "scheduler": {"type": "WarmupLinearLR"}})
     assert "scheduler.type" in msg and "did you mean" in msg
-    _, msg = problems({**BASE, "scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}})
-    assert "scheduler.params.warmup_type" in msg and '"log" or "linear"' in msg
+
+
+def test_unknown_warmup_type_warns_and_uses_log_as_deepspeed():
+    # DeepSpeed 0.19.8 accepts any warmup_type, warns, and warms up on the log curve (its check is exact: "Linear"
+    # is log too); a config must give the same learning rates on both
+    for kind, hint in (("cosine", False), ("Linear", True)):
+        with pytest.warns(UserWarning, match="warmup_type") as caught:
+            c = cfg(scheduler={"type": "WarmupCosineLR", "params": {"total_num_steps": 10, "warmup_type": kind}})
+        assert c.scheduler.params.warmup_type == "log"
+        assert ('did you mean "linear"' in str(caught[0].message)) == hint
+    assert cfg(scheduler={"type": "WarmupLR", "params": {"warmup_type": "linear"}}).scheduler.params.warmup_type \
+        == "linear"
 
 
 # ------------------------------------------------------------------------------------------------ other keys
@@ -646,3 +656,18 @@ def test_check_command(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "fp16.loss_scale_window = 1000  [>= 1]" in out
     assert 'scheduler.params ("type": "WarmupDecayLR") total_num_steps = required' in out
+
+
+def test_hjson_file_accepted_like_deepspeed(tmp_path):
+    # DeepSpeed 0.19.8 reads config files with hjson (tests/unit/runtime/test_ds_config_dict.py writes one with
+    # hjson.dump): quoteless keys and strings, no commas
+    import hjson
+    given = {"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "bf16": {"enabled": True}}
+    path = tmp_path / "config.json"
+    path.write_text(hjson.dumps(given))
+    assert '"train_batch_size"' not in path.read_text()        # really hjson, not JSON
+    c = load_config(str(path))
+    assert c.raw == given and c.optimizer.type.lower() == "adamw" and c.precision == "bf16"
+    path.write_text("{\n  train_batch_size: 8\n  train_batch_size: 16\n}\n")
+    with pytest.raises(DsConfigError, match="appears twice"):       # the duplicate-key check holds for hjson too
+        load_config(str(path))

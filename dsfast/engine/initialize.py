@@ -27,6 +27,10 @@ from .optimizer_factory import build_optimizer
 STAGE0_BUCKET_ELEMS = 1 << 20
 
 
+class MissingModelError(ValueError, AssertionError):
+    """initialize() without a model; an AssertionError too, as DeepSpeed 0.19.8 asserts for it."""
+
+
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, config=None, config_params=None, collate_fn=None, dist_init_required=None,
                mpu=None, dist_init_timeout=None, distributed_port=None, mesh_param=None):
@@ -41,7 +45,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     from dsfast.config import load_config
 
     if model is None:
-        raise ValueError("initialize() needs model=<torch.nn.Module>")
+        raise MissingModelError("initialize() needs model=<torch.nn.Module>")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if mpu is not None:
