@@ -325,5 +325,8 @@ class DsConfig(StrictModel):
             if getattr(self, key) and key != "aio":
                 notes.append(f'"{key}" is ignored: {why}')
         z = self.zero_optimization
+        if z.offload_param is not None and z.offload_param.device != "none" and z.stage != 3:
+            notes.append(f"zero_optimization.offload_param is ignored at ZeRO stage {z.stage}: parameters are "
+                         "offloaded only at stage 3, as in DeepSpeed")
         notes += aio_notes(self.aio, "nvme" in (z.offload_optimizer_device, z.offload_param_device))
         return notes

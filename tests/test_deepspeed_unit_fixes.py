@@ -1,0 +1,144 @@
+"""What DeepSpeed 0.19.8's own unit tests (tests/unit, benchmarks/deepspeed_unit_tests.py) expect of the names,
+versions, config object and exception types, checked in-process against dsfast."""
+import json
+
+import pytest
+import torch
+
+import dsfast
+import dsfast as deepspeed
+from dsfast.config import DsConfigError
+from dsfast.config.scheduler import SCHEDULER_PARAMS
+from dsfast.runtime import config as ds_config_module
+from dsfast.runtime import lr_schedules
+
+
+def tiny():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def init(cfg, model=None):
+    model = model or tiny()
+    return deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg,
+                                dist_init_required=False)[0]
+
+
+BASE = {"train_batch_size": 2, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
+
+
+# ------------------------------------------------------------------------------------------------ names
+def test_lr_schedule_constants_are_deepspeeds_names_and_dsfasts_keys():
+    assert (lr_schedules.LR_RANGE_TEST, lr_schedules.ONE_CYCLE, lr_schedules.WARMUP_LR, lr_schedules.WARMUP_DECAY_LR,
+            lr_schedules.WARMUP_COSINE_LR) == ("LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR",
+                                               "WarmupCosineLR")
+    assert lr_schedules.VALID_LR_SCHEDULES == ["LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR",
+                                               "WarmupCosineLR"]
+    # every parameter-key constant names a parameter of one of dsfast's schedule schemas
+    fields = set().union(*(m.model_fields for m in SCHEDULER_PARAMS.values()))
+    keys = {n: v for n, v in vars(lr_schedules).items() if n.isupper() and isinstance(v, str)
+            and n not in ("LR_SCHEDULE", "WARMUP_LOG_RATE", "WARMUP_LINEAR_RATE") and v not in SCHEDULER_PARAMS}
+    assert len(keys) == 22 and not {n for n, v in keys.items() if v not in fields}
+    # and a section written with them is what the engine builds
+    sched = {"type": lr_schedules.WARMUP_COSINE_LR,
+             "params": {lr_schedules.TOTAL_NUM_STEPS: 10, lr_schedules.WARMUP_NUM_STEPS: 4,
+                        lr_schedules.WARMUP_TYPE: lr_schedules.WARMUP_LINEAR_RATE,
+                        lr_schedules.WARMUP_MIN_RATIO: 0.0}}
+    engine = init({**BASE, "scheduler": sched})
+    assert type(engine.lr_scheduler).__name__ == lr_schedules.WARMUP_COSINE_LR
+    assert engine.lr_scheduler.warmup_type == "linear"
+
+
+def test_runtime_config_optimizer_constants_match_what_the_config_accepts():
+    c = ds_config_module
+    assert (c.ADAM_OPTIMIZER, c.ADAMW_OPTIMIZER, c.LAMB_OPTIMIZER, c.ADAGRAD_OPTIMIZER, c.LION_OPTIMIZER) == \
+        ("adam", "adamw", "lamb", "adagrad", "lion")
+    assert c.DEEPSPEED_OPTIMIZERS[:4] == ["adagrad", "adam", "adamw", "lamb"] and len(c.DEEPSPEED_OPTIMIZERS) == 9
+    assert (c.TORCH_ADAM_PARAM, c.ADAM_W_MODE, c.ADAM_W_MODE_DEFAULT) == ("torch_adam", "adam_w_mode", True)
+    engine = init({**BASE, "optimizer": {"type": c.ADAM_OPTIMIZER, "params": {"lr": 1e-3, c.ADAM_W_MODE: False}}})
+    assert engine.optimizer.param_groups[0]["lr"] == 1e-3
+
+
+def test_versions_give_the_deepspeed_api_level():
+    from packaging.version import Version
+
+    from dsfast.alias_install import VERSION
+    from dsfast.version import __version__ as own
+    assert deepspeed.__version__ == VERSION == f"0.19.8+dsfast.{own}"
+    assert (deepspeed.__version_major__, deepspeed.__version_minor__, deepspeed.__version_patch__) == (0, 19, 8)
+    assert deepspeed.__git_hash__ == deepspeed.__git_branch__ == "unknown"
+    # what frameworks' checks compute: dsfast is DeepSpeed 0.19.8 to them, never an old release
+    assert Version(deepspeed.__version__) >= Version("0.19.8") and Version(deepspeed.__version__) < Version("0.19.9")
+
+
+# ------------------------------------------------------------------------------------------------ config object
+def test_deepspeed_config_from_dict_path_and_hjson(tmp_path):
+    from dsfast.runtime.config import DeepSpeedConfig
+    given = {"train_batch_size": 8, "gradient_accumulation_steps": 2, "gradient_clipping": 0.5,
+             "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}, "bf16": {"enabled": True},
+             "zero_optimization": {"stage": 2}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(given))
+    import hjson
+    hpath = tmp_path / "ds.hjson"
+    hpath.write_text(hjson.dumps(given))
+    for source in (given, str(path), hpath):
+        c = DeepSpeedConfig(source)
+        assert (c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps) == (8, 4, 2)
+        assert c._param_dict == given and c.gradient_clipping == 0.5 and c.gradient_allreduce_op == "mean"
+        assert (c.optimizer_name, c.optimizer_params) == ("adamw", {"lr": 3e-4})
+        assert c.zero_enabled and c.zero_optimization_stage == 2 and c.zero_config.stage == 2
+        assert c.bfloat16_enabled and not c.fp16_enabled and c.scheduler_name is None
+    assert deepspeed.DeepSpeedConfig is DeepSpeedConfig
+
+
+def test_deepspeed_config_world_size_from_mpu_and_errors():
+    from dsfast.runtime.config import DeepSpeedConfig, DeepSpeedConfigError
+
+    class Mpu:
+        def get_data_parallel_world_size(self):
+            return 4
+
+    c = DeepSpeedConfig({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2}, mpu=Mpu())
+    assert (c.world_size, c.gradient_accumulation_steps) == (4, 2)
+    assert deepspeed.DeepSpeedConfigError is DeepSpeedConfigError is DsConfigError
+    with pytest.raises(deepspeed.DeepSpeedConfigError, match="checkpoint.tag_validation"):
+        DeepSpeedConfig({"train_batch_size": 1, "checkpoint": {"tag_validation": "foo"}})
+    with pytest.raises(deepspeed.DeepSpeedConfigError, match="train_batch_size=3"):
+        DeepSpeedConfig({"train_batch_size": 3, "train_micro_batch_size_per_gpu": 2})
+    with pytest.raises(TypeError, match="path to a ds_config file or a dict"):
+        DeepSpeedConfig(3)
+    with pytest.raises(AttributeError, match="no attribute 'not_a_thing'"):
+        DeepSpeedConfig({"train_batch_size": 1}).not_a_thing
+
+
+def test_unknown_tag_validation_is_deepspeeds_config_error_from_initialize():
+    with pytest.raises(deepspeed.DeepSpeedConfigError, match="tag_validation"):
+        init({**BASE, "checkpoint": {"tag_validation": "foo"}})
+
+
+# ------------------------------------------------------------------------------------------------ exception types
+def test_initialize_without_a_model_raises_deepspeeds_assertion_too():
+    for kind in (AssertionError, ValueError):
+        with pytest.raises(kind, match="needs model="):
+            deepspeed.initialize(model=None, config=BASE, dist_init_required=False)
+
+
+@pytest.mark.parametrize("save_dir", [None, ""])
+def test_save_checkpoint_without_a_dir_raises_deepspeeds_value_error(save_dir, tmp_path):
+    engine = init(BASE)
+    with pytest.raises(ValueError, match="save_dir"):
+        engine.save_checkpoint(save_dir=save_dir)
+    with pytest.raises(dsfast.checkpoint.CheckpointError, match="save_dir must be a directory path"):
+        engine.save_checkpoint(save_dir=3)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------------ configs accepted
+def test_offload_param_below_stage_3_is_ignored_as_deepspeed_does():
+    # DeepSpeed's TestNoOptim[0]: offload_param at stage 0, no optimizer; the engine runs forward
+    cfg = {"train_batch_size": 1, "zero_optimization": {"stage": 0, "offload_param": {"device": "cpu"}}}
+    engine = init(cfg)
+    assert engine.config.zero_optimization.offload_param_device == "none"
+    out = engine(torch.randn(1, 4))
+    assert out.shape == (1, 2) and next(engine.module.parameters()).device.type == "cpu"
