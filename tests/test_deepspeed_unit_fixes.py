@@ -142,3 +142,99 @@ def test_offload_param_below_stage_3_is_ignored_as_deepspeed_does():
     assert engine.config.zero_optimization.offload_param_device == "none"
     out = engine(torch.randn(1, 4))
     assert out.shape == (1, 2) and next(engine.module.parameters()).device.type == "cpu"
+
+
+# ------------------------------------------------------------------------------------------------ launcher
+def test_launcher_runner_main_takes_args_and_raises_valueerror_on_misuse(capsys):
+    from dsfast.launcher import runner
+    # DeepSpeed's tests/unit/launcher/test_run.py::test_num_plus_parser
+    for args in ("--num_nodes 1 -i localhost foo.py", "--num_nodes 1 --num_gpus 1 -e localhost foo.py",
+                 "--num_gpus 1 -i localhost foo.py"):
+        with pytest.raises(ValueError, match="cannot be combined with"):
+            runner.main(args=args.split())
+    assert runner.main(args=["--dry_run", "--num_procs", "2", "train.py", "--lr", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "train.py" in out and "--lr" in out
+
+
+# ------------------------------------------------------------------------------------------------ configs refused
+class UnusedBranch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.used = torch.nn.Linear(4, 2)
+        self.unused = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+@pytest.mark.parametrize("ignore", [False, True])
+def test_ignore_unused_parameters_false_fails_the_step_as_deepspeed(ignore):
+    # DeepSpeed's TestStage2IgnoreUnusedParameters: stage 2, optimizer offload, an unused parameter
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "optimizer": BASE["optimizer"],
+           "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
+                                 "ignore_unused_parameters": ignore}}
+    engine = init(cfg, UnusedBranch())
+    before = [p.detach().clone() for p in engine.module.parameters()]
+
+    def two_micro_steps():
+        for _ in range(2):
+            engine.backward(engine(torch.randn(2, 4)).square().mean())
+            engine.step()
+
+    if ignore:
+        two_micro_steps()
+        assert engine.global_steps == 1
+        return
+    with pytest.raises(AssertionError, match="ignore_unused_parameters is false and 2 trainable parameter") as e:
+        two_micro_steps()
+    assert "unused.weight, unused.bias" in str(e.value) and engine.global_steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, engine.module.parameters()))   # nothing applied
+
+
+def test_ignore_unused_parameters_false_where_deepspeed_does_not_check_is_noted():
+    from dsfast.config import load_config
+    for zero in ({"stage": 2}, {"stage": 3, "offload_optimizer": {"device": "cpu"}}):
+        c = load_config({"train_batch_size": 2, "zero_optimization": {**zero, "ignore_unused_parameters": False}})
+        assert any("ignore_unused_parameters=false is ignored" in n for n in c.ignored_settings())
+    engine = init({**BASE, "zero_optimization": {"stage": 2, "ignore_unused_parameters": False}}, UnusedBranch())
+    engine.backward(engine(torch.randn(2, 4)).square().mean())
+    engine.step()
+    assert engine.global_steps == 1
+
+
+@pytest.mark.parametrize("force", [True, False])
+def test_client_optimizer_under_offload_refused_unless_zero_force_ds_cpu_optimizer_false(force):
+    # DeepSpeed's TestZeroOffloadOptim: stage 1, offload_optimizer cpu, a torch Adam
+    from dsfast.engine.offload_client_optimizer import ClientOptimizerOffloadError
+    cfg = {"train_batch_size": 4, "gradient_accumulation_steps": 2, "zero_force_ds_cpu_optimizer": force,
+           "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}}
+    model = tiny()
+    if force:
+        with pytest.raises(ValueError, match="zero_force_ds_cpu_optimizer.*false") as e:
+            deepspeed.initialize(model=model, optimizer=torch.optim.Adam(model.parameters()), config=cfg,
+                                 dist_init_required=False)
+        assert isinstance(e.value, ClientOptimizerOffloadError) and "(Adam)" in str(e.value)
+        try:       # deepspeed.runtime.zero.utils, where dsfast has it: DeepSpeed's type for this refusal
+            from dsfast.runtime.zero.utils import ZeRORuntimeException
+        except ImportError:
+            ZeRORuntimeException = None
+        assert ZeRORuntimeException is None or isinstance(e.value, ZeRORuntimeException)
+        # DeepSpeed's CPU Adam (a client one, or one a callable builds) and the config's optimizer are taken
+        from dsfast.ops.adam import DeepSpeedCPUAdam
+        deepspeed.initialize(model=model, optimizer=DeepSpeedCPUAdam(model.parameters()), config=cfg,
+                             dist_init_required=False)
+        deepspeed.initialize(model=model, optimizer=lambda ps: DeepSpeedCPUAdam(ps), config=cfg,
+                             dist_init_required=False)
+        init({**cfg, "optimizer": BASE["optimizer"]}, model)
+        with pytest.raises(ClientOptimizerOffloadError):
+            deepspeed.initialize(model=model, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), config=cfg,
+                                 dist_init_required=False)
+    else:
+        engine = deepspeed.initialize(model=model, optimizer=torch.optim.Adam(model.parameters()), config=cfg,
+                                      dist_init_required=False)[0]
+        for _ in range(2):
+            engine.backward(engine(torch.randn(2, 4)).square().mean())
+            engine.step()
+        assert engine.global_steps == 1

@@ -20,6 +20,7 @@ from .monitor import Monitor
 from .plain_backward import PlainBackward, engine_backward_running
 from .progress import Progress
 from .state_offload import StateOffload
+from .unused_params import unused_parameter_check
 from ..comm import where
 from ..utils.timer import ThroughputTimer
 from ..zero.state_owner import memory_breakdown
@@ -63,6 +64,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         self._in_step = False
         self._backwards_since_step = 0
         self._clip = float(config.gradient_clipping or 0.0)
+        self._unused_check = unused_parameter_check(config, module)   # ignore_unused_parameters: false
         precision = self._precision
         # torch_autocast: forward under torch.autocast, fp32 weights and gradients; float16 scales the loss
         self._autocast = autocast_plan(config, self._device)
@@ -293,6 +295,8 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         self._in_step = True
 
     def _take_model_step(self, lr_kwargs):
+        if self._unused_check is not None:
+            self._unused_check.check()
         self._owner.prepare_step(self._param_names)
         factor = self._owner.post_reduce_factor
         if self._scales_loss:

@@ -19,6 +19,7 @@ from ..zero.owners import build_owner
 from ..zero.precision import check_master_optimizer
 from .data import build_dataloader
 from .engine import Engine
+from .offload_client_optimizer import check_offload_client_optimizer
 from .optimizer_factory import build_optimizer
 
 # Reduction buckets of 1M elements (4 MB fp32): about one transformer block of the benchmark GPT, so each block's
@@ -84,6 +85,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     object.__setattr__(model, "_dsfast_owner", owner)
 
     opt = _make_optimizer(cfg, optimizer, groups, owner, device, rank)
+    if optimizer is not None and opt is not None:
+        check_offload_client_optimizer(cfg, opt)
     if opt is not None and cfg.zero_stage > 0:
         check_master_optimizer(owner.precision, cfg.zero_optimization.offload_optimizer_device != "none", opt)
     sched = _make_scheduler(cfg, lr_scheduler, opt, rank)
