@@ -1,8 +1,9 @@
-"""Measurement only (deepspeed_unit_tests.py --stand-ins): placeholders for the DeepSpeed import paths that dsfast
-lacks and that DeepSpeed's shared test helpers import at the top (simple_model.py: deepspeed.pipe; util.py:
-deepspeed.git_version_info), so that one missing name does not fail every test file that imports those helpers.
-A placeholder is used only where dsfast has no such module; using anything in it raises, and the yardstick counts
-that test under "missing import path". Never on a user's path: the script puts this folder on PYTHONPATH itself."""
+"""Measurement only (deepspeed_unit_tests.py --stand-ins): a placeholder for every `deepspeed.X` module that dsfast
+lacks, so that one missing import at the top of a test file (or of the shared helpers simple_model.py and util.py)
+does not hide the file's other tests. Every name taken from a placeholder module is a placeholder class; calling or
+instantiating it raises "yardstick stand-in ...", and the yardstick counts such a test under "missing import path".
+git_version_info gets DeepSpeed's values, since util.py reads them at import. Never on a user's path: the script
+puts this folder on PYTHONPATH for its dsfast runs only."""
 import importlib.abc
 import importlib.util
 import sys
@@ -11,14 +12,21 @@ import types
 MARK = "yardstick stand-in"
 
 
-class _Placeholder:
-    def __init__(self, *args, **kwargs):
-        raise RuntimeError(f"{MARK}: {type(self).__name__} is not in dsfast")
+def _placeholder(qualname):
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"{MARK}: {qualname} is not in dsfast")
+
+    return type(qualname.rpartition(".")[2], (), {"__init__": refuse, "__call__": refuse, "__module__": MARK})
 
 
-def _pipe(module):
-    for name in ("PipelineModule", "LayerSpec", "TiedLayerSpec"):
-        setattr(module, name, type(name, (_Placeholder,), {}))
+def _module_getattr(module):
+    def __getattr__(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = _placeholder(f"{module.__name__}.{name}")
+        setattr(module, name, value)
+        return value
+    return __getattr__
 
 
 def _git_version_info(module):
@@ -31,26 +39,27 @@ def _git_version_info(module):
                          "nccl_version": "0.0", "hip_version": "0.0"}
 
 
-STAND_INS = {"deepspeed.pipe": _pipe, "deepspeed.git_version_info": _git_version_info}
-
-
 class StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in STAND_INS:
+        if not fullname.startswith("deepspeed.") or "deepspeed" not in sys.modules:
             return None
         real = "dsfast" + fullname[len("deepspeed"):]
         try:
             if importlib.util.find_spec(real) is not None:
-                return None                    # dsfast has it now: the real module is measured
+                return None                    # dsfast has it: the real module is measured
         except ModuleNotFoundError:
-            pass
-        return importlib.util.spec_from_loader(fullname, self)
+            pass                               # a parent is missing too (it is a stand-in itself)
+        return importlib.util.spec_from_loader(fullname, self, is_package=True)
 
     def create_module(self, spec):
-        return types.ModuleType(spec.name, f"{MARK} for {spec.name}")
+        module = types.ModuleType(spec.name, f"{MARK} for {spec.name}")
+        module.__path__ = []
+        return module
 
     def exec_module(self, module):
-        STAND_INS[module.__name__](module)
+        if module.__name__ == "deepspeed.git_version_info":
+            _git_version_info(module)
+        module.__getattr__ = _module_getattr(module)
 
 
 try:
