@@ -235,3 +235,14 @@ def test_client_optimizer_under_offload_refused_unless_zero_force_ds_cpu_optimiz
             engine.backward(engine(torch.randn(2, 4)).square().mean())
             engine.step()
         assert engine.global_steps == 1
+
+
+def test_ops_compatible_ops_answers_for_the_builders_deepspeeds_tests_gate_on():
+    # `if not deepspeed.ops.__compatible_ops__[CPUAdamBuilder.NAME]: pytest.skip(...)` in DeepSpeed's tests
+    from dsfast.ops.op_builder import CPUAdamBuilder, FusedAdamBuilder
+    table = deepspeed.ops.__compatible_ops__
+    assert table[CPUAdamBuilder.NAME] is True and table[FusedAdamBuilder.NAME] is True
+    assert table["async_io"] is False          # no such op in dsfast
+    assert CPUAdamBuilder().load() is not None
+    with pytest.raises(AttributeError, match="no attribute '__other__'"):
+        deepspeed.ops.__other__
