@@ -246,3 +246,23 @@ def test_ops_compatible_ops_answers_for_the_builders_deepspeeds_tests_gate_on():
     assert CPUAdamBuilder().load() is not None
     with pytest.raises(AttributeError, match="no attribute '__other__'"):
         deepspeed.ops.__other__
+
+
+@pytest.mark.parametrize("precision,accum,stage,refused", [
+    ("fp32", "bf16", 0, True), ("fp32", "fp16", 0, True), ("bf16", "fp32", 0, True),
+    ("fp32", "fp32", 0, False), ("bf16", "bf16", 0, False), ("fp32", "bf16", 1, False), ("bf16", "fp32", 2, False)])
+def test_grad_accum_dtype_other_than_the_models_is_refused_without_zero_as_deepspeed(precision, accum, stage,
+                                                                                       refused):
+    # DeepSpeed's TestOptimizerImplementation: NotImplementedError for an unsupported mix at stage 0
+    cfg = {**BASE, "data_types": {"grad_accum_dtype": accum}, "zero_optimization": {"stage": stage}}
+    if precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    if refused:
+        with pytest.raises(NotImplementedError, match=f"grad_accum_dtype='{accum}' with a {precision} model"):
+            init(cfg)
+        init({k: v for k, v in cfg.items() if k != "optimizer"})     # no optimizer: nothing is accumulated
+    else:
+        engine = init(cfg)
+        engine.backward(engine(torch.randn(2, 4).to(next(engine.module.parameters()).dtype)).float().square().mean())
+        engine.step()
+        assert engine.global_steps == 1

@@ -87,6 +87,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     opt = _make_optimizer(cfg, optimizer, groups, owner, device, rank)
     if optimizer is not None and opt is not None:
         check_offload_client_optimizer(cfg, opt)
+    if opt is not None:
+        _check_stage0_grad_accum_dtype(cfg)
     if opt is not None and cfg.zero_stage > 0:
         check_master_optimizer(owner.precision, cfg.zero_optimization.offload_optimizer_device != "none", opt)
     sched = _make_scheduler(cfg, lr_scheduler, opt, rank)
@@ -109,6 +111,17 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 def training_dtype(cfg):
     """The dtype the model is cast to (None: it stays as it is, fp32 or under torch_autocast)."""
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision)
+
+
+def _check_stage0_grad_accum_dtype(cfg):
+    """DeepSpeed 0.19.8 without ZeRO accumulates gradients in the model's dtype and refuses any other
+    data_types.grad_accum_dtype once there is an optimizer (NotImplementedError); so does dsfast."""
+    wanted = cfg.data_types.grad_accum_dtype
+    if cfg.zero_stage == 0 and wanted is not None and wanted != cfg.precision:
+        raise NotImplementedError(
+            f"data_types.grad_accum_dtype={wanted!r} with a {cfg.precision} model at ZeRO stage 0: gradients "
+            f"accumulate in the model's dtype there (DeepSpeed refuses this mix too); set it to {cfg.precision!r}, "
+            "remove it, or use ZeRO stage 1-3")
 
 
 def _pick_device(args):
