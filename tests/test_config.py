@@ -167,8 +167,8 @@ def test_fp16_and_bf16_both_enabled():
     ("loss_scale", -1, "greater than or equal to 0"),
     ("loss_scale", float("inf"), "finite"),
     ("hysteresis", 0, "greater than or equal to 1"),
-    ("loss_scale_window", 0, "greater than or equal to 1"),
-    ("min_loss_scale", 0, "greater than 0"),
+    ("loss_scale_window", 0, "must be >= 1 with dynamic loss scaling"),
+    ("min_loss_scale", 0, "must be a finite number > 0 with dynamic loss scaling"),
     ("initial_scale_power", 100, "less than or equal to 63"),
     ("enabled", "yes please", "valid boolean"),
 ])
@@ -656,7 +656,7 @@ def test_check_command(tmp_path, capsys):
     assert "fp16.hysteresys: unknown key; did you mean 'hysteresis'?" in capsys.readouterr().err
     assert main(["--defaults"]) == 0
     out = capsys.readouterr().out
-    assert "fp16.loss_scale_window = 1000  [>= 1]" in out
+    assert "fp16.hysteresis = 2  [>= 1]" in out and "fp16.loss_scale_window = 1000\n" in out
     assert 'scheduler.params ("type": "WarmupDecayLR") total_num_steps = required' in out
 
 

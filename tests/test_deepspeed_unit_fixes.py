@@ -266,3 +266,19 @@ def test_grad_accum_dtype_other_than_the_models_is_refused_without_zero_as_deeps
         engine.backward(engine(torch.randn(2, 4).to(next(engine.module.parameters()).dtype)).float().square().mean())
         engine.step()
         assert engine.global_steps == 1
+
+
+@pytest.mark.parametrize("key", ["loss_scale_window", "min_loss_scale"])
+def test_dynamic_scale_settings_checked_only_where_used_as_deepspeed(key):
+    # DeepSpeed's test_precision_config_dynamic_scale.py, through a ds_config: non-positive values are refused
+    # with fp16 on and a dynamic scale, accepted (unused) with a static scale or fp16 off
+    from dsfast.config import load_config
+    for value in (0, -1, True, float("nan")):
+        with pytest.raises(DsConfigError, match=f"fp16.{key}"):
+            load_config({"train_batch_size": 1, "fp16": {"enabled": True, "loss_scale": 0, key: value}})
+    for value in (0, -1):
+        for fp16 in ({"enabled": True, "loss_scale": 128}, {"enabled": False}):
+            c = load_config({"train_batch_size": 1, "fp16": {**fp16, key: value}})
+            assert getattr(c.fp16, key) == value
+    engine = init({**BASE, "fp16": {"enabled": True, "loss_scale": 128, key: 0}})    # trains on its static scale
+    assert engine.loss_scale == 128
