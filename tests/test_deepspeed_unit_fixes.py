@@ -282,3 +282,14 @@ def test_dynamic_scale_settings_checked_only_where_used_as_deepspeed(key):
             assert getattr(c.fp16, key) == value
     engine = init({**BASE, "fp16": {"enabled": True, "loss_scale": 128, key: 0}})    # trains on its static scale
     assert engine.loss_scale == 128
+
+
+def test_required_torch_version_as_deepspeeds_tests_use_it():
+    from dsfast.utils.torch import required_torch_version
+    major, minor = (int(p) for p in torch.__version__.split(".")[:2])
+    assert required_torch_version(min_version=1.8) and required_torch_version(min_version=f"{major}.{minor}")
+    assert not required_torch_version(min_version=f"{major}.{minor + 1}")
+    assert required_torch_version(max_version=f"{major + 1}.0") and not required_torch_version(max_version="1.13")
+    assert required_torch_version(min_version="2.0", max_version=f"{major}.{minor + 1}")
+    with pytest.raises(ValueError, match="min_version, max_version"):
+        required_torch_version()
