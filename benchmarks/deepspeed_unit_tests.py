@@ -116,6 +116,9 @@ def read_results(out, side, rel):
     results = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
         cls, test = case.get("classname", ""), case.get("name", "")
+        if not cls and not test:      # what pytest.exit ("Test hanged") leaves: the file's run did not finish
+            results[rel] = ("hanged", "the file's run stopped: a test hanged past DS_UNITTEST_TIMEOUT")
+            continue
         rest = cls[len(module):].lstrip(".") if cls.startswith(module) else cls
         tid = f"{rel}::{rest}::{test}" if rest else f"{rel}::{test}"
         outcome, message = "passed", ""
