@@ -293,3 +293,27 @@ def test_required_torch_version_as_deepspeeds_tests_use_it():
     assert required_torch_version(min_version="2.0", max_version=f"{major}.{minor + 1}")
     with pytest.raises(ValueError, match="min_version, max_version"):
         required_torch_version()
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_step_inside_no_sync_is_refused_as_deepspeed(stage):
+    # DeepSpeed's TestNoSyncCtxt::test_engine_step: an AssertionError naming the rule, nothing applied
+    engine = init({**BASE, "zero_optimization": {"stage": stage}})
+    before = [p.detach().clone() for p in engine.module.parameters()]
+    with engine.no_sync():
+        engine.backward(engine(torch.randn(2, 4)).square().mean())
+        with pytest.raises(AssertionError, match=r"It is illegal to call Engine.step\(\) inside no_sync"):
+            engine.step()
+    assert engine.global_steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, engine.module.parameters()))
+    engine.backward(engine(torch.randn(2, 4)).square().mean())     # outside: reduced, then applied
+    engine.step()
+    assert engine.global_steps == 1
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_no_sync_with_partitioned_gradients_is_deepspeeds_assertion(stage):
+    engine = init({**BASE, "zero_optimization": {"stage": stage}})
+    with pytest.raises(AssertionError, match=f"ZeRO stage {stage}: the no_sync context manager is incompatible"):
+        with engine.no_sync():
+            pass

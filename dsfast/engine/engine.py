@@ -26,6 +26,10 @@ from ..utils.timer import ThroughputTimer
 from ..zero.state_owner import memory_breakdown
 
 
+class NoSyncError(RuntimeError, AssertionError):
+    """engine.no_sync() misused (an AssertionError too, as DeepSpeed asserts)."""
+
+
 class NoOptimizerError(RuntimeError):
     """backward()/step() on an engine built without anything to optimize."""
 
@@ -244,9 +248,10 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
     def no_sync(self):
         """Accumulate gradients locally, skipping the all-reduce even at a boundary (like DDP.no_sync)."""
         if self._reduces_every_micro_step():
-            raise RuntimeError(f"engine.no_sync() cannot be used with ZeRO stage {self._owner.stage}: gradients "
-                               "are partitioned across ranks as they are produced (stages 0 and 1 accumulate "
-                               "locally and can skip the reduction)")
+            raise NoSyncError(f"engine.no_sync() cannot be used with ZeRO stage {self._owner.stage}: the no_sync "
+                              "context manager is incompatible with gradient partitioning (gradients are "
+                              "partitioned across ranks as they are produced; stages 0 and 1 accumulate locally "
+                              "and can skip the reduction)")
         previous, self._no_sync = self._no_sync, True
         try:
             yield
@@ -257,6 +262,10 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         """At the accumulation boundary: unscale, clip, skip on overflow, optimizer + scheduler step."""
         self._require_optimizer("step")
         self.require_states("step")
+        if self._no_sync:     # its gradients were never reduced: a step would apply each rank's own
+            raise NoSyncError("It is illegal to call Engine.step() inside no_sync context manager: engine.step() "
+                              "inside engine.no_sync(); leave the block first (outside it the accumulated gradients "
+                              "are reduced before a step applies them)")
         where.call("step", self.global_steps, self.micro_steps)
         self._step_applied = False
         if self._unmanaged:
@@ -285,9 +294,6 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
     def _unmanaged_boundary(self):
         """managed_gradient_accumulation=false: this step() is the boundary. Stages 0-1 accumulated locally in
         every backward; their one reduction runs now (stages 2-3 reduced in each backward)."""
-        if self._no_sync:
-            raise RuntimeError("engine.step() inside engine.no_sync(): leave the block first (DeepSpeed refuses "
-                               "it too); with managed_gradient_accumulation=false step() reduces the gradients")
         if not self._reduces_every_micro_step():
             self._owner.prepare_step(self._param_names)    # refuse stray gradients before they are reduced
             self._owner.begin_backward(True)               # a reduction with no backward: every bucket, now
