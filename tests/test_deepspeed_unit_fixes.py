@@ -317,3 +317,13 @@ def test_no_sync_with_partitioned_gradients_is_deepspeeds_assertion(stage):
     with pytest.raises(AssertionError, match=f"ZeRO stage {stage}: the no_sync context manager is incompatible"):
         with engine.no_sync():
             pass
+
+
+def test_repeating_loader_starts_the_loader_again():
+    from dsfast.utils import RepeatingLoader
+    loader = torch.utils.data.DataLoader(list(range(5)), batch_size=2)
+    it = iter(RepeatingLoader(loader))
+    got = [next(it).tolist() for _ in range(5)]
+    assert got == [[0, 1], [2, 3], [4], [0, 1], [2, 3]]
+    with pytest.raises(StopIteration):      # an empty loader ends instead of spinning
+        next(RepeatingLoader([]))
