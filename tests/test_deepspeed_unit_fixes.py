@@ -327,3 +327,14 @@ def test_repeating_loader_starts_the_loader_again():
     assert got == [[0, 1], [2, 3], [4], [0, 1], [2, 3]]
     with pytest.raises(StopIteration):      # an empty loader ends instead of spinning
         next(RepeatingLoader([]))
+
+
+@pytest.mark.parametrize("gas", [1, 2])
+def test_backward_returns_the_loss_over_accumulation_steps_as_deepspeed(gas):
+    # DeepSpeed's TestTwoOutputModel: engine.backward(loss) == loss / gradient_accumulation_steps
+    engine = init({**BASE, "train_batch_size": 2 * gas, "train_micro_batch_size_per_gpu": 2})
+    loss = engine(torch.randn(2, 4)).square().mean()
+    returned = engine.backward(loss)
+    torch.testing.assert_close(returned, loss / gas, rtol=0, atol=0)
+    loss = engine(torch.randn(2, 4)).square().mean()
+    assert engine.backward(loss, scale_wrt_gas=False) is loss

@@ -197,7 +197,8 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
                 "parameters or neither an `optimizer` config section nor initialize(optimizer=...) was given")
 
     def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
-        """Backpropagate `loss` / gradient_accumulation_steps (x the loss scale for fp16).
+        """Backpropagate `loss` / gradient_accumulation_steps (x the loss scale for fp16); returns `loss` /
+        gradient_accumulation_steps (`loss` itself with scale_wrt_gas=False), as DeepSpeed's.
 
         Gradients are all-reduced only at the accumulation boundary, in buckets, while backward runs."""
         self._require_optimizer("backward")
@@ -220,7 +221,9 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         finally:
             self._owner.end_backward()
         self._progress.stop("bwd")
-        return loss
+        # as DeepSpeed: the loss divided by the accumulation steps (what was backpropagated, less the fp16 scale)
+        gas = self.gradient_accumulation_steps()
+        return loss / gas if scale_wrt_gas and gas != 1 else loss
 
     def scale(self, loss):
         """The loss times the fp16 loss scale, for `engine.scale(loss).backward()` (DeepSpeed 0.19.8): a plain
