@@ -338,3 +338,14 @@ def test_backward_returns_the_loss_over_accumulation_steps_as_deepspeed(gas):
     torch.testing.assert_close(returned, loss / gas, rtol=0, atol=0)
     loss = engine(torch.randn(2, 4)).square().mean()
     assert engine.backward(loss, scale_wrt_gas=False) is loss
+
+
+def test_no_sync_reentry_is_refused_as_deepspeed():
+    engine = init({**BASE, "zero_optimization": {"stage": 1}})
+    with engine.no_sync():
+        with pytest.raises(AssertionError, match="no_sync context manager reentry is unsupported"):
+            with engine.no_sync():
+                pass
+        engine.backward(engine(torch.randn(2, 4)).square().mean())    # the outer block still holds
+        assert engine._no_sync
+    assert not engine._no_sync

@@ -255,11 +255,14 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
                               "context manager is incompatible with gradient partitioning (gradients are "
                               "partitioned across ranks as they are produced; stages 0 and 1 accumulate locally "
                               "and can skip the reduction)")
-        previous, self._no_sync = self._no_sync, True
+        if self._no_sync:
+            raise NoSyncError("engine.no_sync() inside engine.no_sync(): no_sync context manager reentry is "
+                              "unsupported (as in DeepSpeed); one block already skips the reduction")
+        self._no_sync = True
         try:
             yield
         finally:
-            self._no_sync = previous
+            self._no_sync = False
 
     def step(self, lr_kwargs=None):
         """At the accumulation boundary: unscale, clip, skip on overflow, optimizer + scheduler step."""
