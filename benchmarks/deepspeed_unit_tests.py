@@ -180,11 +180,13 @@ def report(files, out, stream):
                 continue
             counts["deepspeed_passed"] += 1
             reason = scope_reason(tid, entries)
-            if fast is None:           # not run on dsfast (yet): not counted either way
+            if fast is None and not reason:     # not run on dsfast (yet): not counted either way
                 counts["dsfast_not_run"] += 1
                 rows.append((tid, "passed", "not run", ""))
                 continue
-            if tid in fast:
+            if fast is None:
+                got, message = "not run", ""
+            elif tid in fast:
                 got, message = fast[tid]
             elif rel in fast:                       # the file did not import or timed out on dsfast
                 got, message = fast[rel]
