@@ -25,7 +25,6 @@ import collections
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 
