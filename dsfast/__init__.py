@@ -15,7 +15,12 @@ if __name__ != "dsfast":
         pass
 
 from . import _alias
-from .version import __version__
+from .version import API_LEVEL as _API_LEVEL, DEEPSPEED_VERSION as __version__
+
+# DeepSpeed's version attributes (version.py says why they give DeepSpeed's API level); a DeepSpeed installed from
+# PyPI reports "unknown" for the git fields too
+__version_major__, __version_minor__, __version_patch__ = (int(p) for p in _API_LEVEL.split("."))
+__git_hash__ = __git_branch__ = "unknown"
 
 _alias.install()
 
@@ -50,6 +55,8 @@ _LAZY = {
     "pipe": "dsfast.pipe",
     "PipelineModule": "dsfast.pipe",
     "module_inject": "dsfast.module_inject",
+    "DeepSpeedConfig": "dsfast.runtime.config",
+    "DeepSpeedConfigError": "dsfast.runtime.config",
 }
 TORCH_DISTRIBUTED_DEFAULT_PORT = 29500
 

@@ -21,11 +21,10 @@ import os
 import sys
 import sysconfig
 
-from .version import __version__
+from .version import API_LEVEL, __version__
+from .version import DEEPSPEED_VERSION as VERSION
 
-API_LEVEL = "0.19.8"               # the DeepSpeed release whose API dsfast implements
 INSTALLER = "dsfast alias"         # the dist-info's INSTALLER file: how ours is told from a real DeepSpeed
-VERSION = f"{API_LEVEL}+dsfast.{__version__}"
 DIST_INFO = f"deepspeed-{VERSION}.dist-info"
 
 ALIAS_MODULE = f'''"""`deepspeed` is dsfast {__version__} here (DeepSpeed {API_LEVEL}'s API),

@@ -9,6 +9,8 @@ import os
 import platform
 import sys
 
+from .version import __version__ as dsfast_version
+
 
 def _cpu_model():
     try:
@@ -57,7 +59,7 @@ def collect():
         ops[name] = {"state": state, "detail": detail, "cuda": spec.with_cuda, "reference": spec.reference,
                      "abi": op_abi}
     return {
-        "dsfast": {"version": dsfast.__version__, "location": os.path.dirname(dsfast.__file__), "csrc": csrc},
+        "dsfast": {"version": dsfast_version, "location": os.path.dirname(dsfast.__file__), "csrc": csrc},
         "python": f"{platform.python_version()} ({sys.executable})",
         "torch": {"version": torch.__version__, "cuda": torch.version.cuda,
                   "location": os.path.dirname(torch.__file__)},

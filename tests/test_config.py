@@ -167,8 +167,8 @@ def test_fp16_and_bf16_both_enabled():
     ("loss_scale", -1, "greater than or equal to 0"),
     ("loss_scale", float("inf"), "finite"),
     ("hysteresis", 0, "greater than or equal to 1"),
-    ("loss_scale_window", 0, "greater than or equal to 1"),
-    ("min_loss_scale", 0, "greater than 0"),
+    ("loss_scale_window", 0, "must be >= 1 with dynamic loss scaling"),
+    ("min_loss_scale", 0, "must be a finite number > 0 with dynamic loss scaling"),
     ("initial_scale_power", 100, "less than or equal to 63"),
     ("enabled", "yes please", "valid boolean"),
 ])
@@ -314,9 +314,11 @@ def test_nvme_offload_runs_for_optimizer_states_at_stages_1_to_3_and_parameters_
             aio={"queue_depth": 8})
     assert c.zero_optimization.offload_param_device == "nvme"
     assert any(n.startswith("aio.queue_depth is ignored: each swap thread") for n in c.ignored_settings())
-    _, msg = problems({**BASE, "zero_optimization": {"stage": 2, "offload_param": {"device": "nvme",
-                                                                                  "nvme_path": "/tmp"}}})
-    assert "zero_optimization.offload_param: offloading parameters needs ZeRO stage 3 (stage is 2)" in msg
+    for stage in (0, 1, 2):      # DeepSpeed ignores offload_param below stage 3 (tests/unit TestNoOptim[0])
+        c = cfg(zero_optimization={"stage": stage, "offload_param": {"device": "nvme", "nvme_path": "/tmp"}})
+        assert c.zero_optimization.offload_param_device == "none"
+        assert f"zero_optimization.offload_param is ignored at ZeRO stage {stage}: parameters are offloaded only " \
+               "at stage 3, as in DeepSpeed" in c.ignored_settings()
     _, msg = problems({**BASE, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})
     assert 'zero_optimization.offload_param: device "nvme" needs "nvme_path"' in msg
     _, msg = problems({**BASE, "zero_optimization": {"stage": 3, "offload_param": {
@@ -406,8 +408,18 @@ def test_scheduler_type_unknown_and_case():
         "WarmupCosineLR"
     _, msg = problems({**BASE, "scheduler": {"type": "WarmupLinearLR"}})
     assert "scheduler.type" in msg and "did you mean" in msg
-    _, msg = problems({**BASE, "scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}})
-    assert "scheduler.params.warmup_type" in msg and '"log" or "linear"' in msg
+
+
+def test_unknown_warmup_type_warns_and_uses_log_as_deepspeed():
+    # DeepSpeed 0.19.8 accepts any warmup_type, warns, and warms up on the log curve (its check is exact: "Linear"
+    # is log too); a config must give the same learning rates on both
+    for kind, hint in (("cosine", False), ("Linear", True)):
+        with pytest.warns(UserWarning, match="warmup_type") as caught:
+            c = cfg(scheduler={"type": "WarmupCosineLR", "params": {"total_num_steps": 10, "warmup_type": kind}})
+        assert c.scheduler.params.warmup_type == "log"
+        assert ('did you mean "linear"' in str(caught[0].message)) == hint
+    assert cfg(scheduler={"type": "WarmupLR", "params": {"warmup_type": "linear"}}).scheduler.params.warmup_type \
+        == "linear"
 
 
 # ------------------------------------------------------------------------------------------------ other keys
@@ -644,5 +656,20 @@ def test_check_command(tmp_path, capsys):
     assert "fp16.hysteresys: unknown key; did you mean 'hysteresis'?" in capsys.readouterr().err
     assert main(["--defaults"]) == 0
     out = capsys.readouterr().out
-    assert "fp16.loss_scale_window = 1000  [>= 1]" in out
+    assert "fp16.hysteresis = 2  [>= 1]" in out and "fp16.loss_scale_window = 1000\n" in out
     assert 'scheduler.params ("type": "WarmupDecayLR") total_num_steps = required' in out
+
+
+def test_hjson_file_accepted_like_deepspeed(tmp_path):
+    # DeepSpeed 0.19.8 reads config files with hjson (tests/unit/runtime/test_ds_config_dict.py writes one with
+    # hjson.dump): quoteless keys and strings, no commas
+    import hjson
+    given = {"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "bf16": {"enabled": True}}
+    path = tmp_path / "config.json"
+    path.write_text(hjson.dumps(given))
+    assert '"train_batch_size"' not in path.read_text()        # really hjson, not JSON
+    c = load_config(str(path))
+    assert c.raw == given and c.optimizer.type.lower() == "adamw" and c.precision == "bf16"
+    path.write_text("{\n  train_batch_size: 8\n  train_batch_size: 16\n}\n")
+    with pytest.raises(DsConfigError, match="appears twice"):       # the duplicate-key check holds for hjson too
+        load_config(str(path))

@@ -80,6 +80,8 @@ def test_config_type_trains_as_the_torch_optimizer(kind, stage, offload):
 @pytest.mark.parametrize("kind,cls", [("Adagrad", DeepSpeedCPUAdagrad), ("Lion", DeepSpeedCPULion)])
 def test_client_optimizer_under_offload_matches_the_config_one(kind, cls):
     cfg = _cfg(kind, 2, True)
+    if kind == "Adagrad":   # DeepSpeed 0.19.8 takes only its CPU Adam and Lion as client optimizers under offload
+        cfg["zero_force_ds_cpu_optimizer"] = False
     kw = dict(cfg.pop("optimizer")["params"])
     if "betas" in kw:
         kw["betas"] = tuple(kw["betas"])

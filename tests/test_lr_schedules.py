@@ -198,8 +198,8 @@ def test_build_errors_name_the_key():
 
 
 def test_direct_construction_is_validated_too():
-    with pytest.raises(DsConfigError, match=r"WarmupLR\.warmup_type"):
-        WarmupLR(adamw(), warmup_type="cosine")
+    with pytest.raises(DsConfigError, match=r"WarmupLR\.warmup_num_steps"):
+        WarmupLR(adamw(), warmup_num_steps=0)
     with pytest.raises(DsConfigError, match=r"OneCycle\.cycle_first_step_size"):
         OneCycle(adamw(), 0.1, 1.0, cycle_first_step_size=0)
 
@@ -251,3 +251,21 @@ def test_matches_deepspeed_when_installed():
         assert_same_lr_trace(our_lr_trace(name, params), theirs[case], case)
     if deepspeed.__version__ == GOLDEN_DEEPSPEED:
         assert theirs == load_golden("lr_schedules"), "stale golden file: rerun tests/data/make_deepspeed_goldens.py"
+
+
+def test_warmup_cosine_unknown_warmup_type_is_log_as_deepspeed():
+    # DeepSpeed 0.19.8 warns and falls back to the log curve (tests/unit/runtime/test_lr_schedulers.py)
+    def lrs(kind):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.001)
+        s = WarmupCosineLR(opt, total_num_steps=100, warmup_num_steps=10, warmup_type=kind)
+        out = []
+        for step in range(15):
+            s.step(step)
+            out.append(opt.param_groups[0]["lr"])
+        return s.warmup_type, out
+
+    with pytest.warns(UserWarning, match="not_a_warmup_type"):
+        kind, got = lrs("not_a_warmup_type")
+    want_kind, want = lrs("log")
+    assert kind == want_kind == "log" and got == want
+    assert lrs("linear")[1] != want

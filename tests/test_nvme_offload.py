@@ -225,6 +225,7 @@ def test_param_groups_and_a_torch_optimizer_step_bitwise_as_cpu_offload(tmp_path
         opt = None
         if client:
             del cfg["optimizer"]
+            cfg["zero_force_ds_cpu_optimizer"] = False     # a torch optimizer under offload, as DeepSpeed allows
             opt = torch.optim.AdamW(groups, lr=1e-2)
         e = dsfast.initialize(model=model, model_parameters=groups, optimizer=opt, config=cfg,
                               dist_init_required=False)[0]
@@ -340,6 +341,7 @@ def test_an_optimizer_that_may_read_across_parameters_is_refused_with_nvme(tmp_p
     model = _model()
     cfg = _cfg(2, str(tmp_path))
     del cfg["optimizer"]
+    cfg["zero_force_ds_cpu_optimizer"] = False
     opt = torch.optim.LBFGS(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match=r'"nvme" steps the optimizer one unit .*torch\.optim\.lbfgs\.LBFGS.*AdamW'):
         dsfast.initialize(model=model, model_parameters=model.parameters(), optimizer=opt, config=cfg,
@@ -347,7 +349,7 @@ def test_an_optimizer_that_may_read_across_parameters_is_refused_with_nvme(tmp_p
     assert not [f for _, _, files in os.walk(tmp_path) for f in files if f.endswith(".swap")]   # removed already
     cpu = _model()   # the same optimizer is fine where nothing is swapped
     dsfast.initialize(model=cpu, model_parameters=cpu.parameters(), optimizer=torch.optim.LBFGS(cpu.parameters()),
-                      config=_cfg(2, "cpu"), dist_init_required=False)
+                      config={**_cfg(2, "cpu"), "zero_force_ds_cpu_optimizer": False}, dist_init_required=False)
 
 
 def test_an_nvme_path_in_memory_warns_that_it_saves_nothing(tmp_path):

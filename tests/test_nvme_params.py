@@ -204,6 +204,7 @@ def test_an_optimizer_that_may_read_across_parameters_is_refused_with_parameters
     model = _model()
     cfg = _cfg(str(tmp_path))
     del cfg["optimizer"]
+    cfg["zero_force_ds_cpu_optimizer"] = False
     with pytest.raises(ValueError, match=r'offload_param.device "nvme" steps the optimizer one unit .*LBFGS'):
         dsfast.initialize(model=model, model_parameters=model.parameters(),
                           optimizer=torch.optim.LBFGS(model.parameters()), config=cfg, dist_init_required=False)

@@ -23,7 +23,7 @@ def run_report(tmp_path, *args):
 
 def test_report_text_names_versions_isa_gpu_and_every_op(tmp_path):
     text = run_report(tmp_path)
-    assert f"dsfast                {dsfast.__version__}" in text
+    assert f"dsfast                {dsfast.version.__version__}" in text
     assert torch.__version__ in text
     for label in ("c++ compiler", "nvcc", "cpu isa", "torch cpu capability", "gpu visible", "op cache"):
         assert label in text

@@ -88,6 +88,7 @@ def test_initialize_refuses_what_deepspeed_refuses():
     # fp32 moments beside bf16 masters (offload): DeepSpeedCPUAdam only
     cfg = _low(2, True, states=False)
     del cfg["optimizer"]
+    cfg["zero_force_ds_cpu_optimizer"] = False    # else the client optimizer under offload is refused first
     model = _model()
     with pytest.raises(PrecisionError, match=r"bf16_master_weights_and_grads=true needs ZeRO-Offload .*CPUAdam.*AdamW"):
         dsfast.initialize(model=model, config=cfg, optimizer=torch.optim.AdamW(model.parameters()),
@@ -105,6 +106,7 @@ def test_initialize_refuses_what_deepspeed_refuses():
     # fp16 masters: offload and CPUAdam
     cfg = _low(1, True, precision="fp16")
     del cfg["optimizer"]
+    cfg["zero_force_ds_cpu_optimizer"] = False
     model = _model()
     with pytest.raises(PrecisionError, match="fp16_master_weights_and_grads=true needs"):
         dsfast.initialize(model=model, config=cfg, optimizer=torch.optim.Adam(model.parameters()),

@@ -15,3 +15,12 @@ class CheckpointTimeoutError(CheckpointError):
 
 class UnsafeStateError(CheckpointError, TypeError):
     """client_state (or a scheduler state) holds a value that cannot be stored without pickling."""
+
+
+# The same mistakes raise DeepSpeed's exception types too (programs and tests catch those), with dsfast's message.
+class CheckpointDirError(CheckpointError, ValueError):
+    """save_checkpoint() without a usable save_dir (DeepSpeed 0.19.8 raises ValueError)."""
+
+
+class CheckpointTagMismatchError(CheckpointError, AssertionError):
+    """Ranks passed different tags under checkpoint.tag_validation "Fail" (DeepSpeed 0.19.8 asserts)."""

@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from . import commit, manifest, module_slices, safetensors_io, shards, state_files
-from .errors import CheckpointError
+from .errors import CheckpointDirError, CheckpointError, CheckpointTagMismatchError
 from .rendezvous import Meeting, resolve_timeout
 from ..accelerator.cuda import synchronize_if_used
 from .layout import checkpoint_layout, param_names, states_visitor
@@ -52,9 +52,12 @@ class SaveJob:
 
 def prepare(engine, save_dir, tag, client_state, save_latest, exclude_frozen, rank, snapshot):
     """Everything that can fail before any file is touched (tag, unsafe client_state) plus the tensors."""
-    text = normalize_tag(tag, engine.global_steps)
     if not isinstance(save_dir, (str, os.PathLike)):
-        raise CheckpointError(f"save_dir must be a path, got {type(save_dir).__name__}")
+        raise CheckpointDirError(f"save_checkpoint: save_dir must be a directory path (str or os.PathLike), got "
+                                 f"{type(save_dir).__name__} {save_dir!r}")
+    if not os.fspath(save_dir):
+        raise CheckpointDirError("save_checkpoint: save_dir is empty; pass the directory to save into")
+    text = normalize_tag(tag, engine.global_steps)
     layout = checkpoint_layout(engine)
     writes_shards = rank == 0 or not layout.replicated
     tensors, slices = {}, []
@@ -126,13 +129,16 @@ def _check_tags(engine, job, posts, rank):
     other = next(r for r, t in enumerate(tags) if t != tags[0])
     mode = getattr(getattr(engine.config, "checkpoint", None), "tag_validation", "Warn")
     what = (f"ranks passed different checkpoint tags: rank 0 {tags[0]!r}, rank {other} {tags[other]!r}")
-    if mode == "Ignore":
-        if job.tag != tags[0]:
-            warnings.warn(f"{what}; checkpoint.tag_validation is Ignore, so rank {rank} saves under rank 0's tag")
-        job.tag = tags[0]
-        return
-    raise CheckpointError(f"save_checkpoint: {what}. Pass the same tag on every rank (a tag from loss.item() "
-                          "differs per rank: reduce the loss first, or use the step number); no rank saved")
+    if mode == "Fail":
+        raise CheckpointTagMismatchError(
+            f"save_checkpoint: {what}. Pass the same tag on every rank (a tag from loss.item() differs per rank: "
+            "reduce the loss first, or use the step number); checkpoint.tag_validation is Fail, so no rank saved")
+    # Warn (DeepSpeed's default) and Ignore save, as DeepSpeed does; one checkpoint folder holds every rank's
+    # shards, so all of them go under rank 0's tag (in DeepSpeed's layout rank 0's folder is the loadable one)
+    if mode == "Warn" or job.tag != tags[0]:
+        warnings.warn(f"{what}; checkpoint.tag_validation is {mode}, so rank {rank} saves under rank 0's tag "
+                      f"{tags[0]!r}. Pass the same tag on every rank (e.g. the step number)")
+    job.tag = tags[0]
 
 
 def write_and_commit(job, meeting):

@@ -325,5 +325,11 @@ class DsConfig(StrictModel):
             if getattr(self, key) and key != "aio":
                 notes.append(f'"{key}" is ignored: {why}')
         z = self.zero_optimization
+        if not z.ignore_unused_parameters and not (z.stage in (1, 2) and z.offload_optimizer_device != "none"):
+            notes.append("zero_optimization.ignore_unused_parameters=false is ignored here: as in DeepSpeed, unused "
+                         "parameters are checked only at ZeRO stages 1-2 with offload_optimizer")
+        if z.offload_param is not None and z.offload_param.device != "none" and z.stage != 3:
+            notes.append(f"zero_optimization.offload_param is ignored at ZeRO stage {z.stage}: parameters are "
+                         "offloaded only at stage 3, as in DeepSpeed")
         notes += aio_notes(self.aio, "nvme" in (z.offload_optimizer_device, z.offload_param_device))
         return notes

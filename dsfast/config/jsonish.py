@@ -1,5 +1,5 @@
 """Read ds_config text the way DeepSpeed does (it uses hjson): plain JSON, plus // # /* */ comments and trailing
-commas, which users' configs often carry. Anything else must be strict JSON; errors keep line and column."""
+commas, which users' configs often carry, and any other hjson. Errors keep the JSON parser's line and column."""
 from __future__ import annotations
 
 import json
@@ -47,15 +47,22 @@ def strip_comments_and_trailing_commas(text: str) -> str:
 
 
 def loads(text: str, object_pairs_hook: Optional[Callable] = None) -> Any:
-    """json.loads, retried once with comments and trailing commas removed; the first error is the one raised
-    when the retry fails too (it points at the real problem)."""
+    """json.loads, retried with comments and trailing commas removed, then as hjson (DeepSpeed reads every config
+    file with hjson: `hjson.dump` output, quoteless keys and strings, no commas). When all fail, the JSON error is
+    raised (it points at the real problem): the first one, or the relaxed retry's when that got further."""
     try:
         return json.loads(text, object_pairs_hook=object_pairs_hook)
     except json.JSONDecodeError as first:
+        error = first
         relaxed = strip_comments_and_trailing_commas(text)
-        if relaxed == text:
-            raise
+        if relaxed != text:
+            try:
+                return json.loads(relaxed, object_pairs_hook=object_pairs_hook)
+            except json.JSONDecodeError as second:
+                if (second.lineno, second.colno) > (first.lineno, first.colno):
+                    error = second
+        import hjson      # only for files that are not JSON: most configs never load it
         try:
-            return json.loads(relaxed, object_pairs_hook=object_pairs_hook)
-        except json.JSONDecodeError as second:
-            raise second if (second.lineno, second.colno) > (first.lineno, first.colno) else first from None
+            return hjson.loads(text, object_pairs_hook=object_pairs_hook or dict)
+        except hjson.HjsonDecodeError:
+            raise error from None

@@ -14,10 +14,12 @@ class Fp16Config(StrictModel):
     auto_cast: bool = False                       # cast floating-point inputs of forward() to fp16
     loss_scale: float = Field(0.0, ge=0)          # 0 = dynamic loss scaling; > 0 = static scale
     initial_scale_power: int = Field(16, ge=0, le=63)   # dynamic: first scale is 2**initial_scale_power
-    loss_scale_window: int = Field(1000, ge=1)    # clean steps before the scale doubles
+    # loss_scale_window and min_loss_scale are checked only where they are used (fp16 on, dynamic scale), as in
+    # DeepSpeed 0.19.8, which accepts any value in a static or disabled fp16 section
+    loss_scale_window: int = 1000                 # clean steps before the scale doubles
     hysteresis: int = Field(2, ge=1)              # overflows tolerated before the scale halves
     consecutive_hysteresis: bool = False          # refill hysteresis after every clean step
-    min_loss_scale: float = Field(1.0, gt=0)      # floor of the dynamic scale
+    min_loss_scale: float = 1.0                   # floor of the dynamic scale
     fp16_master_weights_and_grads: bool = False   # fp16 masters (ZeRO 1-3 + offload_optimizer + CPUAdam)
 
     @field_validator("loss_scale")
@@ -28,8 +30,19 @@ class Fp16Config(StrictModel):
         return v
 
     @model_validator(mode="after")
-    def _floor_below_start(self):
-        if self.enabled and self.dynamic and self.min_loss_scale > self.initial_scale:
+    def _dynamic_scale_settings(self):
+        if not (self.enabled and self.dynamic):
+            return self
+        problems = []
+        if self.loss_scale_window < 1:
+            problems.append((("loss_scale_window",), f"must be >= 1 with dynamic loss scaling (fp16 enabled, "
+                                                     f"loss_scale 0); got {self.loss_scale_window}"))
+        if not (math.isfinite(self.min_loss_scale) and self.min_loss_scale > 0):
+            problems.append((("min_loss_scale",), f"must be a finite number > 0 with dynamic loss scaling (fp16 "
+                                                  f"enabled, loss_scale 0); got {self.min_loss_scale!r}"))
+        if problems:
+            raise nested_error(problems)
+        if self.min_loss_scale > self.initial_scale:
             raise nested_error([(("min_loss_scale",), f"{self.min_loss_scale:g} is above the initial dynamic scale "
                                  f"2**initial_scale_power = {self.initial_scale:g}; lower min_loss_scale or "
                                  "raise initial_scale_power")])

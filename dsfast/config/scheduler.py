@@ -5,6 +5,7 @@ Defaults follow DeepSpeed 0.19 lr_schedules.py. Values that DeepSpeed allows per
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, List, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
@@ -16,9 +17,14 @@ LrValue = Union[float, List[float]]
 
 
 def _warmup_type(v):
-    if not isinstance(v, str) or v.lower() not in ("log", "linear"):
-        raise plain_error(f'must be "log" or "linear" (got {v!r})')
-    return v.lower()
+    # DeepSpeed 0.19.8 warns and warms up on the log curve for any other value (its comparison is exact, so
+    # "Linear" is log too); dsfast does the same, so that a config gives the same learning rates on both.
+    if v in ("log", "linear"):
+        return v
+    hint = ' (did you mean "linear"?)' if isinstance(v, str) and v.lower() == "linear" else ""
+    warnings.warn(f'scheduler warmup_type {v!r} is not "log" or "linear"{hint}: the log warmup is used, as '
+                  "DeepSpeed 0.19.8 does", UserWarning, stacklevel=2)
+    return "log"
 
 
 def _nonneg(v, name):

@@ -226,9 +226,6 @@ class ZeroConfig(StrictModel):
         if self.offload_optimizer is not None and self.offload_optimizer.device != "none" and self.stage == 0:
             raise nested_error([(("offload_optimizer",), "offloading optimizer states needs ZeRO stage 1, 2 or 3 "
                                                          "(stage is 0)")])
-        if self.offload_param is not None and self.offload_param.device != "none" and self.stage != 3:
-            raise nested_error([(("offload_param",), f"offloading parameters needs ZeRO stage 3 "
-                                                     f"(stage is {self.stage})")])
         # NVMe runs for the optimizer's states at stages 1-3 (zero/nvme_states.py), for stage 3's parameter
         # shards (zero/nvme_params.py)
         if self.offload_optimizer_device == "nvme" and self.offload_optimizer.buffer_count < 1:
@@ -266,7 +263,9 @@ class ZeroConfig(StrictModel):
 
     @property
     def offload_param_device(self) -> str:
-        return self.offload_param.device if self.offload_param else "none"
+        # DeepSpeed offloads parameters only at stage 3 (the stage that partitions them) and ignores the section
+        # at stages 0-2; so does dsfast, and says so (DsConfig.ignored_settings)
+        return self.offload_param.device if self.offload_param and self.stage == 3 else "none"
 
     def ignored(self) -> List[str]:
         from .zeropp import zeropp_note

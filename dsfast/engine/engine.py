@@ -20,9 +20,14 @@ from .monitor import Monitor
 from .plain_backward import PlainBackward, engine_backward_running
 from .progress import Progress
 from .state_offload import StateOffload
+from .unused_params import unused_parameter_check
 from ..comm import where
 from ..utils.timer import ThroughputTimer
 from ..zero.state_owner import memory_breakdown
+
+
+class NoSyncError(RuntimeError, AssertionError):
+    """engine.no_sync() misused (an AssertionError too, as DeepSpeed asserts)."""
 
 
 class NoOptimizerError(RuntimeError):
@@ -63,6 +68,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         self._in_step = False
         self._backwards_since_step = 0
         self._clip = float(config.gradient_clipping or 0.0)
+        self._unused_check = unused_parameter_check(config, module)   # ignore_unused_parameters: false
         precision = self._precision
         # torch_autocast: forward under torch.autocast, fp32 weights and gradients; float16 scales the loss
         self._autocast = autocast_plan(config, self._device)
@@ -191,7 +197,8 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
                 "parameters or neither an `optimizer` config section nor initialize(optimizer=...) was given")
 
     def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
-        """Backpropagate `loss` / gradient_accumulation_steps (x the loss scale for fp16).
+        """Backpropagate `loss` / gradient_accumulation_steps (x the loss scale for fp16); returns `loss` /
+        gradient_accumulation_steps (`loss` itself with scale_wrt_gas=False), as DeepSpeed's.
 
         Gradients are all-reduced only at the accumulation boundary, in buckets, while backward runs."""
         self._require_optimizer("backward")
@@ -214,7 +221,9 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         finally:
             self._owner.end_backward()
         self._progress.stop("bwd")
-        return loss
+        # as DeepSpeed: the loss divided by the accumulation steps (what was backpropagated, less the fp16 scale)
+        gas = self.gradient_accumulation_steps()
+        return loss / gas if scale_wrt_gas and gas != 1 else loss
 
     def scale(self, loss):
         """The loss times the fp16 loss scale, for `engine.scale(loss).backward()` (DeepSpeed 0.19.8): a plain
@@ -242,19 +251,27 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
     def no_sync(self):
         """Accumulate gradients locally, skipping the all-reduce even at a boundary (like DDP.no_sync)."""
         if self._reduces_every_micro_step():
-            raise RuntimeError(f"engine.no_sync() cannot be used with ZeRO stage {self._owner.stage}: gradients "
-                               "are partitioned across ranks as they are produced (stages 0 and 1 accumulate "
-                               "locally and can skip the reduction)")
-        previous, self._no_sync = self._no_sync, True
+            raise NoSyncError(f"engine.no_sync() cannot be used with ZeRO stage {self._owner.stage}: the no_sync "
+                              "context manager is incompatible with gradient partitioning (gradients are "
+                              "partitioned across ranks as they are produced; stages 0 and 1 accumulate locally "
+                              "and can skip the reduction)")
+        if self._no_sync:
+            raise NoSyncError("engine.no_sync() inside engine.no_sync(): no_sync context manager reentry is "
+                              "unsupported (as in DeepSpeed); one block already skips the reduction")
+        self._no_sync = True
         try:
             yield
         finally:
-            self._no_sync = previous
+            self._no_sync = False
 
     def step(self, lr_kwargs=None):
         """At the accumulation boundary: unscale, clip, skip on overflow, optimizer + scheduler step."""
         self._require_optimizer("step")
         self.require_states("step")
+        if self._no_sync:     # its gradients were never reduced: a step would apply each rank's own
+            raise NoSyncError("It is illegal to call Engine.step() inside no_sync context manager: engine.step() "
+                              "inside engine.no_sync(); leave the block first (outside it the accumulated gradients "
+                              "are reduced before a step applies them)")
         where.call("step", self.global_steps, self.micro_steps)
         self._step_applied = False
         if self._unmanaged:
@@ -283,9 +300,6 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
     def _unmanaged_boundary(self):
         """managed_gradient_accumulation=false: this step() is the boundary. Stages 0-1 accumulated locally in
         every backward; their one reduction runs now (stages 2-3 reduced in each backward)."""
-        if self._no_sync:
-            raise RuntimeError("engine.step() inside engine.no_sync(): leave the block first (DeepSpeed refuses "
-                               "it too); with managed_gradient_accumulation=false step() reduces the gradients")
         if not self._reduces_every_micro_step():
             self._owner.prepare_step(self._param_names)    # refuse stray gradients before they are reduced
             self._owner.begin_backward(True)               # a reduction with no backward: every bucket, now
@@ -293,6 +307,8 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         self._in_step = True
 
     def _take_model_step(self, lr_kwargs):
+        if self._unused_check is not None:
+            self._unused_check.check()
         self._owner.prepare_step(self._param_names)
         factor = self._owner.post_reduce_factor
         if self._scales_loss:

@@ -19,12 +19,17 @@ from ..zero.owners import build_owner
 from ..zero.precision import check_master_optimizer
 from .data import build_dataloader
 from .engine import Engine
+from .offload_client_optimizer import check_offload_client_optimizer
 from .optimizer_factory import build_optimizer
 
 # Reduction buckets of 1M elements (4 MB fp32): about one transformer block of the benchmark GPT, so each block's
 # all-reduce / reduce-scatter overlaps the backward of the blocks below it (benchmarks/engine_step.py
 # --bucket_elems). A smaller zero_optimization.reduce_bucket_size in the config wins.
 STAGE0_BUCKET_ELEMS = 1 << 20
+
+
+class MissingModelError(ValueError, AssertionError):
+    """initialize() without a model; an AssertionError too, as DeepSpeed 0.19.8 asserts for it."""
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
@@ -41,7 +46,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     from dsfast.config import load_config
 
     if model is None:
-        raise ValueError("initialize() needs model=<torch.nn.Module>")
+        raise MissingModelError("initialize() needs model=<torch.nn.Module>")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if mpu is not None:
@@ -80,6 +85,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     object.__setattr__(model, "_dsfast_owner", owner)
 
     opt = _make_optimizer(cfg, optimizer, groups, owner, device, rank)
+    if optimizer is not None and opt is not None:
+        check_offload_client_optimizer(cfg, opt)
+    if opt is not None:
+        _check_stage0_grad_accum_dtype(cfg)
     if opt is not None and cfg.zero_stage > 0:
         check_master_optimizer(owner.precision, cfg.zero_optimization.offload_optimizer_device != "none", opt)
     sched = _make_scheduler(cfg, lr_scheduler, opt, rank)
@@ -102,6 +111,17 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 def training_dtype(cfg):
     """The dtype the model is cast to (None: it stays as it is, fp32 or under torch_autocast)."""
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision)
+
+
+def _check_stage0_grad_accum_dtype(cfg):
+    """DeepSpeed 0.19.8 without ZeRO accumulates gradients in the model's dtype and refuses any other
+    data_types.grad_accum_dtype once there is an optimizer (NotImplementedError); so does dsfast."""
+    wanted = cfg.data_types.grad_accum_dtype
+    if cfg.zero_stage == 0 and wanted is not None and wanted != cfg.precision:
+        raise NotImplementedError(
+            f"data_types.grad_accum_dtype={wanted!r} with a {cfg.precision} model at ZeRO stage 0: gradients "
+            f"accumulate in the model's dtype there (DeepSpeed refuses this mix too); set it to {cfg.precision!r}, "
+            "remove it, or use ZeRO stage 1-3")
 
 
 def _pick_device(args):

@@ -171,7 +171,9 @@ def _watch_pdsh_line(line: bytes, sup) -> None:
         sup.fail(int(m.group(2)), f"rank {int(m.group(1))} failed on a remote node (exit code {int(m.group(2))})")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[List[str]] = None, raise_errors: bool = False) -> int:
+    """raise_errors: a misuse raises LaunchError (a ValueError) instead of printing it and returning the usage
+    exit code (deepspeed.launcher.runner.main, called from Python, raises as DeepSpeed's does)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in SUBCOMMANDS:
         if os.path.exists(argv[0]):
@@ -192,5 +194,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         return execute(plan)
     except LaunchError as e:
+        if raise_errors:
+            raise
         print(f"dsfast: error: {e}", file=sys.stderr)
         return USAGE_EXIT_CODE

@@ -1,7 +1,43 @@
-"""deepspeed.runtime.lr_schedules: the LR schedules, for programs that build them by hand (dsfast.schedulers)."""
+"""deepspeed.runtime.lr_schedules: the LR schedules, for programs that build them by hand (dsfast.schedulers), and
+DeepSpeed's name constants for the schedule types and their parameter keys (programs build `scheduler` sections
+and compare `type(sched).__name__` with them)."""
 from ..schedulers import SCHEDULES, LRRangeTest, OneCycle, WarmupCosineLR, WarmupDecayLR, WarmupLR
 
-# the names a config's "scheduler.type" may take (programs test `type(sched).__name__ in VALID_LR_SCHEDULES`)
-VALID_LR_SCHEDULES = list(SCHEDULES)
+# --- DeepSpeed's names: schedule types (the config's scheduler.type) ---
+LR_SCHEDULE = "lr_schedule"
+LR_RANGE_TEST = "LRRangeTest"
+ONE_CYCLE = "OneCycle"
+WARMUP_LR = "WarmupLR"
+WARMUP_DECAY_LR = "WarmupDecayLR"
+WARMUP_COSINE_LR = "WarmupCosineLR"
+VALID_LR_SCHEDULES = [LR_RANGE_TEST, ONE_CYCLE, WARMUP_LR, WARMUP_DECAY_LR, WARMUP_COSINE_LR]
+assert sorted(VALID_LR_SCHEDULES) == sorted(SCHEDULES), "a schedule dsfast builds has no DeepSpeed name here"
 
-__all__ = ["WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest", "VALID_LR_SCHEDULES"]
+# --- parameter keys (scheduler.params) ---
+LR_RANGE_TEST_MIN_LR = "lr_range_test_min_lr"
+LR_RANGE_TEST_STEP_RATE = "lr_range_test_step_rate"
+LR_RANGE_TEST_STEP_SIZE = "lr_range_test_step_size"
+LR_RANGE_TEST_STAIRCASE = "lr_range_test_staircase"
+CYCLE_FIRST_STEP_SIZE = "cycle_first_step_size"
+CYCLE_FIRST_STAIR_COUNT = "cycle_first_stair_count"
+CYCLE_SECOND_STEP_SIZE = "cycle_second_step_size"
+CYCLE_SECOND_STAIR_COUNT = "cycle_second_stair_count"
+DECAY_STEP_SIZE = "decay_step_size"
+CYCLE_MIN_LR = "cycle_min_lr"
+CYCLE_MAX_LR = "cycle_max_lr"
+DECAY_LR_RATE = "decay_lr_rate"
+CYCLE_MIN_MOM = "cycle_min_mom"
+CYCLE_MAX_MOM = "cycle_max_mom"
+DECAY_MOM_RATE = "decay_mom_rate"
+WARMUP_MIN_LR = "warmup_min_lr"
+WARMUP_MAX_LR = "warmup_max_lr"
+WARMUP_NUM_STEPS = "warmup_num_steps"
+WARMUP_TYPE = "warmup_type"
+WARMUP_LOG_RATE = "log"
+WARMUP_LINEAR_RATE = "linear"
+WARMUP_MIN_RATIO = "warmup_min_ratio"
+COS_MIN_RATIO = "cos_min_ratio"
+TOTAL_NUM_STEPS = "total_num_steps"
+
+__all__ = ["WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest", "VALID_LR_SCHEDULES",
+           "LR_SCHEDULE", "LR_RANGE_TEST", "ONE_CYCLE", "WARMUP_LR", "WARMUP_DECAY_LR", "WARMUP_COSINE_LR"]

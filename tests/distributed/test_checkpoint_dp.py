@@ -93,7 +93,10 @@ def test_differing_tags_and_rank0_only_save_fail_with_clear_errors_in_bound(tmp_
     results = launch(WORKER, ["misuse", tmp_path, bound], nprocs=2, timeout=120)
     got = [json.loads(o.split("RESULT ", 1)[1].splitlines()[0]) for _, o in results]
     for r in got:
-        assert "rank 0 'tag_of_rank0', rank 1 'tag_of_rank1'" in r["tags"]
+        assert "rank 0 'tag_of_rank0', rank 1 'tag_of_rank1'" in r["tags"] and r["assertion"]
+        assert r["warned"]
+    assert not (tmp_path / "ckpt" / "tag_of_rank0").exists()
+    assert (tmp_path / "ckpt" / "warn_of_rank0").is_dir() and not (tmp_path / "ckpt" / "warn_of_rank1").exists()
     assert "rank(s) 1 did not reach" in got[0]["rank0_only"] and "if rank == 0" in got[0]["rank0_only"]
     assert bound <= got[0]["elapsed"] < bound + 5
     assert not (tmp_path / "ckpt" / "only_rank0").exists()

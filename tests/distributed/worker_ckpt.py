@@ -4,13 +4,15 @@
   resume PREC M           load `latest`, dump the state right after the load, M more steps, dump the end
   seeds                   the seeds' loop: float tags from loss.item() (reduced, so equal on all ranks), client_sd=
   kill PREC POINT TAG     save "good", one more step, save TAG with DSFAST_CHECKPOINT_FAULT=POINT (SIGKILL there)
-  misuse                  differing tags (an error on every rank), then save on rank 0 only (an error in bound)
+  misuse                  differing tags (an error on every rank under Fail; under Warn a warning and rank 0's tag),
+                          then save on rank 0 only (an error in bound)
 The model/data come from dp_common; the global batch of a step is split over the ranks.
 """
 import json
 import os
 import sys
 import time
+import warnings
 
 import torch
 
@@ -19,11 +21,12 @@ import dsfast as deepspeed  # noqa: E402
 from dp_common import MICRO, build_model, ds_config, global_batch  # noqa: E402
 
 
-def engine_for(precision, stage=0):
+def engine_for(precision, stage=0, tag_validation="Warn"):
     cfg = ds_config(precision, 1, torch.distributed.get_world_size(), 0.0)
     if precision == "fp32":   # an LR schedule in fp32 too, so exact resume covers it
         cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_max_lr": 1e-2}}
     cfg["zero_optimization"] = {"stage": stage}
+    cfg["checkpoint"] = {"tag_validation": tag_validation}
     model = build_model()
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     return engine
@@ -112,13 +115,19 @@ def main():
         print(f"rank {rank}: save returned although {point} was killed", flush=True)
         os._exit(4)
     elif mode == "misuse":
-        engine = engine_for("fp32")
+        engine = engine_for("fp32", tag_validation="Fail")
         train(engine, 0, 1)
         result = {}
         try:
             engine.save_checkpoint(ckpt, f"tag_of_rank{rank}")
         except deepspeed.checkpoint.CheckpointError as err:
             result["tags"] = str(err)
+            result["assertion"] = isinstance(err, AssertionError)    # DeepSpeed's type for it
+        engine.config.checkpoint.tag_validation = "Warn"     # DeepSpeed's default: warn, save (under rank 0's tag)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            engine.save_checkpoint(ckpt, f"warn_of_rank{rank}")
+        result["warned"] = any("warn_of_rank1" in str(w.message) for w in caught)
         os.environ["DSFAST_CHECKPOINT_TIMEOUT_S"] = sys.argv[3]
         if rank == 0:
             t0 = time.monotonic()

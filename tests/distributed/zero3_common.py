@@ -130,6 +130,8 @@ def config(spec, world):
     cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": spec["gas"],
            "train_batch_size": MICRO * spec["gas"] * world, "gradient_clipping": spec["clip"],
            "steps_per_print": 1000, "zero_optimization": zero}
+    if spec["optimizer"] == "client":     # a torch optimizer under offload: allowed explicitly, as in DeepSpeed
+        cfg["zero_force_ds_cpu_optimizer"] = False
     if spec["optimizer"] == "config":
         cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}
     elif spec["optimizer"] == "sgd":

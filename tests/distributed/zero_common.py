@@ -70,6 +70,8 @@ def config(spec, world):
                                                       "nesterov": spec["optimizer"] == "nesterov"}}
     if spec["offload"]:
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        # a client optimizer under offload: allowed explicitly, as DeepSpeed requires
+        cfg["zero_force_ds_cpu_optimizer"] = spec["optimizer"] not in ("client", "torch_adam", "fused_adam")
     if spec.get("comm"):
         cfg["communication_data_type"] = spec["comm"]
     if spec["precision"] in ("bf16", "bf16m", "bf16mo"):
