@@ -274,6 +274,7 @@ void adam8bit_step(Tensors params, Tensors grads, Tensors exp_avg_codes, Tensors
     t.out_dtype = od;
     t.param_dtype = pd;
     t.round_seed = row_seed(round_seed, i, pd);
+    if (t.numel == 0) { t.out16 = nullptr; t.out_dtype = DType::None; }   // an empty tensor has no data pointer
     counters[i] = step_counter(steps[i], w);
   }
   release_lists(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs, steps);
