@@ -44,6 +44,8 @@ DSFAST_CHOICES = {
 DSFAST_KEYS = {
     "checkpoint.async_save": "dsfast's own key: write checkpoints from host copies in the background",
     "checkpoint.timeout_s": "dsfast's own key: how long a save/load waits for the other ranks",
+    "zero_optimization.offload_optimizer.state_precision": "dsfast's own key: the host optimizer's Adam moments, "
+                                                           "fp32 or int8 (8-bit block-wise: CPUAdam8bit)",
 }
 
 

@@ -22,6 +22,8 @@ _STATE_KEYS = ("step",) + _quant_state.CODE_KEYS
 class CPUAdam8bit(_cpu_op.CPUOptimizer):
     """Adam/AdamW (adamw_mode=True by default, as CPUAdam) with 8-bit block-wise moments; fp32 or bf16 params."""
 
+    states_8bit = True   # the checkpoint loader re-quantizes into this layout (checkpoint/quant_slices.py)
+
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                  amsgrad=False, adamw_mode=True, *, maximize=False, isa="auto", stochastic_rounding=False):
         check_adam_hparams(lr, betas, eps, weight_decay, amsgrad)
