@@ -9,6 +9,8 @@ from dsfast.config.loader import parse_config
 from dsfast.ops.reference import adam8bit as Q
 from dsfast.optim.cpu_adam8bit import CPUAdam8bit
 from dsfast.utils import safe_get_full_optimizer_state
+from dsfast.zero.estimate import estimate_model_states, main as estimate_main
+from dsfast.zero.partition import model_state_bytes
 
 
 def _model():
@@ -70,10 +72,12 @@ def test_int8_states_train_at_every_stage_and_track_fp32(stage):
     # stated tolerance: every loss within 5% of the fp32-state run's (the moments' quantization error is ~1%)
     for x, y in zip(a, b):
         assert abs(x - y) <= 0.05 * y
-    # host bytes: 2 code bytes a parameter plus 2 fp32 scales a block, counted by memory_breakdown()
+    # host bytes: 2 code bytes a parameter plus 2 fp32 scales a block: memory_breakdown() and the estimator's
+    # formula (python -m dsfast.zero.estimate) agree up to the last block of each flat shard (8 bytes each)
     n = sum(p.numel() for p in q8.module.parameters())
     states = q8.memory_breakdown()["optimizer_states"]["host"]
-    assert 2 * n <= states <= 2 * n + 8 * (Q.num_blocks(n) + 8)
+    want = model_state_bytes(n, 1, stage, mixed=False, offload=True, states8=True)["host"]
+    assert want == pytest.approx(2.03125 * n) and 0 <= states - want <= 8 * 8
 
 
 def test_int8_states_on_nvme(tmp_path):
@@ -163,3 +167,16 @@ def test_checkpoint_converts_between_int8_and_fp32_runs(tmp_path, capsys):
     back.load_checkpoint(str(tmp_path / "f"), tag="t")
     assert "exp_avg float32 -> int8 (quantized)" in capsys.readouterr().out
     _within_half_gap(_moments(back), _moments(fp32))
+
+
+def test_estimate_counts_int8_moments(capsys):
+    rows = estimate_model_states(7e9, 8, states8=True)
+    assert rows and all(r["offload_optimizer"] for r in rows)
+    stage2 = next(r for r in rows if r["stage"] == 2)
+    assert stage2["host"] == pytest.approx((4 + 2.03125) * 7e9 / 8)   # fp32 master + 8-bit moments
+    estimate_main(["--params", "7e9", "--world-size", "8", "--int8-optimizer-states"])
+    assert "int8 moments" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="NVMe rows"):
+        estimate_model_states(7e9, 8, states8=True, nvme=True)
+    with pytest.raises(ValueError, match="offload_optimizer"):
+        model_state_bytes(100, 1, 2, True, offload=False, states8=True)
