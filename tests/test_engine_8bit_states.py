@@ -194,3 +194,22 @@ def test_checkpoint_from_two_ranks_loads_on_one_rank_at_stage_3(tmp_path, capsys
     one.load_checkpoint(str(tmp_path), tag="t")
     assert "re-quantized" in capsys.readouterr().out     # rank 1's shard started mid-block: the grid moved
     _within_half_gap(_moments(one), saved)
+
+
+def test_bf16_masters_with_int8_states():
+    bf16 = {"enabled": True, "bf16_master_weights_and_grads": True}
+    runs = []
+    for precision in ("int8", None):
+        engine = _engine(_cfg(2, precision=precision, bf16=bf16))
+        assert isinstance(engine.optimizer, CPUAdam8bit) == (precision == "int8")
+        losses = []
+        for i in range(8):
+            g = torch.Generator().manual_seed(i)
+            x, y = torch.randn(4, 16, generator=g).bfloat16(), torch.randn(4, 8, generator=g)
+            loss = torch.nn.functional.mse_loss(engine(x).float(), y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss.detach()))
+        runs.append(losses)
+    for x, y in zip(*runs):   # stated: within 5% of the bf16-master, fp32-moment run
+        assert abs(x - y) <= 0.05 * y
