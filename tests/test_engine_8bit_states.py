@@ -213,3 +213,20 @@ def test_bf16_masters_with_int8_states():
         runs.append(losses)
     for x, y in zip(*runs):   # stated: within 5% of the bf16-master, fp32-moment run
         assert abs(x - y) <= 0.05 * y
+
+
+def test_checkpoint_with_int8_states_on_nvme_loads_at_another_stage(tmp_path):
+    for d in ("swap", "swap2", "swap3"):
+        (tmp_path / d).mkdir()
+    engine = _engine(_cfg(2, device="nvme", nvme_path=tmp_path / "swap"))
+    _train(engine, 3)
+    engine.save_checkpoint(str(tmp_path / "ckpt"), tag="t")
+    before = _moments(engine)
+    same = _engine(_cfg(2, device="nvme", nvme_path=tmp_path / "swap2"))
+    same.load_checkpoint(str(tmp_path / "ckpt"), tag="t")
+    for key, want in _moments(same).items():
+        assert torch.equal(want, before[key]), key
+    other = _engine(_cfg(3, device="nvme", nvme_path=tmp_path / "swap3"))
+    other.load_checkpoint(str(tmp_path / "ckpt"), tag="t")
+    _within_half_gap(_moments(other), before)
+    assert _train(same, 2, start=3) == _train(engine, 2, start=3)
