@@ -221,3 +221,26 @@ def test_bf16_params_train_with_8bit_states():
         p.float().pow(2).sum().backward()
         opt.step()
     assert p.dtype == torch.bfloat16 and p.detach().float().pow(2).sum().item() < 0.5 * start
+
+
+def test_reference_and_fake_refuse_what_the_native_op_refuses():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    lists = _lists([300])
+    lists[3] = [torch.zeros(1)]
+    with pytest.raises(ValueError, match=r"params\[0\] state\['exp_avg_scales'\].*2 elements"):
+        Q.adam8bit_step(*lists, SM, UM, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
+    with pytest.raises(ValueError, match="ascending"):
+        Q.adam8bit_step(*_lists([300]), SM.flip(0).contiguous(), UM, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
+    with pytest.raises(TypeError, match="float16"):
+        Q.adam8bit_step(*_lists([300], param_dtype=torch.float16), SM, UM, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
+    from dsfast.ops import loaded_from, load
+    if loaded_from("cpu_optim") == "reference":
+        return
+    load("cpu_optim")
+    real = _lists([300])
+    with FakeTensorMode() as mode:
+        fake = [[mode.from_tensor(t) for t in seq] for seq in real]
+        fake[2] = [torch.zeros(5, dtype=torch.uint8)]
+        with pytest.raises(ValueError, match="exp_avg_codes"):
+            torch.ops.dsfast.cpu_adam8bit_step(*fake, mode.from_tensor(SM), mode.from_tensor(UM), 1e-3, 0.9, 0.999,
+                                               1e-8, 0.0, True, True)

@@ -303,4 +303,6 @@ def _release_fake(held):
 def _adam8bit_fake(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs, steps,
                    exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction,
                    grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
-    pass   # metadata checks live in the kernel; nothing to infer (no outputs)
+    from ..reference.adam8bit import check_adam8bit_args
+    check_adam8bit_args(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs,
+                        steps, exp_avg_map, exp_avg_sq_map, label)

@@ -83,11 +83,49 @@ def _f32(x):
     return torch.tensor(x, dtype=torch.float32)
 
 
+def check_adam8bit_args(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs,
+                        steps, exp_avg_map_, exp_avg_sq_map_, label="params"):
+    """The native op's argument checks (csrc/bindings/cpu_optim.cpp), from metadata only: the reference's and the
+    fake implementation's. ValueError / TypeError naming "<label>[i]" and what would be valid."""
+    n = len(params)
+    for name, seq in (("grads", grads), ("exp_avg_codes", exp_avg_codes), ("exp_avg_scales", exp_avg_scales),
+                      ("exp_avg_sq_codes", exp_avg_sq_codes), ("exp_avg_sq_scales", exp_avg_sq_scales),
+                      ("steps", steps)):
+        if len(seq) != n:
+            raise ValueError(f"{name} has {len(seq)} entries but there are {n} params")
+    if len(outs) not in (0, n):
+        raise ValueError(f"outs has {len(outs)} entries; pass [] or one per param ({n})")
+    for what, m in (("exp_avg_map", exp_avg_map_), ("exp_avg_sq_map", exp_avg_sq_map_)):
+        if m.dtype != torch.float32 or m.numel() != 256 or m.device.type != "cpu":
+            raise ValueError(f"{what} must be a contiguous float32 cpu tensor of 256 ascending values")
+    for i, p in enumerate(params):
+        w = f"{label}[{i}]"
+        if p.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"{w} is {p.dtype}; 8-bit states step float32 or bfloat16 params")
+        if outs and outs[i] is not None and p.dtype != torch.float32:
+            raise ValueError(f"{w} has a 16-bit output but is itself {p.dtype}: a 16-bit master is its own 16-bit "
+                             "copy; pass no output for it")
+        for what, t, dtype, count in (
+                ("exp_avg_codes", exp_avg_codes[i], torch.uint8, p.numel()),
+                ("exp_avg_scales", exp_avg_scales[i], torch.float32, num_blocks(p.numel())),
+                ("exp_avg_sq_codes", exp_avg_sq_codes[i], torch.uint8, p.numel()),
+                ("exp_avg_sq_scales", exp_avg_sq_scales[i], torch.float32, num_blocks(p.numel()))):
+            if t.dtype != dtype or t.numel() != count or t.device.type != "cpu":
+                raise ValueError(f"{w} state['{what}'] must be a contiguous {str(dtype).replace('torch.', '')} cpu "
+                                 f"tensor of {count} elements")
+        if grads[i].shape != p.shape:
+            raise ValueError(f"{w}.grad has shape {tuple(grads[i].shape)} but the parameter has shape {tuple(p.shape)}")
+
+
 def adam8bit_step(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs, steps,
                   exp_avg_map_, exp_avg_sq_map_, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction,
                   grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
     from .cpu_optim import _check_isa, _row_seed, _stochastic_bf16
     _check_isa(isa)
+    check_adam8bit_args(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs,
+                        steps, exp_avg_map_, exp_avg_sq_map_, label)
+    if any((m[1:] <= m[:-1]).any() for m in (exp_avg_map_, exp_avg_sq_map_)):
+        raise ValueError("a quantization map must be 256 ascending values")
     with torch.no_grad():
         for i, stored in enumerate(params):
             step = int(steps[i].item()) + 1
