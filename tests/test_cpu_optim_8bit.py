@@ -204,6 +204,10 @@ def test_state_dict_conversions_fp32_to_8bit_and_back_log_and_keep_values(capsys
 def test_optimizer_refuses_fp16_params_and_bad_codes():
     with pytest.raises(TypeError, match="float32 or bfloat16"):
         O.CPUAdam8bit([torch.nn.Parameter(torch.zeros(3, dtype=torch.float16))])
+    p = torch.nn.Parameter(torch.zeros(4, 4))
+    p.grad = torch.ones(4, 4).t()
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[0\] or its gradient is not contiguous"):
+        O.CPUAdam8bit([p]).step()
     _, model, opt = _train(O.CPUAdam8bit, steps=1)
     sd = opt.state_dict()
     sd["state"][0]["exp_avg_codes"] = sd["state"][0]["exp_avg_codes"][:-1]

@@ -53,7 +53,7 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
             check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
             halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
             listed = grads[gi] if grads is not None else None
-            params, gs, lists, outs, indices = self._gather(group, halves, listed)
+            params, gs, lists, outs, indices = self._gather(gi, group, halves, listed)
             if not params:
                 continue
             grad_scale_v = -multiplier if group.get("maximize") else multiplier
@@ -64,7 +64,7 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
                          grad_scale_v, _cpu_op.num_threads(), self.isa, round_seed=self.round_seed())
         return loss
 
-    def _gather(self, group, halves, listed=None):
+    def _gather(self, gi, group, halves, listed=None):
         params, grads, outs, indices = [], [], [], []
         lists = {k: [] for k in _STATE_KEYS}
         for j, p in enumerate(group["params"]):
@@ -72,7 +72,7 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
             if g is None:
                 continue
             if not p.is_contiguous() or not g.is_contiguous():
-                raise ValueError(f"param_groups[...]['params'][{j}] or its gradient is not contiguous; the 8-bit "
+                raise ValueError(f"param_groups[{gi}]['params'][{j}] or its gradient is not contiguous; the 8-bit "
                                  "kernel updates contiguous tensors in place")
             state = self.state[p]
             if len(state) == 0:
