@@ -215,6 +215,16 @@ def check_low_precision():
         sys.exit("the bf16-state step is wrong; not timing it")
 
 
+def adam8bit_flat_step(p, g, out16):
+    """A step closure of the 8-bit-state kernel over one flat fp32 master (zero moments to start)."""
+    from dsfast.optim import _cpu_op, _quant_state
+    state = _quant_state.empty_state(p.numel())
+    step, maps = torch.tensor(0.0), _quant_state.maps()
+    lists = [[state[k]] for k in _quant_state.CODE_KEYS]
+    return lambda: _cpu_op.op().adam8bit_step([p], [g], *lists, [out16], [step], *maps, LR, 0.9, 0.999, 1e-8, 0.0,
+                                              False, True, 1.0, torch.get_num_threads())
+
+
 def case_low_precision(n, ds_cls, rounds, ceiling, results):
     """bf16 masters and moments vs the fp32-state step in the same run (each row's bytes per param)."""
     g16 = ((torch.rand(n) - 0.5) * 1e-2).to(torch.bfloat16)
@@ -230,6 +240,11 @@ def case_low_precision(n, ds_cls, rounds, ceiling, results):
              "dsfast CPUAdam bf16 master + fp32 states": lambda: adam_flat_step(pm, g16, mm, vm, steps[1], **kw),
              LOW: lambda: adam_flat_step(p16, g16, m16, v16, steps[2], **kw)}
     bytes_of = {"dsfast CPUAdam fp32 master + states": 28, "dsfast CPUAdam bf16 master + fp32 states": 22, LOW: 14}
+    # 8-bit block-wise moments (CPUAdam8bit): fp32 master r/w 8, bf16 grad 2, two code bytes r/w 4, bf16 out 2, and
+    # two fp32 scales per 256-element block r/w (0.06): 16.06 bytes a parameter
+    q8_step = adam8bit_flat_step(p32.clone(), g16, out16.clone())
+    impls["dsfast CPUAdam8bit fp32 master + 8-bit states"] = q8_step
+    bytes_of["dsfast CPUAdam8bit fp32 master + 8-bit states"] = 16 + 4 * 4 / 256
     tp = p16.clone().requires_grad_()
     tp.grad = g16.clone()
     torch_opt = torch.optim.Adam([tp], lr=LR, fused=True)   # torch keeps bf16 states for bf16 params
@@ -251,7 +266,8 @@ def case_low_precision(n, ds_cls, rounds, ceiling, results):
         r["frac"] *= scale
         r["bytes"] = bytes_of[name]
     print_table("16-bit masters and moments (bf16_master_weights_and_grads + bf16_optimizer_states)",
-                f"{n / M:.0f}M params, bf16 grads; B/param: fp32 step 28, bf16 master + fp32 states 22, bf16 14",
+                f"{n / M:.0f}M params, bf16 grads; B/param: fp32 step 28, bf16 master + fp32 states 22, bf16 14, "
+                f"fp32 master + 8-bit states 16.06",
                 rows, LOW)
     results["low_precision"] = rows
 

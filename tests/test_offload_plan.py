@@ -250,6 +250,17 @@ def test_auto_takes_the_plans_placement_at_initialize(monkeypatch, caplog, devic
     assert torch.isfinite(loss)
 
 
+def test_auto_choosing_no_offload_refuses_int8_states_as_a_config_without_offload(monkeypatch):
+    """state_precision "int8" is accepted beside device "auto"; a choice of no offload cannot keep 8-bit host
+    moments, so it is the refusal a config saying "none" gets, not a silent fp32 optimizer on the device."""
+    monkeypatch.setattr(auto_offload, "measured_figures",
+                        lambda device, path: HostFigures(host_available=64 * GIB, device_memory=64 * GIB))
+    model = _model()
+    with pytest.raises(ValueError, match=r'offload_optimizer.state_precision: "int8" .*"auto" chose "none"'):
+        dsfast.initialize(model=model, model_parameters=model.parameters(),
+                          config=_auto_cfg(state_precision="int8"), dist_init_required=False)
+
+
 def test_auto_refuses_when_nothing_fits_and_names_the_placements(monkeypatch):
     monkeypatch.setattr(auto_offload, "measured_figures",
                         lambda device, path: HostFigures(host_available=1000, device_memory=1000))

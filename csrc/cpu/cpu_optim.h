@@ -73,6 +73,34 @@ struct OneStateTensor {
 using AdagradTensor = OneStateTensor<AdagradCoeffs>;
 using LionTensor = OneStateTensor<LionCoeffs>;
 
+// Adam/AdamW with 8-bit block-wise moments (bitsandbytes' / torchao's layout): each moment is one uint8 code per
+// element, an index into a sorted 256-entry map of values in [-1, 1] (exp_avg: a signed map; exp_avg_sq: an
+// unsigned one, so small second moments keep their resolution), times one fp32 scale per block of kQuantBlock
+// elements (the block's absmax). Blocks start at element 0 of each tensor; the last one may be short. One pass per
+// block dequantizes both moments into L1 buffers, runs adam_update (optim_math.h), requantizes with the block's fresh
+// absmax and writes the param and the optional 16-bit copy. Params F32 (with an optional out16) or BF16.
+constexpr int64_t kQuantBlock = 256;
+struct Adam8bitTensor {
+  void* param;              // param_dtype (F32 or BF16), updated in place
+  const void* grad;         // grad_dtype
+  uint8_t* exp_avg_codes;   // numel codes into m_map
+  float* exp_avg_scales;    // ceil(numel / kQuantBlock) scales
+  uint8_t* exp_avg_sq_codes;
+  float* exp_avg_sq_scales;
+  void* out16;
+  int64_t numel;
+  DType grad_dtype;
+  DType out_dtype;
+  AdamCoeffs coeffs;
+  DType param_dtype = DType::F32;
+  uint32_t round_seed = 0;
+};
+// The two maps: 256 ascending floats each, shared by every tensor of a call.
+struct QuantMaps {
+  const float* exp_avg;
+  const float* exp_avg_sq;
+};
+
 // Whether the kernels implement this (param, state, out) combination (see above).
 inline bool valid_precision(DType param, DType state, DType out) {
   if (param == DType::F32) return state == DType::F32;
@@ -86,6 +114,7 @@ void adam_step(const AdamTensor* tensors, int64_t count, int num_threads, Isa is
 void sgd_step(const SGDTensor* tensors, int64_t count, int num_threads, Isa isa);
 void adagrad_step(const AdagradTensor* tensors, int64_t count, int num_threads, Isa isa);
 void lion_step(const LionTensor* tensors, int64_t count, int num_threads, Isa isa);
+void adam8bit_step(const Adam8bitTensor* tensors, int64_t count, const QuantMaps& maps, int num_threads, Isa isa);
 
 bool isa_supported(Isa isa);  // compiled in AND runnable on this CPU
 Isa best_isa();
@@ -98,16 +127,19 @@ void adam_range_scalar(const AdamTensor& t, int64_t begin, int64_t end);
 void sgd_range_scalar(const SGDTensor& t, int64_t begin, int64_t end);
 void adagrad_range_scalar(const AdagradTensor& t, int64_t begin, int64_t end);
 void lion_range_scalar(const LionTensor& t, int64_t begin, int64_t end);
+void adam8bit_range_scalar(const Adam8bitTensor& t, const QuantMaps& maps, int64_t begin, int64_t end);
 #if defined(__x86_64__) || defined(_M_X64)
 #define DSFAST_HAVE_X86_ISAS 1
 void adam_range_avx2(const AdamTensor& t, int64_t begin, int64_t end);
 void sgd_range_avx2(const SGDTensor& t, int64_t begin, int64_t end);
 void adagrad_range_avx2(const AdagradTensor& t, int64_t begin, int64_t end);
 void lion_range_avx2(const LionTensor& t, int64_t begin, int64_t end);
+void adam8bit_range_avx2(const Adam8bitTensor& t, const QuantMaps& maps, int64_t begin, int64_t end);
 void adam_range_avx512(const AdamTensor& t, int64_t begin, int64_t end);
 void sgd_range_avx512(const SGDTensor& t, int64_t begin, int64_t end);
 void adagrad_range_avx512(const AdagradTensor& t, int64_t begin, int64_t end);
 void lion_range_avx512(const LionTensor& t, int64_t begin, int64_t end);
+void adam8bit_range_avx512(const Adam8bitTensor& t, const QuantMaps& maps, int64_t begin, int64_t end);
 #endif
 
 }  // namespace cpu

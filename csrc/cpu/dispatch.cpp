@@ -87,7 +87,8 @@ void check_precision(const T& t, int64_t index) {
 // kAlign elements inside a tensor) that threads claim from an atomic counter: on a shared
 // machine a thread that loses its core leaves its remaining chunks to the others instead
 // of holding up the whole step, as a static split would.
-template <class T, class Fn>
+// Align: the rounding of boundaries inside a tensor (kQuantBlock for 8-bit states: a block is never split).
+template <int64_t Align = kAlign, class T, class Fn>
 void run_work_list(const T* ts, int64_t count, int num_threads, Fn fn) {
   std::vector<int64_t> prefix(count + 1, 0);
   for (int64_t k = 0; k < count; ++k) prefix[k + 1] = prefix[k] + ts[k].numel;
@@ -109,7 +110,7 @@ void run_work_list(const T* ts, int64_t count, int num_threads, Fn fn) {
     const int64_t target = (int64_t)((__int128)total * c / nchunks);
     const int64_t k = int64_t(std::upper_bound(prefix.begin(), prefix.end(), target) - prefix.begin()) - 1;
     *idx = k;
-    *off = (target - prefix[k]) / kAlign * kAlign;
+    *off = (target - prefix[k]) / Align * Align;
   };
   auto run_chunk = [&](int64_t c) {
     int64_t i0, o0, i1, o1;
@@ -237,6 +238,40 @@ void lion_step(const LionTensor* ts, int64_t count, int num_threads, Isa isa) {
   one_state_step(ts, count, num_threads, isa, DSFAST_BODIES(lion));
 }
 #undef DSFAST_BODIES
+
+void adam8bit_step(const Adam8bitTensor* ts, int64_t count, const QuantMaps& maps, int num_threads, Isa isa) {
+  for (int64_t k = 0; k < count; ++k) {
+    const Adam8bitTensor& t = ts[k];
+    check_dtypes(t.grad_dtype, t.out_dtype, t.out16, k);
+    if (t.param_dtype != DType::F32 && t.param_dtype != DType::BF16)
+      throw std::invalid_argument("tensor " + std::to_string(k) + ": 8-bit states need float32 or bfloat16 params");
+    if (t.param_dtype != DType::F32 && t.out_dtype != DType::None)
+      throw std::invalid_argument("tensor " + std::to_string(k) + ": a bf16 master is its own 16-bit copy");
+    if (t.round_seed != 0 && t.param_dtype != DType::BF16)
+      throw std::invalid_argument("tensor " + std::to_string(k) +
+                                  ": stochastic rounding (round_seed != 0) applies to bf16 params only");
+    if (t.numel > 0 && !(t.exp_avg_codes && t.exp_avg_scales && t.exp_avg_sq_codes && t.exp_avg_sq_scales))
+      throw std::invalid_argument("tensor " + std::to_string(k) + ": an 8-bit state buffer is missing");
+  }
+  for (const float* map : {maps.exp_avg, maps.exp_avg_sq}) {
+    for (int i = 0; i < 255; ++i)
+      if (!(map[i] < map[i + 1]))
+        throw std::invalid_argument("quantization map entry " + std::to_string(i + 1) +
+                                    " is not above the previous one: the map must be 256 ascending values");
+  }
+  const QuantMaps q = maps;
+  auto run = [&](auto body) {
+    run_work_list<kQuantBlock>(ts, count, num_threads,
+                               [&q, body](const Adam8bitTensor& t, int64_t b, int64_t e) { body(t, q, b, e); });
+  };
+  switch (resolve(isa)) {
+#ifdef DSFAST_HAVE_X86_ISAS
+    case Isa::AVX512: run(adam8bit_range_avx512); break;
+    case Isa::AVX2: run(adam8bit_range_avx2); break;
+#endif
+    default: run(adam8bit_range_scalar); break;
+  }
+}
 
 }  // namespace cpu
 }  // namespace dsfast

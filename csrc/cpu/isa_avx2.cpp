@@ -23,6 +23,7 @@
 #include "simd_avx2.h"
 #define DSFAST_ISA_NS avx2_isa
 #include "kernel_body.h"
+#include "kernel_8bit.h"
 
 namespace dsfast {
 namespace cpu {
@@ -30,6 +31,9 @@ void adam_range_avx2(const AdamTensor& t, int64_t b, int64_t e) { avx2_isa::adam
 void sgd_range_avx2(const SGDTensor& t, int64_t b, int64_t e) { avx2_isa::sgd_range(t, b, e); }
 void adagrad_range_avx2(const AdagradTensor& t, int64_t b, int64_t e) { avx2_isa::adagrad_range(t, b, e); }
 void lion_range_avx2(const LionTensor& t, int64_t b, int64_t e) { avx2_isa::lion_range(t, b, e); }
+void adam8bit_range_avx2(const Adam8bitTensor& t, const QuantMaps& q, int64_t b, int64_t e) {
+  avx2_isa::adam8bit_range(t, q, b, e);
+}
 }  // namespace cpu
 }  // namespace dsfast
 

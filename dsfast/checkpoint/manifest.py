@@ -17,6 +17,9 @@ def optim_file(rank):
     return f"optim_rank{rank:05d}.safetensors"
 
 
+QUANT_FIELDS = ("quant_phase", "quant_block0", "quant_shard")   # 8-bit moments' block grid (quant_slices.py)
+
+
 def build(tag, layout_flags, precision, reports, extra):
     """The manifest from every rank's report ({"files": {...}, "slices": [...]}, in rank order)."""
     params, files = {}, {}
@@ -27,7 +30,8 @@ def build(tag, layout_flags, precision, reports, extra):
             if entry["shape"] != s["shape"]:
                 raise CheckpointError(f"rank {rank} saved parameter {s['name']!r} with shape {s['shape']}, another "
                                       f"rank with {entry['shape']}")
-            entry["slices"].append({"rank": rank, **{k: s[k] for k in ("start", "stop", "file", "keys", "scalars")}})
+            entry["slices"].append({"rank": rank, **{k: s[k] for k in ("start", "stop", "file", "keys", "scalars")},
+                                    **{k: s[k] for k in QUANT_FIELDS if k in s}})
     for entry in params.values():
         entry["slices"].sort(key=lambda s: s["start"])
     return {"format": FORMAT, "version": VERSION, "tag": tag, **layout_flags, "precision": precision,

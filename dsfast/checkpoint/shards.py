@@ -13,6 +13,7 @@ import torch
 
 from .errors import CheckpointError
 from .safetensors_io import Deferred
+from .quant_slices import QUANT_BLOCK, Loader, saved_scales
 from .snapshot import host_copy
 
 
@@ -37,34 +38,45 @@ def collect(layout, optimizer, file_name, snapshot=False, use=None):
     """(tensors, slice entries) for this rank's records; snapshot=True copies to host memory (async saves).
     use(opt_param): the owner's visitor (states on NVMe): the values become safetensors_io.Deferred, fetched unit by
     unit as the file is written (snapshot=True: copied now, unit by unit)."""
-    tensors, entries = {}, []
+    tensors, entries, shard_ids = {}, [], {}
     for r in layout.records:
         n = r.stop - r.start
         base = f"{r.name}@{r.start}"
         if use is not None and snapshot:
             use(r.opt_param)
 
-        def part(t, name, r=r, n=n):
+        def part(t, name, r=r, n=n, start=None):
+            a = r.opt_offset if start is None else start
             if use is not None and not snapshot:
                 def fetch():
                     use(r.opt_param)   # t is the same object after: its storage is the unit's buffer now
-                    return t.detach().reshape(-1)[r.opt_offset:r.opt_offset + n]
+                    return t.detach().reshape(-1)[a:a + n]
                 return Deferred(fetch, t.dtype, n)
-            flat = t.detach().reshape(-1)[r.opt_offset:r.opt_offset + n]
+            flat = t.detach().reshape(-1)[a:a + n]
             return host_copy(name, flat) if snapshot else flat
 
         keys = {"master": f"{base}/master"}
         tensors[keys["master"]] = part(r.opt_param, keys["master"])
         scalars = {}
         state = optimizer.state.get(r.opt_param, {}) if optimizer is not None else {}
+        quant = saved_scales(state, r.opt_offset, n)
         for key, value in state.items():
-            if _per_element(key, value, r.opt_param):
+            if key in quant:   # 8-bit moments: the scales of the blocks this record touches (quant_slices.py)
+                first, count = quant[key]
+                keys[key] = f"{base}/{key}"
+                tensors[keys[key]] = part(value, keys[key], n=count, start=first)
+            elif _per_element(key, value, r.opt_param):
                 keys[key] = f"{base}/{key}"
                 tensors[keys[key]] = part(value, keys[key])
             else:
                 scalars[key] = _scalar(f"parameter {r.name!r}", key, value)
-        entries.append({"name": r.name, "shape": list(r.shape), "start": r.start, "stop": r.stop,
-                        "file": file_name, "keys": keys, "scalars": scalars})
+        entry = {"name": r.name, "shape": list(r.shape), "start": r.start, "stop": r.stop,
+                 "file": file_name, "keys": keys, "scalars": scalars}
+        if quant:   # where the record sits on its shard's block grid (quant_slices.py)
+            shard_no = shard_ids.setdefault(id(r.opt_param), len(shard_ids))
+            entry.update(quant_phase=r.opt_offset % QUANT_BLOCK, quant_block0=r.opt_offset // QUANT_BLOCK,
+                         quant_shard=shard_no)
+        entries.append(entry)
     return tensors, entries
 
 
@@ -91,7 +103,9 @@ def apply(layout, optimizer, params_manifest, open_file, load_optimizer_states=T
     {(key, saved dtype, loaded dtype)} of the values converted on the way (e.g. bf16 moments into fp32 ones).
     use(opt_param): the owner's visitor (states on NVMe) brings the record's unit into memory first."""
     created, scalars_set, differing, converted = set(), set(), [], set()
+    quant = Loader(optimizer, lambda p, dtype: state_dtype(optimizer, p, dtype))
     for r in layout.records:
+        quant.flush(keep=r.opt_param)   # a shard's records are consecutive: the previous shard is complete
         if use is not None:
             use(r.opt_param)
         saved = params_manifest.get(r.name)
@@ -111,6 +125,9 @@ def apply(layout, optimizer, params_manifest, open_file, load_optimizer_states=T
             dst_lo, dst_hi = r.opt_offset + lo - r.start, r.opt_offset + hi - r.start
             for key, tensor_name in s["keys"].items():
                 if key != "master" and state is None:
+                    continue
+                if key != "master" and quant.takes(key):   # 8-bit moments, or float ones into an 8-bit run
+                    quant.add(key, f, s, lo, hi, r, state, dst_lo, dst_hi)
                     continue
                 src = f.get(tensor_name).reshape(-1)
                 if src.numel() != s["stop"] - s["start"]:
@@ -149,6 +166,8 @@ def apply(layout, optimizer, params_manifest, open_file, load_optimizer_states=T
                     old.copy_(value)
                 else:
                     state[key] = value
+    quant.flush()
+    converted |= quant.converted
     if differing:
         warnings.warn(f"saved slices of {len(differing)} parameter(s) (first: {differing[0]!r}) carry different "
                       "optimizer step counts; each merged shard takes the first slice's")

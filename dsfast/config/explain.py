@@ -54,6 +54,8 @@ DSFAST_KEYS = {
     "hang_watch.enabled": "dsfast's own key: say which rank is where when the ranks stop agreeing (a hang)",
     "hang_watch.after_s": "dsfast's own key: seconds a rank waits in one collective before the ranks' positions "
                           "are compared ($DSFAST_HANG_WATCH_S wins; below the process group's timeout)",
+    "zero_optimization.offload_optimizer.state_precision": "dsfast's own key: the host optimizer's Adam moments, "
+                                                           "fp32 or int8 (8-bit block-wise: CPUAdam8bit)",
 }
 
 

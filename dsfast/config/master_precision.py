@@ -64,6 +64,7 @@ def master_precision_errors(cfg):
                        "true without bf16_optimizer_states keeps fp32 optimizer states, which DeepSpeed allows only "
                        "on the host: set zero_optimization.offload_optimizer.device to \"cpu\", or set "
                        "bf16.bf16_optimizer_states to true"))
+    errors += int8_state_errors(cfg)
     nvme = cfg.zero_optimization.offload_optimizer_device == "nvme"
     for section, key in (("fp16", "fp16_master_weights_and_grads"), ("bf16", "bf16_master_weights_and_grads")):
         if nvme and getattr(getattr(cfg, section), key):
@@ -72,3 +73,36 @@ def master_precision_errors(cfg):
                                            "supported by dsfast yet: offload the 16-bit masters to \"cpu\", or keep "
                                            "fp32 masters on NVMe"))
     return errors
+
+
+def states_8bit(cfg):
+    """Whether the host optimizer keeps 8-bit block-wise Adam moments (offload_optimizer.state_precision "int8")."""
+    off = cfg.zero_optimization.offload_optimizer
+    return off is not None and off.state_precision == "int8"
+
+
+def int8_state_errors(cfg):
+    """[(path, message)] where offload_optimizer.state_precision "int8" cannot apply."""
+    if not states_8bit(cfg):
+        return []
+    path = ("zero_optimization", "offload_optimizer", "state_precision")
+    stage = cfg.zero_stage
+    if stage not in (1, 2, 3) or cfg.zero_optimization.offload_optimizer_device == "none":
+        return [(path, f'"int8" keeps 8-bit Adam moments in the host optimizer (dsfast.optim.CPUAdam8bit): it needs '
+                       f'ZeRO stage 1, 2 or 3 (stage is {stage}) with offload_optimizer.device "cpu" or "nvme" (it is '
+                       f'"{cfg.zero_optimization.offload_optimizer_device}"). For an optimizer on the GPU use '
+                       '16-bit states (bf16.bf16_optimizer_states with bf16_master_weights_and_grads), or pass a '
+                       "GPU 8-bit optimizer (torchao's AdamW8bit, bitsandbytes' Adam8bit) to "
+                       "initialize(optimizer=...)")]
+    opt = cfg.optimizer
+    torch_adam = bool(getattr(opt.params, "torch_adam", False)) if opt is not None else False
+    if opt is not None and (opt.type.lower() not in ("adam", "adamw") or torch_adam):
+        return [(path, f'"int8" applies to the Adam/AdamW moments of the dsfast CPU Adam; optimizer.type is '
+                       f"{opt.type!r}{' with torch_adam' if torch_adam else ''}: use Adam or AdamW "
+                       '(torch_adam false), or state_precision "fp32"')]
+    if cfg.bf16.bf16_optimizer_states:
+        return [(path, '"int8" and bf16.bf16_optimizer_states ask for two precisions of the same moments: keep one')]
+    if cfg.fp16.fp16_master_weights_and_grads:
+        return [(path, '"int8" steps fp32 or bf16 masters; fp16.fp16_master_weights_and_grads asks for fp16 ones: '
+                       "use bf16 masters or fp32 ones")]
+    return []

@@ -63,6 +63,17 @@ class OffloadOptimizerConfig(_OffloadTarget):
     ratio: float = Field(1.0, ge=0.0, le=1.0)   # < 1: offload only part of the states (stage 3 only)
     super_offload: bool = False
     cpuadam_cores_perc: float = Field(0.8, ge=0.0, le=1.0)
+    # dsfast's own key: the precision of the host optimizer's Adam moments. "fp32" (default: as bf16.* set them) or
+    # "int8" (alias "8bit"): 8-bit block-wise moments, dsfast.optim.CPUAdam8bit (config/master_precision.py's rules)
+    state_precision: str = "fp32"
+
+    @field_validator("state_precision", mode="before")
+    @classmethod
+    def _check_state_precision(cls, v):
+        names = {"fp32": "fp32", "int8": "int8", "8bit": "int8"}
+        if not isinstance(v, str) or v.lower() not in names:
+            raise plain_error(f"must be one of 'fp32', 'int8' (alias '8bit') (got {v!r})")
+        return names[v.lower()]
 
     @field_validator("device", mode="before")
     @classmethod

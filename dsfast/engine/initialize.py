@@ -12,7 +12,7 @@ import torch.distributed as dist
 from ..comm import hang_watch
 from ..comm.data_parallel import data_parallel
 from ..comm.where import waiting
-from ..config.master_precision import cpu_adam_fp32_states
+from ..config.master_precision import cpu_adam_fp32_states, states_8bit
 from ..precision.keep_fp32 import KeptFp32
 from ..zero.auto_offload import resolve_auto_offload
 from ..zero.owners import build_owner
@@ -188,7 +188,7 @@ def _make_optimizer(cfg, client, groups, owner, device, rank):
         return None  # nothing to train (a frozen model used for eval), or nothing to train it with
     # with offload_optimizer the states live on the host: the CPU kernels step them
     return build_optimizer(opt_cfg, owner.optimizer_groups(groups), owner.optimizer_device or device,
-                           fp32_states=cpu_adam_fp32_states(cfg))
+                           fp32_states=cpu_adam_fp32_states(cfg), states_8bit=states_8bit(cfg))
 
 
 def _make_scheduler(cfg, client, optimizer, rank):

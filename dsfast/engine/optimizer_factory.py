@@ -38,9 +38,12 @@ def _fit_kwargs(cls, kwargs, defaults, type_name):
     return out
 
 
-def _adam_class(device_type, adamw_mode, torch_adam):
+def _adam_class(device_type, adamw_mode, torch_adam, states_8bit=False):
     if torch_adam:
         return (torch.optim.AdamW if adamw_mode else torch.optim.Adam), {}
+    if states_8bit and device_type == "cpu":   # offload_optimizer.state_precision "int8" (checked by the config)
+        from dsfast.optim.cpu_adam8bit import CPUAdam8bit
+        return CPUAdam8bit, {"adamw_mode": adamw_mode}
     if device_type == "cuda":
         from dsfast.optim.fused_adam import FusedAdam
         return FusedAdam, {"adam_w_mode": adamw_mode}
@@ -73,15 +76,16 @@ def _lion_class(device_type):
     return CPULion
 
 
-def build_optimizer(opt_cfg, param_groups, device, fp32_states=True):
+def build_optimizer(opt_cfg, param_groups, device, fp32_states=True, states_8bit=False):
     """The optimizer of a validated `optimizer` config section (dsfast.config.OptimizerConfig) over
-    `param_groups` on `device`; fp32_states: the CPU optimizers' fp32_optimizer_states."""
+    `param_groups` on `device`; fp32_states: the CPU optimizers' fp32_optimizer_states; states_8bit: Adam on the
+    CPU keeps 8-bit block-wise moments (CPUAdam8bit)."""
     key = opt_cfg.type.lower()
     kwargs = opt_cfg.torch_kwargs()
     defaults = {k: f.default for k, f in type(opt_cfg.params).model_fields.items()}
     device_type = torch.device(device).type
     if key in ("adam", "adamw"):
-        cls, extra = _adam_class(device_type, opt_cfg.adamw_mode, bool(opt_cfg.params.torch_adam))
+        cls, extra = _adam_class(device_type, opt_cfg.adamw_mode, bool(opt_cfg.params.torch_adam), states_8bit)
         kwargs.update(extra)
     elif key == "sgd":
         cls = _sgd_class(device_type)
@@ -93,6 +97,8 @@ def build_optimizer(opt_cfg, param_groups, device, fp32_states=True):
         raise OptimizerConfigError(
             f"optimizer.type {opt_cfg.type!r} is not supported; valid types: {', '.join(SUPPORTED)} "
             "(case-insensitive), or pass your own optimizer object to initialize(optimizer=...)")
+    if states_8bit:   # the moments' precision is the config's int8, not this knob
+        kwargs.pop("fp32_optimizer_states", None)
     kwargs = _fit_kwargs(cls, kwargs, defaults, opt_cfg.type)
     if "fp32_optimizer_states" in inspect.signature(cls.__init__).parameters:
         kwargs["fp32_optimizer_states"] = bool(fp32_states)

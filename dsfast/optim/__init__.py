@@ -4,6 +4,8 @@ import importlib
 _LAZY = {
     "CPUAdam": "dsfast.optim.cpu_adam",
     "CPUAdamW": "dsfast.optim.cpu_adam",
+    "CPUAdam8bit": "dsfast.optim.cpu_adam8bit",
+    "CPUAdamW8bit": "dsfast.optim.cpu_adam8bit",
     "CPUSGD": "dsfast.optim.cpu_sgd",
     "CPUAdagrad": "dsfast.optim.cpu_adagrad",
     "CPULion": "dsfast.optim.cpu_lion",

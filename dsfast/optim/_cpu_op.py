@@ -200,13 +200,21 @@ class CPUOptimizer(torch.optim.Optimizer):
         saved_ids = [i for g in state_dict.get("param_groups", []) for i in g["params"]]
         super().load_state_dict(state_dict)
         params = [p for g in self.param_groups for p in g["params"]]
+        from ._quant_state import dequantize_into
+        dequantized = 0
         for i, p in zip(saved_ids, params):
             state = self.state.get(p)
+            dequantized += dequantize_into(state, saved.get(i, {}), p, self.state_dtype(p),
+                                           f"{type(self).__name__}.load_state_dict: state of parameter {i}")
             for key in _STATE_TENSORS:
                 original = saved.get(i, {}).get(key)
                 if state and isinstance(original, torch.Tensor) and original.is_floating_point():
                     state[key] = original.to(device=p.device, dtype=self.state_dtype(p), copy=True)
             normalise_state(state)
+        if dequantized:
+            from ..utils.log import logger
+            logger.info(f"{type(self).__name__}.load_state_dict: dequantized the 8-bit block-wise exp_avg / "
+                        f"exp_avg_sq of {dequantized} parameter(s) to {self.state_dtype(params[0])} states")
 
     @staticmethod
     def _amp_arguments(fp16_param_groups, grad_scale, found_inf, clip_coef, out16):

@@ -83,11 +83,24 @@ def resolve_auto_offload(cfg, model, world, device, figures=None):
     choice, row = choose(cfg, params, largest, world, min(local_ranks(), world), fig)
     choice = _slowest_over_ranks(choice)
     off.device = choice
+    _check_state_precision(cfg)
     gib = float(1 << 30)
     logger.warning(f'offload_optimizer.device "auto" -> "{choice}" (plan for {params} parameters, {world} '
                    f"rank(s): {row['device'] / gib:.2f} GiB on the device, {row['host'] / gib:.2f} GiB host, "
                    f"{row.get('nvme', 0) / gib:.2f} GiB NVMe per rank; `dsfast plan` shows every option)")
     return choice
+
+
+def _check_state_precision(cfg):
+    """state_precision "int8" was accepted while the device was "auto"; the choice may be one it cannot apply to
+    (no offload): the same refusal as for a config that said so."""
+    from ..config.errors import dotted, raise_problems
+    from ..config.master_precision import int8_state_errors
+    chose = cfg.zero_optimization.offload_optimizer.device
+    problems = [(dotted(path), f'{msg} (offload_optimizer.device "auto" chose "{chose}" here)')
+                for path, msg in int8_state_errors(cfg)]
+    if problems:
+        raise_problems(problems)
 
 
 def _slowest_over_ranks(choice):

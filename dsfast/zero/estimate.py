@@ -34,7 +34,8 @@ _NVME_CHOICES = [(1, "nvme", False), (2, "nvme", False), (3, "nvme", False), (3,
 
 
 def estimate_model_states(params, world_size, mixed=True, largest_layer=0, offload=None, master16=False,
-                          states16=False, nvme=False, buffer_count=4, bucket=5e8, param_buffer_count=5):
+                          states16=False, nvme=False, buffer_count=4, bucket=5e8, param_buffer_count=5,
+                          states8=False):
     """Rows for every (stage, offload_optimizer, offload_param) choice; offload=True/False keeps only the rows with
     (any) / without offload. master16 / states16: 16-bit masters / optimizer states (stages 1-3); nvme=True adds
     offload_optimizer "nvme" rows (module docstring)."""
@@ -43,6 +44,9 @@ def estimate_model_states(params, world_size, mixed=True, largest_layer=0, offlo
     if master16 and nvme:
         raise ValueError("16-bit masters with offload_optimizer on NVMe are not supported yet (dsfast refuses the "
                          "config too); leave out --nvme or --bf16-master")
+    if states8 and nvme:
+        raise ValueError("the NVMe rows are not estimated for 8-bit optimizer states yet; leave out --nvme (the "
+                         "host rows count them)")
     psi, world = int(float(params)), int(world_size)
     if psi < 1 or world < 1:
         raise ValueError(f"params and world_size must be >= 1 (got {params!r}, {world_size!r})")
@@ -52,7 +56,9 @@ def estimate_model_states(params, world_size, mixed=True, largest_layer=0, offlo
             continue
         if master16 and (stage == 0 or (not states16 and not off_opt)):
             continue   # where DeepSpeed refuses them (config/master_precision.py)
-        b = model_state_bytes(psi, world, stage, mixed, bool(off_opt), off_param, master16, states16)
+        if states8 and (not off_opt or stage == 0):
+            continue   # 8-bit states are the host optimizer's (offload_optimizer.state_precision "int8")
+        b = model_state_bytes(psi, world, stage, mixed, bool(off_opt), off_param, master16, states16, states8)
         if stage == 3 and largest_layer:
             b["device"] += (2 if mixed else 4) * int(float(largest_layer))
         if off_opt == "nvme":
@@ -121,6 +127,9 @@ def main(argv=None):
                     help="bf16 masters and gradients (bf16_master_weights_and_grads; without the next flag only "
                          "with offload_optimizer)")
     ap.add_argument("--bf16-optimizer-states", action="store_true", help="bf16 Adam moments (bf16_optimizer_states)")
+    ap.add_argument("--int8-optimizer-states", action="store_true",
+                    help="8-bit block-wise Adam moments on the host (offload_optimizer.state_precision \"int8\"); "
+                         "only the offload_optimizer rows")
     ap.add_argument("--nvme", action="store_true", help="add the rows of offload_optimizer / offload_param on NVMe")
     ap.add_argument("--param-buffer-count", type=int, default=5, help="offload_param.buffer_count (NVMe window)")
     ap.add_argument("--buffer-count", type=int, default=4, help="offload_optimizer.buffer_count (NVMe window)")
@@ -132,14 +141,15 @@ def main(argv=None):
     try:
         rows = estimate_model_states(args.params, args.world_size, not args.fp32, args.largest_layer,
                                      True if args.offload else None, args.bf16_master, args.bf16_optimizer_states,
-                                     args.nvme, args.buffer_count, args.bucket, args.param_buffer_count)
+                                     args.nvme, args.buffer_count, args.bucket, args.param_buffer_count,
+                                     args.int8_optimizer_states)
     except ValueError as err:
         ap.error(str(err))
     gib = 1024 ** 3
     print(f"model states per rank: {float(args.params):.3g} params, {args.world_size} ranks, "
           f"{'fp32' if args.fp32 else 'mixed precision'}, "
           f"{'bf16' if args.bf16_master else 'fp32'} masters, Adam with "
-          f"{'bf16' if args.bf16_optimizer_states else 'fp32'} moments")
+          f"{'int8' if args.int8_optimizer_states else 'bf16' if args.bf16_optimizer_states else 'fp32'} moments")
     print(f"{'stage':>5}  {'offload_optimizer':>17}  {'offload_param':>13}  {'device GiB':>10}  {'host GiB':>9}  "
           f"{'nvme GiB':>9}")
     for r in rows:

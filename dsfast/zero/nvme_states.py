@@ -42,8 +42,8 @@ def _unit_by_unit():
     """Optimizer classes whose update of a parameter reads only that parameter's gradient and state (and whose step
     counts live per parameter), so stepping one unit at a time changes nothing: dsfast's own and torch's
     element-wise ones."""
-    from ..optim import CPUAdagrad, CPUAdam, CPULion, CPUSGD, FusedAdam, FusedSGD
-    return (CPUAdam, CPUSGD, CPUAdagrad, CPULion, FusedAdam, FusedSGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD,
+    from ..optim import CPUAdagrad, CPUAdam, CPUAdam8bit, CPULion, CPUSGD, FusedAdam, FusedSGD
+    return (CPUAdam, CPUAdam8bit, CPUSGD, CPUAdagrad, CPULion, FusedAdam, FusedSGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD,
             torch.optim.Adagrad, torch.optim.RMSprop, torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam)
 
 

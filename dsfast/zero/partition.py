@@ -88,8 +88,14 @@ def owned_pieces(plan: BucketPlan, rank: int):
     return out
 
 
+# 8-bit block-wise moments (offload_optimizer.state_precision "int8"): 2 code bytes a parameter plus 2 fp32 scales
+# per block of 256 (dsfast.ops.reference.adam8bit.QUANT_BLOCK), instead of 8 (fp32) or 4 (16-bit) bytes
+INT8_MOMENT_BYTES = 2 + 2 * 4 / 256
+
+
 def model_state_bytes(psi: int, world: int, stage: int, mixed: bool, offload: bool = False,
-                      offload_param: bool = False, master16: bool = False, states16: bool = False):
+                      offload_param: bool = False, master16: bool = False, states16: bool = False,
+                      states8: bool = False):
     """ZeRO's model-state formulas for Adam (bytes per rank): {"device": ..., "host": ...}.
 
     Mixed precision (16-bit model, fp32 masters + 2 fp32 moments = 12 bytes/param of optimizer state):
@@ -103,6 +109,7 @@ def model_state_bytes(psi: int, world: int, stage: int, mixed: bool, offload: bo
       with offload_optimizer the host keeps its own 16-bit master copy beside the moments: 6 psi/N (fp32 moments:
       10 psi/N), DeepSpeed's "6 bytes per parameter instead of 12"
     offload_optimizer moves masters and moments (12 or 8 bytes/param, /N from stage 1 on) to the host;
+    states8 (offload_optimizer.state_precision "int8", offload only) keeps the moments in INT8_MOMENT_BYTES;
     offload_param (stage 3 only) moves the parameter partitions there too (the fp32 one doubles as the master
     only when both are on the same side, which the counts here ignore: they are upper bounds by a p psi/N)."""
     if master16 and not (mixed and stage in (1, 2, 3)):
@@ -115,6 +122,10 @@ def model_state_bytes(psi: int, world: int, stage: int, mixed: bool, offload: bo
     opt = 12 if mixed else 8                 # masters + exp_avg + exp_avg_sq (fp32 keeps no master copy)
     if master16:                             # the parameter shards are the masters, but for the host's own copy
         opt = (2 if offload else 0) + 2 * (2 if states16 else 4)
+    if states8:                              # the moments' 8 (or 4) bytes become INT8_MOMENT_BYTES
+        if not offload or stage == 0 or states16:
+            raise ValueError("8-bit optimizer states need offload_optimizer at ZeRO stage 1-3, without 16-bit states")
+        opt = opt - 2 * (2 if states16 else 4) + INT8_MOMENT_BYTES
     if stage == 0:
         params, grads, states = p * psi, (4 if mixed else g) * psi, opt * psi
     elif stage == 1:

@@ -72,9 +72,12 @@ def check_master_optimizer(policy, offload, optimizer):
     if policy.master_dtype == torch.float32:
         return
     from ..optim.cpu_adam import CPUAdam
+    from ..optim.cpu_adam8bit import CPUAdam8bit
     bf16_states = policy.master_dtype == torch.bfloat16 and policy.states_16bit
     if bf16_states and not offload:
         return
+    if offload and type(optimizer) is CPUAdam8bit and policy.master_dtype == torch.bfloat16 and not bf16_states:
+        return   # bf16 masters with 8-bit moments on the host (offload_optimizer.state_precision "int8")
     name = "fp16_master_weights_and_grads" if policy.master_dtype == torch.float16 else \
         "bf16_master_weights_and_grads"
     if not offload or type(optimizer) is not CPUAdam:

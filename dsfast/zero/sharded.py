@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.where import waiting
+from ..optim._quant_state import FLOAT_KEYS, dequantize_moments, is_quantized
 from . import grad_buckets
 from .decide import decide
 from .flat_shards import FlatShards
@@ -147,6 +148,8 @@ class _ShardedBase(ShardOptimizer):
     def _state_of(self, key):
         def source(i):
             state = self._optimizer.state.get(self.store.shards[i], {}) if self._optimizer is not None else {}
+            if key not in state and key in FLOAT_KEYS and is_quantized(state):   # 8-bit moments, as fp32 values
+                return dequantize_moments(state)[key]
             if key not in state:
                 raise KeyError(f"optimizer state {key!r} does not exist (yet): available keys "
                                f"{sorted(state)}; states appear after the first optimizer step")

@@ -23,6 +23,7 @@ _one_fill = torch.ops.dsfast.cpu_one_state_table_fill_.default
 _adagrad_table = torch.ops.dsfast.cpu_adagrad_table_.default
 _lion_table = torch.ops.dsfast.cpu_lion_table_.default
 _release = torch.ops.dsfast.cpu_table_release_.default
+_adam8bit = torch.ops.dsfast.cpu_adam8bit_step.default
 # Per row: param, grad, exp_avg, exp_avg_sq, out16, step addresses; numel; grad, out, param, state dtype codes;
 # then a reference to each of those six tensors (0 where there is none).
 ADAM_TABLE_COLUMNS, ADAM_HELD = 17, 11
@@ -110,6 +111,20 @@ def lion_step(params, grads, exp_avgs, outs, steps, lr, beta1, beta2, weight_dec
     except RuntimeError as e:
         raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads, states=exp_avgs,
                                                   outs=outs, steps=steps)) from None
+
+
+def adam8bit_step(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs, steps,
+                  exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction,
+                  grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
+    """Adam/AdamW with 8-bit block-wise moments (dsfast.ops.reference.adam8bit has the layout and the maps) over
+    lists of CPU tensors (fp32 or bf16 params) in one parallel region; increments each step."""
+    outs = _fill_missing_outs(params, outs)
+    try:
+        _adam8bit(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs, steps,
+                  exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction,
+                  grad_scale, num_threads, isa, label, round_seed)
+    except RuntimeError as e:
+        raise retyped(e) from None
 
 
 # Work tables (csrc/bindings/cpu_optim.cpp): one int64 row per param holding its tensors' addresses and
@@ -282,3 +297,12 @@ def _lion_table_fake(table, lr, beta1, beta2, weight_decay, grad_scale=1.0, num_
 def _release_fake(held):
     if held.device.type != "cpu" or held.dtype != torch.int64:
         raise ValueError("cpu_table_release_: expects a contiguous int64 cpu tensor of held references")
+
+
+@torch.library.register_fake("dsfast::cpu_adam8bit_step")
+def _adam8bit_fake(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs, steps,
+                   exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction,
+                   grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
+    from ..reference.adam8bit import check_adam8bit_args
+    check_adam8bit_args(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs,
+                        steps, exp_avg_map, exp_avg_sq_map, label)

@@ -293,3 +293,6 @@ def lion_step(params, grads, exp_avgs, outs, steps, lr, beta1, beta2, weight_dec
         m.mul_(beta2).add_(g, alpha=1 - beta2)
 
     _one_state_step(params, grads, exp_avgs, outs, steps, grad_scale, round_seed, update)
+
+
+from .adam8bit import adam8bit_step  # noqa: E402,F401  (the 8-bit-state Adam: same op, own file)

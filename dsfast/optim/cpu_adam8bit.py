@@ -1,0 +1,124 @@
+"""CPUAdam8bit / CPUAdamW8bit: Adam/AdamW on CPU tensors with 8-bit block-wise moments.
+
+    opt = dsfast.optim.CPUAdam8bit(model.parameters(), lr=1e-3, weight_decay=0.01)   # AdamW by default
+
+Each moment is one uint8 code per element plus one fp32 scale per block of 256 elements (Dettmers et al. 2022;
+dsfast.ops.reference.adam8bit has the maps): 2.03 bytes a parameter for both moments instead of 8 (fp32) or 4
+(bf16). One native pass per block dequantizes, updates (fp32 math, optim_math.h), requantizes and writes the param
+(fp32 or bf16 master) and the optional 16-bit copy. Its own class, not a CPUAdam flag: the state has other keys
+(exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, step), which a CPUAdam / torch.optim.Adam
+state dict cannot be read as without a conversion. Loading one converts explicitly, with a log line, both ways:
+CPUAdam8bit quantizes fp32 / 16-bit exp_avg and exp_avg_sq; CPUAdam (and its engine) dequantizes codes and scales.
+"""
+import torch
+
+from . import _cpu_op, _quant_state
+from .validation import check_adam_hparams, check_unsupported_flags
+from ..utils.log import logger
+
+_STATE_KEYS = ("step",) + _quant_state.CODE_KEYS
+
+
+class CPUAdam8bit(_cpu_op.CPUOptimizer):
+    """Adam/AdamW (adamw_mode=True by default, as CPUAdam) with 8-bit block-wise moments; fp32 or bf16 params."""
+
+    states_8bit = True   # the checkpoint loader re-quantizes into this layout (checkpoint/quant_slices.py)
+
+    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 amsgrad=False, adamw_mode=True, *, maximize=False, isa="auto", stochastic_rounding=False):
+        check_adam_hparams(lr, betas, eps, weight_decay, amsgrad)
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                        bias_correction=bias_correction, adamw_mode=adamw_mode,
+                        decoupled_weight_decay=adamw_mode, maximize=maximize)
+        super().__init__(params, defaults, isa, True, stochastic_rounding)
+        for group in self.param_groups:
+            for j, p in enumerate(group["params"]):
+                if p.dtype not in (torch.float32, torch.bfloat16):
+                    raise TypeError(f"CPUAdam8bit: a parameter ({p.dtype}) of shape {tuple(p.shape)}: 8-bit states "
+                                    "step float32 or bfloat16 parameters")
+
+    @torch.no_grad()
+    def step(self, closure=None, fp16_param_groups=None, *, grads=None, grad_scale=None, found_inf=None,
+             clip_coef=None, out16=None):
+        """One step; arguments as CPUAdam.step."""
+        loss = self._run_closure(closure)
+        multiplier, fp16_param_groups = self._amp_arguments(fp16_param_groups, grad_scale, found_inf, clip_coef,
+                                                            out16)
+        if multiplier is None:
+            return loss
+        m_map, v_map = _quant_state.maps()
+        for gi, group in enumerate(self.param_groups):
+            lr, (beta1, beta2), eps, wd = check_adam_hparams(group["lr"], group["betas"], group["eps"],
+                                                              group["weight_decay"], group.get("amsgrad", False))
+            check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
+            halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
+            listed = grads[gi] if grads is not None else None
+            params, gs, lists, outs, indices = self._gather(gi, group, halves, listed)
+            if not params:
+                continue
+            grad_scale_v = -multiplier if group.get("maximize") else multiplier
+            _cpu_op.call(_cpu_op.op().adam8bit_step, gi, indices, [p.view(-1) for p in params],
+                         [g.reshape(-1) for g in gs], *(lists[k] for k in _quant_state.CODE_KEYS),
+                         [o.view(-1) if o is not None else None for o in outs], lists["step"], m_map, v_map,
+                         lr, beta1, beta2, eps, wd, bool(group["adamw_mode"]), bool(group["bias_correction"]),
+                         grad_scale_v, _cpu_op.num_threads(), self.isa, round_seed=self.round_seed())
+        return loss
+
+    def _gather(self, gi, group, halves, listed=None):
+        params, grads, outs, indices = [], [], [], []
+        lists = {k: [] for k in _STATE_KEYS}
+        for j, p in enumerate(group["params"]):
+            g = listed[j] if listed is not None else p.grad
+            if g is None:
+                continue
+            if not p.is_contiguous() or not g.is_contiguous():
+                raise ValueError(f"param_groups[{gi}]['params'][{j}] or its gradient is not contiguous; the 8-bit "
+                                 "kernel updates contiguous tensors in place")
+            state = self.state[p]
+            if len(state) == 0:
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state.update(_quant_state.empty_state(p.numel()))
+            for k in _STATE_KEYS:
+                lists[k].append(state[k])
+            params.append(p)
+            grads.append(g)
+            indices.append(j)
+            if halves is not None:
+                outs.append(halves[j])
+        return params, grads, lists, outs, indices
+
+    def load_state_dict(self, state_dict):
+        # torch would cast the fp32 scales to a bf16 param's dtype: every state is taken from the saved dict
+        # instead, in the kernel's layout; fp32 / 16-bit moments (CPUAdam, torch.optim.Adam) are quantized.
+        saved = state_dict.get("state", {})
+        saved_ids = [i for g in state_dict.get("param_groups", []) for i in g["params"]]
+        torch.optim.Optimizer.load_state_dict(self, state_dict)
+        params = [p for g in self.param_groups for p in g["params"]]
+        converted = 0
+        for i, p in zip(saved_ids, params):
+            state, original = self.state.get(p), saved.get(i, {})
+            if not state:
+                continue
+            where = f"CPUAdam8bit.load_state_dict: state of parameter {i}"
+            if _quant_state.is_quantized(original):
+                moments = _quant_state.check_codes(original, p.numel(), where)
+            else:
+                moments = _quant_state.quantize_moments(original, p.numel(), where)
+                converted += 1
+            for key in _quant_state.FLOAT_KEYS:
+                state.pop(key, None)
+            state.update(moments)
+            _cpu_op.normalise_state(state)
+        if converted:
+            logger.info(f"CPUAdam8bit.load_state_dict: quantized the float exp_avg / exp_avg_sq of {converted} "
+                        f"parameter(s) to 8-bit block-wise states (block {_quant_state.QUANT_BLOCK})")
+
+
+class CPUAdamW8bit(CPUAdam8bit):
+    """AdamW with 8-bit moments: torch.optim.AdamW's defaults (weight_decay=0.01)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 maximize=False, bias_correction=True, isa="auto", stochastic_rounding=False):
+        super().__init__(params, lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
+                         weight_decay=weight_decay, amsgrad=amsgrad, adamw_mode=True, maximize=maximize, isa=isa,
+                         stochastic_rounding=stochastic_rounding)
