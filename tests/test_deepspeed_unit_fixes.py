@@ -241,7 +241,9 @@ def test_ops_compatible_ops_answers_for_the_builders_deepspeeds_tests_gate_on():
     # `if not deepspeed.ops.__compatible_ops__[CPUAdamBuilder.NAME]: pytest.skip(...)` in DeepSpeed's tests
     from dsfast.ops.op_builder import CPUAdamBuilder, FusedAdamBuilder
     table = deepspeed.ops.__compatible_ops__
-    assert table[CPUAdamBuilder.NAME] is True and table[FusedAdamBuilder.NAME] is True
+    assert table[CPUAdamBuilder.NAME] is True            # the cpu_optim op builds wherever a C++ compiler is
+    # FusedAdam: its CUDA op, or the pure-torch stand-in unless DSFAST_REQUIRE_OPS=1 forbids it (CI: no GPU, so False)
+    assert table[FusedAdamBuilder.NAME] is FusedAdamBuilder().is_compatible()
     assert table["async_io"] is False          # no such op in dsfast
     assert CPUAdamBuilder().load() is not None
     with pytest.raises(AttributeError, match="no attribute '__other__'"):

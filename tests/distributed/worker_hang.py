@@ -8,7 +8,7 @@ argv: case out_dir. Cases:
   eval    rank 1 runs an eval forward after step 1 while rank 0 trains (stage 3)
   killed  rank 1 is killed in the middle of its second backward (stage 3)
   calm    no hang: rank 1 sleeps longer than the watch's threshold before a collective (stage 3), then both ranks
-          pass different tags to save_checkpoint (an error on both, not a hang); writes rank<r>.txt when done
+          pass different tags to save_checkpoint (under tag_validation Fail: an error on both, not a hang); writes rank<r>.txt when done
 """
 import os
 import signal
@@ -42,7 +42,9 @@ def main():
     stage = 2 if CASE == "save" else 3
     config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": None,
               "optimizer": {"type": "SGD", "params": {"lr": 0.01}},
-              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+              # "Fail": different tags are an error on every rank (the default "Warn" saves under rank 0's tag)
+              "checkpoint": {"tag_validation": "Fail"}}
     model = Net()
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     rank = engine.global_rank
