@@ -24,13 +24,17 @@ class StrictModel(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_bool_numbers(cls, data: Any):
-        # pydantic's lax mode reads true as 1; in a config that is a mistake ("train_batch_size": true).
+        # pydantic's lax mode reads true as 1; in a config that is a mistake ("train_batch_size": true). A list or
+        # object where a plain number goes gets the same plain words instead of pydantic's type name.
         if isinstance(data, dict):
             bad = []
             for name, field in cls.model_fields.items():
                 for key in (name, field.alias):
                     if key in data and isinstance(data[key], bool) and _is_numeric(field.annotation):
                         bad.append(((key,), f"must be a number, not {str(data[key]).lower()}"))
+                    elif key in data and isinstance(data[key], (list, dict)) and field.annotation in (int, float):
+                        kind = "a list" if isinstance(data[key], list) else "an object"
+                        bad.append(((key,), f"must be a number, not {kind} ({data[key]!r})"))
             if bad:
                 raise nested_error(bad)
         return data

@@ -1,11 +1,15 @@
 """deepspeed.runtime.utils: see_memory_usage (a memory report at a point of a program, rank 0, when forced),
 move_to_device (tensors in nested containers to a device) and the layer partitioners partition_uniform /
-partition_balanced that pipeline-style programs use to split layers into parts."""
+partition_balanced that pipeline-style programs use to split layers into parts; the gradient/weight norm helpers
+(clip_grad_norm_, get_global_norm, get_weight_norm) live in grad_norm.py."""
 import gc
 import resource
 
 import torch
 import torch.distributed as dist
+
+from .grad_norm import (clip_grad_norm_, get_global_norm, get_weight_norm, is_invalid_grad_norm,  # noqa: F401
+                        is_model_parallel_parameter)
 
 GIB = 1024 ** 3
 

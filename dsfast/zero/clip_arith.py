@@ -66,6 +66,13 @@ def group_partials(pieces, norms, stage, groups, device):
     return torch.stack(out) if out else torch.zeros(0, dtype=torch.float64, device=device)
 
 
+def stage0_coef(total, max_norm):
+    """DeepSpeed's stage-0 clip coefficient (runtime/utils.py clip_grad_norm_): min(1, max_norm / (norm + 1e-6)),
+    in the norm's dtype."""
+    return torch.min(torch.ones((), dtype=total.dtype, device=total.device),
+                     torch.full((), float(max_norm), dtype=total.dtype, device=total.device) / (total + CLIP_EPS))
+
+
 def norm_and_coef(partials, stage, factor, max_norm):
     """(global norm after `factor`, clip coefficient as float32) from the rank-summed group partials, each as
     DeepSpeed computes it. Non-finite when the fp32 sums overflowed: the caller falls back to float64."""
@@ -73,9 +80,7 @@ def norm_and_coef(partials, stage, factor, max_norm):
     sums = partials.to(dtype)   # stages 1-2: the fp32 sum over ranks (exact for two; see the module docstring)
     if stage == 0:
         total = sums[0].pow(1.0 / 2) * factor
-        coef = torch.min(torch.ones((), dtype=dtype, device=total.device),
-                         torch.full((), float(max_norm), dtype=dtype, device=total.device) / (total + CLIP_EPS))
-        return total, coef
+        return total, stage0_coef(total, max_norm)
     group_norms = sums.pow(1.0 / 2)
     total = torch.linalg.vector_norm(group_norms, 2.0) * factor
     coef = 1.0 / torch.clamp((total + CLIP_EPS) / max_norm, min=1.0)
