@@ -59,8 +59,9 @@ def alias_dir(dsfast_python, out):
     """A folder where `deepspeed` is dsfast (dsfast's own `alias install --target`), and a bin folder whose
     `deepspeed` command is the dsfast launcher (what `dsfast alias install` writes into a venv)."""
     target = os.path.join(out, "dsfast-alias")
+    # cwd: not the caller's, which may be the --out folder, whose deepspeed/ (the results) `-m` would put on the path
     subprocess.run([dsfast_python, "-m", "dsfast.launcher", "alias", "install", "--target", target], check=True,
-                   stdout=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL, cwd=HERE)
     bin_dir = os.path.join(out, "dsfast-bin")
     os.makedirs(bin_dir, exist_ok=True)
     script = os.path.join(bin_dir, "deepspeed")
