@@ -14,7 +14,7 @@ the same way.
 """
 import torch
 
-from ..optim import _quant_state as qs
+from ..optim import quant_state as qs
 from .errors import CheckpointError
 from ..ops.reference import adam8bit as q8
 

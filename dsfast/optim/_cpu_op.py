@@ -200,7 +200,7 @@ class CPUOptimizer(torch.optim.Optimizer):
         saved_ids = [i for g in state_dict.get("param_groups", []) for i in g["params"]]
         super().load_state_dict(state_dict)
         params = [p for g in self.param_groups for p in g["params"]]
-        from ._quant_state import dequantize_into
+        from .quant_state import dequantize_into
         dequantized = 0
         for i, p in zip(saved_ids, params):
             state = self.state.get(p)

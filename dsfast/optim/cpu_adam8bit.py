@@ -12,11 +12,11 @@ CPUAdam8bit quantizes fp32 / 16-bit exp_avg and exp_avg_sq; CPUAdam (and its eng
 """
 import torch
 
-from . import _cpu_op, _quant_state
+from . import _cpu_op, quant_state
 from .validation import check_adam_hparams, check_unsupported_flags
 from ..utils.log import logger
 
-_STATE_KEYS = ("step",) + _quant_state.CODE_KEYS
+_STATE_KEYS = ("step",) + quant_state.CODE_KEYS
 
 
 class CPUAdam8bit(_cpu_op.CPUOptimizer):
@@ -46,7 +46,7 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
                                                             out16)
         if multiplier is None:
             return loss
-        m_map, v_map = _quant_state.maps()
+        m_map, v_map = quant_state.maps()
         for gi, group in enumerate(self.param_groups):
             lr, (beta1, beta2), eps, wd = check_adam_hparams(group["lr"], group["betas"], group["eps"],
                                                               group["weight_decay"], group.get("amsgrad", False))
@@ -58,7 +58,7 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
                 continue
             grad_scale_v = -multiplier if group.get("maximize") else multiplier
             _cpu_op.call(_cpu_op.op().adam8bit_step, gi, indices, [p.view(-1) for p in params],
-                         [g.reshape(-1) for g in gs], *(lists[k] for k in _quant_state.CODE_KEYS),
+                         [g.reshape(-1) for g in gs], *(lists[k] for k in quant_state.CODE_KEYS),
                          [o.view(-1) if o is not None else None for o in outs], lists["step"], m_map, v_map,
                          lr, beta1, beta2, eps, wd, bool(group["adamw_mode"]), bool(group["bias_correction"]),
                          grad_scale_v, _cpu_op.num_threads(), self.isa, round_seed=self.round_seed())
@@ -77,7 +77,7 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
             state = self.state[p]
             if len(state) == 0:
                 state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                state.update(_quant_state.empty_state(p.numel()))
+                state.update(quant_state.empty_state(p.numel()))
             for k in _STATE_KEYS:
                 lists[k].append(state[k])
             params.append(p)
@@ -100,18 +100,18 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
             if not state:
                 continue
             where = f"CPUAdam8bit.load_state_dict: state of parameter {i}"
-            if _quant_state.is_quantized(original):
-                moments = _quant_state.check_codes(original, p.numel(), where)
+            if quant_state.is_quantized(original):
+                moments = quant_state.check_codes(original, p.numel(), where)
             else:
-                moments = _quant_state.quantize_moments(original, p.numel(), where)
+                moments = quant_state.quantize_moments(original, p.numel(), where)
                 converted += 1
-            for key in _quant_state.FLOAT_KEYS:
+            for key in quant_state.FLOAT_KEYS:
                 state.pop(key, None)
             state.update(moments)
             _cpu_op.normalise_state(state)
         if converted:
             logger.info(f"CPUAdam8bit.load_state_dict: quantized the float exp_avg / exp_avg_sq of {converted} "
-                        f"parameter(s) to 8-bit block-wise states (block {_quant_state.QUANT_BLOCK})")
+                        f"parameter(s) to 8-bit block-wise states (block {quant_state.QUANT_BLOCK})")
 
 
 class CPUAdamW8bit(CPUAdam8bit):

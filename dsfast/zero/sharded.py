@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.where import waiting
-from ..optim._quant_state import FLOAT_KEYS, dequantize_moments, is_quantized
+from ..optim.quant_state import FLOAT_KEYS, dequantize_moments, is_quantized
 from . import grad_buckets
 from .decide import decide
 from .flat_shards import FlatShards

@@ -120,8 +120,8 @@ def check_adam8bit_args(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq
 def adam8bit_step(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs, steps,
                   exp_avg_map_, exp_avg_sq_map_, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction,
                   grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
-    from .cpu_optim import _check_isa, _row_seed, _stochastic_bf16
-    _check_isa(isa)
+    from .cpu_optim import check_isa, row_seed, stochastic_bf16
+    check_isa(isa)
     check_adam8bit_args(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs,
                         steps, exp_avg_map_, exp_avg_sq_map_, label)
     if any((m[1:] <= m[:-1]).any() for m in (exp_avg_map_, exp_avg_sq_map_)):
@@ -144,7 +144,7 @@ def adam8bit_step(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes
             p = p * (_f32(1.0) - decay)
             p = p - _f32(lr / bc1) * m / denom
             if round_seed and stored.dtype == torch.bfloat16:
-                stored.view(-1).copy_(_stochastic_bf16(p, _row_seed(round_seed, i)))
+                stored.view(-1).copy_(stochastic_bf16(p, row_seed(round_seed, i)))
             else:
                 stored.view(-1).copy_(p)
             for codes, scales, x, qmap in ((exp_avg_codes[i], exp_avg_scales[i], m, exp_avg_map_),

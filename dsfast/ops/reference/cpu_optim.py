@@ -31,7 +31,7 @@ def _mul32(x, c):
     return ((x & 0xFFFF) * c + ((((x >> 16) * c) & 0xFFFF) << 16)) & _M32
 
 
-def _row_seed(seed, row):
+def row_seed(seed, row):
     """csrc/bindings/cpu_optim.cpp's row_seed: the call's seed made distinct per tensor (never 0)."""
     x = (seed & _M32) ^ ((seed >> 32) & _M32) ^ ((row * 0x85EBCA6B) & _M32)
     x ^= x >> 15
@@ -40,7 +40,7 @@ def _row_seed(seed, row):
     return x or 1
 
 
-def _stochastic_bf16(x, seed):
+def stochastic_bf16(x, seed):
     """half_convert.h's stochastic rounding of an fp32 tensor to bf16, bit for bit (murmur3's finaliser over the
     seed and each element's index gives the 16 bits added before truncating)."""
     h = _mul32(torch.arange(x.numel(), dtype=torch.int64) & _M32, 0x9E3779B1) ^ seed
@@ -60,12 +60,12 @@ def _store(stored, value, seed, row):
     if value is stored:
         return
     if seed and stored.dtype == torch.bfloat16:
-        stored.copy_(_stochastic_bf16(value, _row_seed(seed, row)))
+        stored.copy_(stochastic_bf16(value, row_seed(seed, row)))
     else:
         stored.copy_(value)
 
 
-def _check_isa(isa):
+def check_isa(isa):
     if isa not in _ISAS:
         raise ValueError(f"isa={isa!r} needs the native cpu_optim op, which is not loaded (the pure-torch "
                          f"reference is in use); valid here: {', '.join(_ISAS)}")
@@ -196,7 +196,7 @@ def check_one_state_args(params, grads, states, outs, steps, state_name, label="
 def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps, weight_decay, adamw,
               bias_correction, grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
     check_adam_args(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label)
-    _check_isa(isa)
+    check_isa(isa)
     with torch.no_grad():
         for i, stored in enumerate(params):
             p, m, v = stored.float(), exp_avgs[i].float(), exp_avg_sqs[i].float()   # copies only of 16-bit ones
@@ -226,7 +226,7 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta
 def sgd_step(params, grads, momentum_buffers, outs, first_steps, lr, momentum, dampening, weight_decay, nesterov,
              grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
     check_sgd_args(params, grads, momentum_buffers, outs, first_steps, momentum, label)
-    _check_isa(isa)
+    check_isa(isa)
     with torch.no_grad():
         for i, stored in enumerate(params):
             p = stored.float()   # a copy only of a 16-bit master
@@ -271,7 +271,7 @@ def _one_state_step(params, grads, states, outs, steps, grad_scale, round_seed, 
 def adagrad_step(params, grads, state_sums, outs, steps, lr, eps, weight_decay, grad_scale=1.0, num_threads=0,
                  isa="auto", label="params", round_seed=0):
     check_one_state_args(params, grads, state_sums, outs, steps, "state['exp_avg_sq']", label)
-    _check_isa(isa)
+    check_isa(isa)
 
     def update(p, g, s):
         if weight_decay != 0:
@@ -285,7 +285,7 @@ def adagrad_step(params, grads, state_sums, outs, steps, lr, eps, weight_decay, 
 def lion_step(params, grads, exp_avgs, outs, steps, lr, beta1, beta2, weight_decay, grad_scale=1.0, num_threads=0,
               isa="auto", label="params", round_seed=0):
     check_one_state_args(params, grads, exp_avgs, outs, steps, "state['exp_avg']", label)
-    _check_isa(isa)
+    check_isa(isa)
 
     def update(p, g, m):
         direction = (m * beta1).add_(g, alpha=1 - beta1).sign_()
