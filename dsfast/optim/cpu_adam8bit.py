@@ -46,7 +46,6 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
                                                             out16)
         if multiplier is None:
             return loss
-        m_map, v_map = quant_state.maps()
         for gi, group in enumerate(self.param_groups):
             lr, (beta1, beta2), eps, wd = check_adam_hparams(group["lr"], group["betas"], group["eps"],
                                                               group["weight_decay"], group.get("amsgrad", False))
@@ -59,7 +58,7 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
             grad_scale_v = -multiplier if group.get("maximize") else multiplier
             _cpu_op.call(_cpu_op.op().adam8bit_step, gi, indices, [p.view(-1) for p in params],
                          [g.reshape(-1) for g in gs], *(lists[k] for k in quant_state.CODE_KEYS),
-                         [o.view(-1) if o is not None else None for o in outs], lists["step"], m_map, v_map,
+                         [o.view(-1) if o is not None else None for o in outs], lists["step"],
                          lr, beta1, beta2, eps, wd, bool(group["adamw_mode"]), bool(group["bias_correction"]),
                          grad_scale_v, _cpu_op.num_threads(), self.isa, round_seed=self.round_seed())
         return loss
