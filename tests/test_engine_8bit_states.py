@@ -180,8 +180,12 @@ def test_estimate_counts_int8_moments(capsys):
     assert stage2["host"] == pytest.approx((4 + 2.03125) * 7e9 / 8)   # fp32 master + 8-bit moments
     estimate_main(["--params", "7e9", "--world-size", "8", "--int8-optimizer-states"])
     assert "int8 moments" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="NVMe rows"):
-        estimate_model_states(7e9, 8, states8=True, nvme=True)
+    # on NVMe: the fp32 master and the 8-bit moments in the unit files; the host keeps the window of 4 units
+    nvme = {r["stage"]: r for r in estimate_model_states(7e9, 8, states8=True, nvme=True, bucket=5e8)
+            if r["offload_optimizer"] == "nvme" and not r["offload_param"]}
+    assert nvme[2]["nvme"] == pytest.approx((4 + 2.03125) * 7e9 / 8, abs=1)
+    assert nvme[2]["host"] == pytest.approx(stage2["host"] - (4 + 2.03125) * 7e9 / 8 +
+                                            4 * (4 + 2.03125) * (5e8 // 8 + 1), abs=4 * 4096)   # page-aligned
     with pytest.raises(ValueError, match="offload_optimizer"):
         model_state_bytes(100, 1, 2, True, offload=False, states8=True)
 

@@ -109,7 +109,7 @@ def test_rows_carry_estimate_bytes_and_the_order_is_precision_then_floor_then_de
                                                    (3, True, True)]
     assert fitting[2]["floor_s"] == pytest.approx(28 * PSI / 20e9)
     tiers = [(r["masters"], r["states"]) for r in fitting]
-    assert tiers == sorted(tiers, key=[("fp32", "fp32"), ("bf16", "fp32"), ("bf16", "bf16")].index)
+    assert tiers == sorted(tiers, key=[("fp32", "fp32"), ("bf16", "fp32"), ("fp32", "int8"), ("bf16", "bf16")].index)
     bf16_host = next(r for r in fitting if r["states"] == "bf16" and r["offload_optimizer"])
     assert bf16_host["floor_s"] == pytest.approx(14 * PSI / 20e9)
     assert all(r["why_not"] for r in rows[len(fitting):])
@@ -147,11 +147,42 @@ def test_device_and_nvme_boundaries_and_the_disk_floor():
     assert best["floor_s"] == pytest.approx(max(28 * PSI / 20e9, disk / 2e9 + disk / 1e9))
     tight = make_plan(PSI, 1, _fig(host_available=4 * GIB, nvme_path="/nvme", nvme_free=int(disk) - 1,
                                    nvme_read_gbs=2.0, nvme_write_gbs=1.0), headroom=1.0,
-                      only=lambda r: _key(r)[:3] == (3, "nvme", False))[0]
+                      only=lambda r: _key(r) == (3, "nvme", False, "fp32", "fp32"))[0]
     assert any(w.startswith("NVMe needs") for w in tight["why_not"])
     no_gpu = make_plan(PSI, 1, _fig(device_memory=None), headroom=1.0, only=lambda r: _key(r)[:3] == (1, True, False))
     # the CPU trains: its device bytes count against the host too, and the step runs at the host's bandwidth
     assert no_gpu[0]["floor_s"] == pytest.approx(28 * PSI / 20e9)
+
+
+def test_int8_rows_offload_only_with_their_bytes_and_floor_and_config(tmp_path):
+    """8-bit moments (offload_optimizer.state_precision "int8"): cpu and nvme rows at stages 1-3 with fp32
+    masters, host / disk bytes from the estimate with 8-bit moments (4 + 2 + 8/256 bytes a parameter on disk), and
+    the floor from the 16 + 16/256 bytes the 8-bit step moves a parameter (benchmarks/cpu_optim.py's count)."""
+    from dsfast.zero.partition import INT8_MOMENT_BYTES
+    fig = _fig(nvme_path=str(tmp_path), nvme_free=10 ** 13, nvme_read_gbs=2.0, nvme_write_gbs=1.0)
+    rows = [r for r in make_plan(PSI, 2, fig, 2, headroom=1.0) if r["states"] == "int8"]
+    assert {(r["stage"], r["offload_optimizer"]) for r in rows} >= {(s, o) for s in (1, 2, 3) for o in (True, "nvme")}
+    assert all(r["masters"] == "fp32" and r["offload_optimizer"] for r in rows)
+    est = {(r["stage"], r["offload_optimizer"], r["offload_param"]): r
+           for r in estimate_model_states(PSI, 2, nvme=True, states8=True)}
+    for r in rows:
+        want = est[r["stage"], r["offload_optimizer"], r["offload_param"]]
+        assert (r["host"], r["device"], r.get("nvme", 0)) == (want["host"], want["device"], want.get("nvme", 0))
+        moved = (16 + 16 / 256) * PSI / 2 * 2 / 20e9     # 2 local ranks share the host's 20 GB/s
+        read = r["nvme"] * 2 if r["offload_optimizer"] == "nvme" else 0   # offload_param's shards: written only
+        written = r.get("nvme", 0) * 2
+        floor = max(moved, read / 2e9 + written / 1e9) if written else moved
+        assert r["floor_s"] == pytest.approx(floor)
+        section = config_section(r, fig)
+        assert section["zero_optimization"]["offload_optimizer"]["state_precision"] == "int8"
+    cpu2 = next(r for r in rows if (r["stage"], r["offload_optimizer"], r["offload_param"]) == (2, True, False))
+    assert cpu2["host"] == pytest.approx((4 + INT8_MOMENT_BYTES) * PSI / 2)   # fp32 master + codes and scales
+    nvme2 = next(r for r in rows if (r["stage"], r["offload_optimizer"]) == (2, "nvme"))
+    assert nvme2["nvme"] == pytest.approx((4 + INT8_MOMENT_BYTES) * PSI / 2, abs=1)
+    # between the fp32-moment and the bf16-master rows in precision; faster than the fp32-state host step
+    ranked = [_key(r) for r in make_plan(PSI, 2, fig, 2, headroom=1.0) if r["offload_optimizer"] is True
+              and r["stage"] == 2 and not r["why_not"]]
+    assert [k[3:] for k in ranked] == [("fp32", "fp32"), ("bf16", "fp32"), ("fp32", "int8"), ("bf16", "bf16")]
 
 
 @pytest.mark.parametrize("kw, match", [(dict(world_size=0), "world_size must be"),

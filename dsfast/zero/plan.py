@@ -14,8 +14,8 @@ in (the accelerator's, or the host's shared by the local ranks), and with NVMe t
 written over the disk's bandwidth, whichever takes longer. Activations and temporary buffers are not counted:
 --headroom leaves room for them.
 
-Order (best first): the highest state precision that fits (fp32 masters and moments before bf16; --prefer speed
-ranks by the floor alone), then the fastest floor, then the least communication (stage 3 gathers, parameter
+Order (best first): the highest state precision that fits (fp32 masters and moments, bf16 masters with fp32
+moments, fp32 masters with 8-bit moments, bf16 masters and moments; --prefer speed ranks by the floor alone), then the fastest floor, then the least communication (stage 3 gathers, parameter
 offload), then the fewest device bytes.
 """
 import argparse
@@ -27,16 +27,19 @@ from .estimate import estimate_model_states
 _GIB = float(1 << 30)
 
 # >>> The optimizer-state precisions a plan considers: the ONE place to add one. <<<
-# name -> estimate.py's flag for its bytes, and the bytes one Adam step moves per parameter by the masters'
-# precision (read p, g, m, v; write p, m, v; with offload the 16-bit gradient in and parameter copy out).
-# "int8" (8-bit block-wise moments, about 2 bytes a parameter with their scales, about 14 bytes moved) goes here
-# once estimate.py counts its bytes (branch states8bit).
+# name -> estimate.py's flags for its bytes, and the bytes one Adam step moves per parameter by the masters'
+# precision (read p, g, m, v; write p, m, v; with offload the 16-bit gradient in and parameter copy out), as
+# benchmarks/cpu_optim.py counts them. "int8": 8-bit block-wise moments (offload_optimizer.state_precision), host
+# optimizer only (estimate.py gives only offload rows), fp32 masters: p r/w 8, bf16 grad 2, codes r/w 4, bf16 copy
+# out 2, and two fp32 scales read and written per block of 256.
 STATE_PRECISIONS = {
-    "fp32": {"states16": False, "moved": {"fp32": 28, "bf16": 22}},
-    "bf16": {"states16": True, "moved": {"bf16": 14}},
+    "fp32": {"states16": False, "states8": False, "moved": {"fp32": 28, "bf16": 22}},
+    "bf16": {"states16": True, "states8": False, "moved": {"bf16": 14}},
+    "int8": {"states16": False, "states8": True, "moved": {"fp32": 16 + 2 * 2 * 4 / 256}},
 }
-# precision tiers, most faithful first (--prefer precision ranks by this)
-_TIER = {("fp32", "fp32"): 0, ("bf16", "fp32"): 1, ("bf16", "bf16"): 2}
+# precision tiers, most faithful first (--prefer precision ranks by this): fp32 masters keep small updates that
+# bf16 masters lose, so fp32 masters with 8-bit moments come before bf16 masters with bf16 moments
+_TIER = {("fp32", "fp32"): 0, ("bf16", "fp32"): 1, ("fp32", "int8"): 2, ("bf16", "bf16"): 3}
 
 
 def candidates(params, world_size, mixed=True, largest_layer=0, nvme=False, buffer_count=4, bucket=5e8):
@@ -52,7 +55,8 @@ def candidates(params, world_size, mixed=True, largest_layer=0, nvme=False, buff
             if prec["states16"] and not master16:
                 continue   # bf16_optimizer_states needs bf16 masters (DeepSpeed's rule)
             found = estimate_model_states(params, world_size, mixed, largest_layer, None, master16,
-                                          prec["states16"], nvme and not master16, buffer_count, bucket)
+                                          prec["states16"], nvme and not master16, buffer_count, bucket,
+                                          states8=prec["states8"])
             rows += [{**r, "masters": masters, "states": states, "moved": moved} for r in found]
     return rows
 
@@ -147,6 +151,8 @@ def config_section(row, fig):
     zero = {"stage": row["stage"]}
     if row["stage"] > 0:
         zero["offload_optimizer"] = _offload(device[row["offload_optimizer"]], fig.nvme_path, pin)
+        if STATE_PRECISIONS[row["states"]]["states8"]:
+            zero["offload_optimizer"]["state_precision"] = "int8"
     if row["stage"] == 3:
         zero["offload_param"] = _offload(device[row["offload_param"]], fig.nvme_path, pin)
     out = {"zero_optimization": zero}
