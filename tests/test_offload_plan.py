@@ -3,6 +3,7 @@ rows, fit at the memory boundary, order and predicted step floors are exact; its
 initialize() takes the plan's choice. Model counts against published parameter counts."""
 import json
 import logging
+import math
 import struct
 
 import pytest
@@ -170,6 +171,9 @@ def test_int8_rows_offload_only_with_their_bytes_and_floor_and_config(tmp_path):
         assert (r["host"], r["device"], r.get("nvme", 0)) == (want["host"], want["device"], want.get("nvme", 0))
         moved = (16 + 16 / 256) * PSI / 2 * 2 / 20e9     # 2 local ranks share the host's 20 GB/s
         read = r["nvme"] * 2 if r["offload_optimizer"] == "nvme" else 0   # offload_param's shards: written only
+        if read:   # the first buffer_count - 2 = 2 units are read ahead during forward and backward
+            units = math.ceil(PSI / 2 / r["nvme_unit"])
+            read *= max(0, units - 2) / units
         written = r.get("nvme", 0) * 2
         floor = max(moved, read / 2e9 + written / 1e9) if written else moved
         assert r["floor_s"] == pytest.approx(floor)
@@ -183,6 +187,29 @@ def test_int8_rows_offload_only_with_their_bytes_and_floor_and_config(tmp_path):
     ranked = [_key(r) for r in make_plan(PSI, 2, fig, 2, headroom=1.0) if r["offload_optimizer"] is True
               and r["stage"] == 2 and not r["why_not"]]
     assert [k[3:] for k in ranked] == [("fp32", "fp32"), ("bf16", "fp32"), ("fp32", "int8"), ("bf16", "bf16")]
+
+
+def test_cpu_trained_bf16_masters_count_the_parameter_shard_once():
+    """Where the CPU trains, offload's 16-bit host master copy is the parameter shard itself: host bytes are the
+    row's host plus device bytes less that copy (a stage 2 bf16 run measures 8 bytes a parameter, not 10)."""
+    from dsfast.zero.plan import host_bytes
+    fig = _fig(device_memory=None)
+    rows = make_plan(PSI, 1, fig, 1, headroom=1.0, only=lambda r: r["stage"] == 2 and r["offload_optimizer"] is True)
+    by = {r["masters"] + "/" + r["states"]: r for r in rows}
+    assert host_bytes(by["bf16/bf16"], fig) == 8 * PSI        # bf16 params 2, grads 2, moments 4
+    assert host_bytes(by["fp32/fp32"], fig) == 16 * PSI       # the fp32 masters are separate from the bf16 params
+    assert host_bytes(by["bf16/bf16"], _fig()) == by["bf16/bf16"]["host"] == 6 * PSI   # a GPU run: its own copy
+
+
+def test_nvme_floor_leaves_out_the_units_read_during_forward_and_backward():
+    fig = _fig(nvme_path="/nvme", nvme_free=10 ** 13, nvme_read_gbs=2.0, nvme_write_gbs=1.0, host_gbs=1e6)
+    key = (2, "nvme", False, "fp32", "fp32")
+    for bucket, buffers in ((1e8, 4), (1e8, 6), (5e8, 4)):
+        row = make_plan(PSI, 1, fig, 1, headroom=1.0, bucket=bucket, buffer_count=buffers,
+                        only=lambda r: _key(r) == key)[0]
+        units = math.ceil(PSI / (bucket + 1))      # 10 or 2 units; buffer_count - 2 of them read ahead
+        read = 12 * PSI * max(0, units - (buffers - 2)) / units
+        assert row["floor_s"] == pytest.approx(read / 2e9 + 12 * PSI / 1e9)
 
 
 @pytest.mark.parametrize("kw, match", [(dict(world_size=0), "world_size must be"),

@@ -66,6 +66,7 @@ def estimate_model_states(params, world_size, mixed=True, largest_layer=0, offlo
             unit = (min(int(float(bucket)), psi) if stage < 3 else int(float(largest_layer))) // world + 1
             b["host"] += window_bytes(unit, buffer_count, moments) - on_host
             b["nvme"] = unit_file_bytes(psi, moments) / world
+            b["nvme_unit"] = unit   # elements of the largest swap unit (the plan counts the step's reads by it)
         if off_param == "nvme":
             shards = (2 if mixed else 4) * psi / world   # what offload_param "cpu" keeps on the host
             largest = (2 if mixed else 4) * (int(float(largest_layer)) // world + 1)

@@ -11,7 +11,8 @@ Host figures (dsfast.zero.host_figures): available memory (shared by the --local
 tests check); a row fits when every local rank's share fits in --headroom of each memory. The predicted step
 floor is the bytes one Adam step moves per parameter (STATE_PRECISIONS) over the bandwidth of the memory it runs
 in (the accelerator's, or the host's shared by the local ranks), and with NVMe the swap files' bytes read and
-written over the disk's bandwidth, whichever takes longer. Activations and temporary buffers are not counted:
+written over the disk's bandwidth (less the first units, read ahead during forward and backward), whichever takes
+longer. Activations and temporary buffers are not counted:
 --headroom leaves room for them.
 
 Order (best first): the highest state precision that fits (fp32 masters and moments, bf16 masters with fp32
@@ -57,18 +58,28 @@ def candidates(params, world_size, mixed=True, largest_layer=0, nvme=False, buff
             found = estimate_model_states(params, world_size, mixed, largest_layer, None, master16,
                                           prec["states16"], nvme and not master16, buffer_count, bucket,
                                           states8=prec["states8"])
-            rows += [{**r, "masters": masters, "states": states, "moved": moved} for r in found]
+            # bytes both the host and the device columns count: with offload the host keeps its own 16-bit master
+            # copy, which on a machine whose CPU trains is the model's parameter shard itself (host_bytes)
+            shard = int(float(params)) / world_size
+            rows += [{**r, "masters": masters, "states": states, "moved": moved, "buffer_count": buffer_count,
+                      "shared": 2 * shard if master16 and r["offload_optimizer"] else 0} for r in found]
     return rows
+
+
+def host_bytes(row, fig):
+    """One rank's host bytes: the row's, plus its device bytes where the CPU trains (no accelerator), less what
+    both count once (the 16-bit master copy that is the parameter shard there)."""
+    if fig.device_memory is not None:
+        return row["host"]
+    return row["host"] + row["device"] - row.get("shared", 0)
 
 
 def _fits(row, fig, local_ranks, headroom):
     """[why it does not fit] (empty when it fits) for all local ranks together."""
     why = []
     device = row["device"]
-    if fig.device_memory is None:       # the CPU trains: the "device" bytes are host memory too
-        host = (row["host"] + device) * local_ranks
-    else:
-        host = row["host"] * local_ranks
+    host = host_bytes(row, fig) * local_ranks
+    if fig.device_memory is not None:
         if device > headroom * fig.device_memory:
             why.append(f"device needs {device / _GIB:.2f} GiB of {headroom * fig.device_memory / _GIB:.2f}")
     if fig.host_available is not None and host > headroom * fig.host_available:
@@ -90,6 +101,12 @@ def step_floor(row, params, world_size, fig, local_ranks):
         return None
     seconds = moved * (local_ranks if on_host else 1) / (gbs * 1e9)
     disk_read = (row.get("nvme", 0) if row["offload_optimizer"] == "nvme" else 0) * local_ranks
+    if disk_read and row.get("nvme_unit"):
+        # the window reads the step's first buffer_count - 2 units ahead, during forward and backward
+        # (nvme_states.windows): the step itself reads the others
+        units = math.ceil(shard / row["nvme_unit"])
+        ahead = max(1, int(row.get("buffer_count", 4)) - 2)
+        disk_read *= max(0, units - ahead) / units
     disk_write = row.get("nvme", 0) * local_ranks   # states written back; offload_param: the updated shards
     if disk_write:
         if not (fig.nvme_read_gbs and fig.nvme_write_gbs):
