@@ -16,8 +16,8 @@ longer. Activations and temporary buffers are not counted:
 --headroom leaves room for them.
 
 Order (best first): the highest state precision that fits (fp32 masters and moments, bf16 masters with fp32
-moments, fp32 masters with 8-bit moments, bf16 masters and moments; --prefer speed ranks by the floor alone), then the fastest floor, then the least communication (stage 3 gathers, parameter
-offload), then the fewest device bytes.
+moments, fp32 masters with 8-bit moments, bf16 masters and moments; --prefer speed ranks by the floor alone), then
+the fastest floor, then the least communication (stage 3 gathers, parameter offload), then the fewest device bytes.
 """
 import argparse
 import json
