@@ -219,9 +219,9 @@ def adam8bit_flat_step(p, g, out16):
     """A step closure of the 8-bit-state kernel over one flat fp32 master (zero moments to start)."""
     from dsfast.optim import _cpu_op, quant_state
     state = quant_state.empty_state(p.numel())
-    step, maps = torch.tensor(0.0), quant_state.maps()
+    step = torch.tensor(0.0)
     lists = [[state[k]] for k in quant_state.CODE_KEYS]
-    return lambda: _cpu_op.op().adam8bit_step([p], [g], *lists, [out16], [step], *maps, LR, 0.9, 0.999, 1e-8, 0.0,
+    return lambda: _cpu_op.op().adam8bit_step([p], [g], *lists, [out16], [step], LR, 0.9, 0.999, 1e-8, 0.0,
                                               False, True, 1.0, torch.get_num_threads())
 
 

@@ -1,15 +1,23 @@
-"""The offload plan's predictions against real runs on this machine: for three configurations, the predicted
+"""The offload plan's predictions against real runs on this machine: for four configurations, the predicted
 optimizer-step floor and host bytes per rank (dsfast.zero.plan, from this machine's measured figures) beside the
-measured median engine.step() time and memory_breakdown() host bytes of one process training a bf16 MLP.
+measured median optimizer time within engine.step(), the whole engine.step(), and memory_breakdown() host bytes of
+one process training a bf16 MLP.
 
     python benchmarks/plan_check.py --params 2.5e8 [--steps 6] [--nvme-path /local/nvme]
 
 Configurations (stage 2, one rank): offload_optimizer "cpu" with fp32 masters and moments; "cpu" with bf16 masters
-and moments; and with --nvme-path, "nvme" (fp32). Each trains in a fresh process (OMP_NUM_THREADS = all cores).
-Run it on an idle machine: the floor is a lower bound from the bandwidth measured in the same run, so the ratio
-measured / predicted is what the plan's ranking rests on. The host bytes compared are the model states only
-(memory_breakdown), as the plan counts them; on a machine without an accelerator the device bytes are host bytes
-too and are added to the prediction.
+and moments; "cpu" with fp32 masters and 8-bit moments (state_precision "int8"); and with --nvme-path, "nvme"
+(fp32). Each trains in a fresh process (OMP_NUM_THREADS = all cores). Run it on an idle machine: the floor is a
+lower bound from the bandwidth measured in the same run, so the ratio measured / predicted is what the plan's
+ranking rests on.
+What is compared: the floor counts the optimizer's bytes (and with NVMe the swap's), so the ratio is taken against
+the optimizer's own time (the torch step pre/post hooks of the host optimizer, summed over the NVMe units) and,
+for NVMe, against engine.step() (the disk is the floor there; the swap bytes the step read and wrote are printed
+beside the plan's count: the first units are read ahead during forward and backward). engine.step() is printed for
+every row: what it spends beyond the optimizer (the gradient-norm / overflow pass, the 16-bit copy back) is not in
+the floor. The host bytes are the model states only (memory_breakdown), as the plan counts them; on a machine
+without an accelerator the device bytes are host bytes too (plan.host_bytes). The NVMe row's reduce_bucket_size is
+one layer, so each swap unit is one layer and the window the plan sizes from the bucket is the one the run builds.
 """
 import argparse
 import json
@@ -20,7 +28,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dsfast.zero.host_figures import measure_host  # noqa: E402
-from dsfast.zero.plan import make_plan  # noqa: E402
+from dsfast.zero.plan import host_bytes, make_plan  # noqa: E402
 
 CHILD = r"""
 import json, statistics, sys, time
@@ -36,32 +44,49 @@ cfg = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "para
        "bf16": bf16, "zero_optimization": zero}
 engine = dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg, dist_init_required=False)[0]
 x = torch.randn(4, width, device=engine.device, dtype=torch.bfloat16)
-times = []
+opt_time = [0.0]
+started = []
+engine.optimizer.register_step_pre_hook(lambda *a: started.append(time.perf_counter()))
+engine.optimizer.register_step_post_hook(lambda *a: opt_time.__setitem__(0, opt_time[0] + time.perf_counter()
+                                                                         - started.pop()))
+times, opt_times, swapped = [], [], []
 for _ in range(steps):
     loss = engine(x).float().pow(2).mean()
     engine.backward(loss)
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
+    before, opt_time[0] = engine.swap_bytes(), 0.0
     t0 = time.perf_counter()
     engine.step()
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     times.append(time.perf_counter() - t0)
+    opt_times.append(opt_time[0])
+    after = engine.swap_bytes()
+    if after is not None:
+        swapped.append((after[0] - before[0], after[1] - before[1]))
 total = engine.memory_breakdown()["total"]
-print(json.dumps({"params": sum(p.numel() for p in model.parameters()), "step_s": times,
-                  "median_step_s": statistics.median(times[1:] or times), "host_bytes": total.get("host", 0)}))
+med = lambda v: statistics.median(v[1:] or v)
+print(json.dumps({"params": sum(p.numel() for p in model.parameters()), "step_s": times, "optimizer_s": opt_times,
+                  "median_step_s": med(times), "median_optimizer_s": med(opt_times),
+                  "swap_read_bytes": med([r for r, _ in swapped]) if swapped else 0,
+                  "swap_written_bytes": med([w for _, w in swapped]) if swapped else 0,
+                  "host_bytes": total.get("host", 0)}))
 """
 
 
-def configurations(nvme_path):
+def configurations(nvme_path, width):
     out = [("cpu, fp32 masters + moments", {"stage": 2, "offload_optimizer": {"device": "cpu"}},
             {"enabled": True}, (2, True, False, "fp32", "fp32")),
            ("cpu, bf16 masters + moments", {"stage": 2, "offload_optimizer": {"device": "cpu"}},
             {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
-            (2, True, False, "bf16", "bf16"))]
+            (2, True, False, "bf16", "bf16")),
+           ("cpu, fp32 masters + int8 moments",
+            {"stage": 2, "offload_optimizer": {"device": "cpu", "state_precision": "int8"}},
+            {"enabled": True}, (2, True, False, "fp32", "int8"))]
     if nvme_path:
         out.append(("nvme, fp32 masters + moments",
-                    {"stage": 2, "reduce_bucket_size": int(2e7),
+                    {"stage": 2, "reduce_bucket_size": width * width,
                      "offload_optimizer": {"device": "nvme", "nvme_path": nvme_path, "buffer_count": 4}},
                     {"enabled": True}, (2, "nvme", False, "fp32", "fp32")))
     return out
@@ -80,22 +105,31 @@ def main():
     gib = float(1 << 30)
     print(f"host {fig.host_gbs:.1f} GB/s in place" + (f", disk read {fig.nvme_read_gbs:.2f} / write "
                                                       f"{fig.nvme_write_gbs:.2f} GB/s" if args.nvme_path else ""))
-    for name, zero, bf16, key in configurations(args.nvme_path):
+    for name, zero, bf16, key in configurations(args.nvme_path, args.width):
         res = subprocess.run([sys.executable, "-c", CHILD, repo, str(args.params), str(args.steps), json.dumps(zero),
                               json.dumps(bf16), str(args.width)], capture_output=True, text=True, env=env)
         if res.returncode != 0:
             sys.exit(f"the {name} run failed:\n{res.stderr[-3000:]}")
         run = json.loads(res.stdout.strip().splitlines()[-1])
-        rows = make_plan(run["params"], 1, fig, 1, bucket=zero.get("reduce_bucket_size", 5e8),
+        buffers = zero["offload_optimizer"].get("buffer_count", 4)
+        rows = make_plan(run["params"], 1, fig, 1, bucket=zero.get("reduce_bucket_size", 5e8), buffer_count=buffers,
                          only=lambda r: (r["stage"], r["offload_optimizer"], r["offload_param"], r["masters"],
                                          r["states"]) == key)
         row = rows[0]
-        host = row["host"] + (row["device"] if fig.device_memory is None else 0)
-        print(json.dumps({"config": name, **run, "predicted_floor_s": row["floor_s"], "predicted_host_bytes": host}))
-        print(f"{name:>30}: step {run['median_step_s'] * 1e3:8.1f} ms, floor {row['floor_s'] * 1e3:8.1f} ms "
-              f"(x{run['median_step_s'] / row['floor_s']:.2f}); host {run['host_bytes'] / gib:.2f} GiB, predicted "
-              f"{host / gib:.2f} GiB (x{run['host_bytes'] / host:.3f})")
-
+        host = host_bytes(row, fig)
+        floor = row["floor_s"]
+        nvme = row["offload_optimizer"] == "nvme"
+        measured = run["median_step_s"] if nvme else run["median_optimizer_s"]
+        print(json.dumps({"config": name, **run, "predicted_floor_s": floor, "predicted_host_bytes": host,
+                          "predicted_nvme_bytes": row.get("nvme", 0)}))
+        what = "engine.step()" if nvme else "optimizer"
+        line = (f"{name:>33}: {what} {measured * 1e3:8.1f} ms, floor {floor * 1e3:8.1f} ms (x{measured / floor:.2f}); "
+                f"engine.step() {run['median_step_s'] * 1e3:.1f} ms; host {run['host_bytes'] / gib:.2f} GiB, "
+                f"predicted {host / gib:.2f} GiB (x{run['host_bytes'] / host:.3f})")
+        if nvme:
+            line += (f"; swap per step read {run['swap_read_bytes'] / gib:.2f} / written "
+                     f"{run['swap_written_bytes'] / gib:.2f} GiB, files {row['nvme'] / gib:.2f} GiB")
+        print(line)
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,4 @@
-"""Adam/AdamW with 8-bit block-wise moments: the maps, one block's quantization error against float64, the native
+"""Adam/AdamW with 8-bit block-wise moments: the code formats, one block's quantization error against float64, the native
 op against its bit-exact pure-torch reference, the ISAs against each other, training against fp32 states, and the
 state-dict conversions (dsfast.optim.CPUAdam8bit, dsfast.ops.reference.adam8bit)."""
 import pytest
@@ -8,70 +8,91 @@ import dsfast.optim as O
 from dsfast.ops.reference import adam8bit as Q
 from _cpu_optim_helpers import native  # noqa: F401  (fixture)
 
-SM, UM = Q.exp_avg_map(), Q.exp_avg_sq_map()
+SM, UM = Q.code_values(signed=True), Q.code_values(signed=False)
 
 
-def test_maps_are_256_ascending_values_with_zero_and_one():
-    for qmap, low in ((SM, -1.0), (UM, 0.0)):
-        assert qmap.numel() == 256 and bool((qmap[1:] > qmap[:-1]).all())
-        assert 0.0 in qmap.tolist() and qmap[-1].item() == 1.0 and qmap[0].item() >= low
-    # the unsigned map keeps small second moments: its smallest nonzero entry is below 1e-6 of the block's absmax
-    assert 0 < UM[1].item() < 1e-6
-    assert (SM < 0).sum().item() == 127 and (SM > 0).sum().item() == 128
+def test_code_formats_are_minifloats_with_zero_and_the_top_code():
+    # magnitude code k >= 1: 2^((k >> 3) - e0) * (1 + (k & 7) / 8), exact in float64
+    for table, e0, count in ((SM, 15, 128), (UM, 31, 256)):
+        for k in range(1, count):
+            assert table[k].item() == 2.0 ** ((k >> 3) - e0) * (1 + (k & 7) / 8), k
+        assert table[0].item() == 0.0 and table[count - 1].item() == Q.CODE_TOP
+    assert torch.equal(SM[128:], -SM[:128]) and (UM[1:] > UM[:-1]).all()
+    # the unsigned format keeps small second moments: its smallest nonzero value is below 1e-9 of the top code
+    assert 0 < UM[1].item() / Q.CODE_TOP < 1e-9
 
 
-def _block_error(x64, qmap):
-    codes, scales = Q.quantize(x64.float(), qmap)
-    back = Q.dequantize(codes, scales, qmap).double()
-    return (back - x64).abs(), scales.double()
+def _nearest64(x64, scale, table):
+    """Float64 brute force: the distance from each x to the nearest table value times the scale."""
+    return (x64[:, None] - table.double()[None, :] * scale).abs().min(dim=1).values
 
 
 @pytest.mark.parametrize("signed", [True, False])
 def test_one_block_quantization_error_against_float64(signed):
     torch.manual_seed(0)
-    # one block of 256 values spanning five decades, as Adam moments do
-    x = torch.randn(256, dtype=torch.float64) * torch.logspace(-5, 0, 256, dtype=torch.float64)
+    # one block of 256 values spanning twelve decades, as Adam's second moments do (and 5 exact zeros)
+    x = torch.randn(256, dtype=torch.float64) * torch.logspace(-12, 0, 256, dtype=torch.float64)
+    x[::50] = 0.0
     if not signed:
         x = x.abs()
-    qmap = SM if signed else UM
-    err, scale = _block_error(x, qmap)
-    # nearest code: the error is the distance from x / absmax to the nearest map entry (float64), times absmax,
-    # up to fp32 rounding of x, of the division and of the dequantizing multiply (3 * 2^-24 relative)
-    nearest = (x[:, None] / scale - qmap.double()[None, :]).abs().min(dim=1).values * scale
-    assert torch.all(err <= nearest + 3 * 2.0 ** -24 * (x.abs() + scale * 1e-3) + 1e-12)
-    # stated bound: half the widest gap of the map times the absmax (0.0070 signed, 0.0035 unsigned)
-    half_gap = (qmap[1:] - qmap[:-1]).max().item() / 2
-    assert half_gap == pytest.approx(0.9 / 128 if signed else 0.9 / 256, rel=1e-5)
-    assert err.max().item() <= (half_gap + 4 * 2.0 ** -24) * scale.item()   # + fp32 rounding at a midpoint
-    # relative to each value the dynamic map keeps ~1-2 significant digits over decades: level k below the absmax
-    # splits [0.1, 1] into 2^(6-k) (signed) or 2^(7-k) parts. Stated: mean relative error under 3% (signed) / 1.5%
-    # (unsigned) for values above 1e-2 of the absmax, under 8% / 4% above 1e-4
-    rel = err / x.abs()
-    for floor, bound in ((1e-2, 0.03), (1e-4, 0.08)):
-        big = x.abs() > floor * scale
-        assert rel[big].mean().item() < (bound if signed else bound / 2), (floor, rel[big].mean().item())
+    table = SM if signed else UM
+    codes, scales = Q.quantize(x.float(), signed)
+    back = Q.dequantize(codes, scales, signed).double()
+    err, scale = (back - x).abs(), scales.double().item()
+    assert scale == pytest.approx(x.abs().max().item() / Q.CODE_TOP, rel=1e-7)
+    assert bool((back[x == 0] == 0).all())
+    smallest = table[1].item() * scale
+    # the computed code is the nearest one (ties either way), up to fp32 rounding of x, of |x| * (top / absmax)
+    # and of the decoding multiply (3 * 2^-24 relative); except that a positive second moment below half the
+    # smallest code rounds up to it
+    up = (~torch.tensor(signed)) & (x > 0) & (x < smallest / 2)
+    nearest = _nearest64(x, scale, table)
+    assert torch.all(err[~up] <= nearest[~up] + 3 * 2.0 ** -24 * x.abs()[~up] + 1e-30)
+    assert torch.all((back[up] - smallest).abs() <= 2.0 ** -23 * smallest)   # the decoding multiply's rounding
+    # stated bound: 3 mantissa bits, so at most 1/16 of the value above the smallest code; below it, half that
+    # code (signed) or the code itself (unsigned, rounded up)
+    normal = x.abs() >= smallest
+    assert torch.all(err[normal] <= x.abs()[normal] * (1 / 16 + 3 * 2.0 ** -24))
+    assert torch.all(err[~normal] <= smallest * (0.5 if signed else 1.0) * (1 + 1e-6))
+
+
+def test_a_tiny_second_moment_never_becomes_zero_and_the_step_stays_bounded():
+    # one block: v spans 1 .. 1e-14 of its absmax (below the smallest code, 2^-31 * 1.125 / 1.875 ~ 2.8e-10),
+    # m = sqrt(v) / 1000, as Adam's moments can be after a burst of large gradients in one corner of a block
+    v = torch.logspace(0, -14, 256)
+    m = v.sqrt() * 1e-3
+    codes, scales = Q.quantize(v, signed=False)
+    back = Q.dequantize(codes, scales, signed=False)
+    assert bool((back > 0).all())
+    # the step of the tiny-v elements: lr * m / (sqrt(v) + eps) with v rounded to 0 would be lr * m / eps = up to
+    # 1e4 * lr; with v kept at the smallest code it is at most lr * 1e-3 * sqrt(v) / sqrt(v_code) < lr
+    mb = Q.dequantize(*Q.quantize(m, signed=True), signed=True)
+    lr, eps = 1e-3, 1e-8
+    step = lr * mb / (back.sqrt() + eps)
+    assert step.abs().max().item() < lr
+    assert (lr * m / eps).max().item() > 1e3 * lr   # what a zero second moment would have done
 
 
 def test_zero_block_and_short_last_block():
-    codes, scales = Q.quantize(torch.zeros(300), SM)
-    assert scales.tolist() == [0.0, 0.0] and codes.numel() == 300
-    assert Q.dequantize(codes, scales, SM).abs().max().item() == 0.0
+    codes, scales = Q.quantize(torch.zeros(300), True)
+    assert scales.tolist() == [0.0, 0.0] and codes.numel() == 300 and int(codes.max()) == 0
+    assert Q.dequantize(codes, scales, True).abs().max().item() == 0.0
 
 
 def _lists(sizes, param_dtype=torch.float32, grad_dtype=torch.float32, out_dtype=None, seed=0):
     g = torch.Generator().manual_seed(seed)
     ps = [torch.randn(n, generator=g).to(param_dtype) for n in sizes]
     gs = [torch.randn(n, generator=g).to(grad_dtype) for n in sizes]
-    mq = [Q.quantize(torch.randn(n, generator=g) * 0.01, SM) for n in sizes]
-    vq = [Q.quantize(torch.rand(n, generator=g) * 1e-4, UM) for n in sizes]
+    mq = [Q.quantize(torch.randn(n, generator=g) * 0.01, True) for n in sizes]
+    vq = [Q.quantize(torch.rand(n, generator=g) * 1e-4, False) for n in sizes]
     outs = [torch.zeros(n, dtype=out_dtype) for n in sizes] if out_dtype else []
     steps = [torch.tensor(float(k)) for k in range(len(sizes))]
     return [ps, gs, [c for c, _ in mq], [s for _, s in mq], [c for c, _ in vq], [s for _, s in vq], outs, steps]
 
 
-def _run(fn, lists, steps=3, adamw=True, wd=0.01, **kw):
+def _run(fn, lists, steps=3, adamw=True, wd=0.01, betas=(0.9, 0.999), **kw):
     for _ in range(steps):
-        fn(*lists, SM, UM, 1e-3, 0.9, 0.999, 1e-8, wd, adamw, True, **kw)
+        fn(*lists, 1e-3, *betas, 1e-8, wd, adamw, True, **kw)
     return lists
 
 
@@ -118,6 +139,19 @@ def test_vector_bodies_agree_with_the_scalar_body(native, isa):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-12)
 
 
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_vector_encoding_is_bit_identical_to_the_scalar_body(native, isa):
+    if isa not in native.available_isas():
+        pytest.skip(f"{isa} not supported by this CPU")
+    # betas 0: the new moments are g and g * g exactly on every ISA, so the codes and scales must be identical
+    sizes = [5000, 300, 7]
+    ref = _run(native.adam8bit_step, _lists(sizes), steps=1, betas=(0.0, 0.0), isa="scalar")
+    got = _run(native.adam8bit_step, _lists(sizes), steps=1, betas=(0.0, 0.0), isa=isa)
+    for k in (2, 3, 4, 5):
+        for a, b in zip(got[k], ref[k]):
+            assert torch.equal(a, b)
+
+
 def test_threads_split_on_block_boundaries(native):
     # 3 x 100k elements: up to 9 threads; chunk boundaries must fall on 256-element blocks (bits equal to 1 thread)
     sizes = [100_000, 99_999, 70_001]
@@ -130,18 +164,15 @@ def test_threads_split_on_block_boundaries(native):
 
 def test_native_refuses_bad_inputs(native):
     lists = _lists([300])
-    bad = SM.flip(0).contiguous()
-    with pytest.raises(ValueError, match="ascending"):
-        native.adam8bit_step(*lists, bad, UM, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
     lists[3] = [torch.zeros(1)]   # 300 elements need 2 scales
     with pytest.raises(ValueError, match="exp_avg_scales.*2 elements"):
-        native.adam8bit_step(*lists, SM, UM, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
+        native.adam8bit_step(*lists, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
     lists = _lists([300], param_dtype=torch.float16)
     with pytest.raises(TypeError, match="float16"):
-        native.adam8bit_step(*lists, SM, UM, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
+        native.adam8bit_step(*lists, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
     lists = _lists([300], param_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="own 16-bit copy"):
-        native.adam8bit_step(*lists, SM, UM, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
+        native.adam8bit_step(*lists, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
 
 
 def _train(cls, steps=100, seed=0, **kw):
@@ -195,10 +226,13 @@ def test_state_dict_conversions_fp32_to_8bit_and_back_log_and_keep_values(capsys
     back.load_state_dict(q8.state_dict())
     assert "dequantized the 8-bit block-wise exp_avg / exp_avg_sq of 4 parameter(s)" in capsys.readouterr().out
     for i, p in enumerate(model.parameters()):
-        for key, half_gap in (("exp_avg", 0.9 / 128), ("exp_avg_sq", 0.9 / 256)):
+        for key, table in (("exp_avg", SM), ("exp_avg_sq", UM)):
             a, b = back.state[p][key], sd32["state"][i][key]
             assert a.shape == p.shape and a.dtype == torch.float32
-            assert (a - b).abs().max().item() <= half_gap * b.abs().max().item() * (1 + 1e-5)
+            # 3 mantissa bits: 1/16 of the value, or below the smallest code at most that code (of the block's
+            # scale, absmax / CODE_TOP <= the tensor's absmax / CODE_TOP)
+            floor = table[1].item() * b.abs().max().item() / Q.CODE_TOP
+            assert bool(((a - b).abs() <= (b.abs() / 16 + floor) * (1 + 1e-5)).all()), key
 
 
 def test_optimizer_refuses_fp16_params_and_bad_codes():
@@ -232,11 +266,9 @@ def test_reference_and_fake_refuse_what_the_native_op_refuses():
     lists = _lists([300])
     lists[3] = [torch.zeros(1)]
     with pytest.raises(ValueError, match=r"params\[0\] state\['exp_avg_scales'\].*2 elements"):
-        Q.adam8bit_step(*lists, SM, UM, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
-    with pytest.raises(ValueError, match="ascending"):
-        Q.adam8bit_step(*_lists([300]), SM.flip(0).contiguous(), UM, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
+        Q.adam8bit_step(*lists, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
     with pytest.raises(TypeError, match="float16"):
-        Q.adam8bit_step(*_lists([300], param_dtype=torch.float16), SM, UM, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
+        Q.adam8bit_step(*_lists([300], param_dtype=torch.float16), 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)
     from dsfast.ops import loaded_from, load
     if loaded_from("cpu_optim") == "reference":
         return
@@ -246,5 +278,4 @@ def test_reference_and_fake_refuse_what_the_native_op_refuses():
         fake = [[mode.from_tensor(t) for t in seq] for seq in real]
         fake[2] = [torch.zeros(5, dtype=torch.uint8)]
         with pytest.raises(ValueError, match="exp_avg_codes"):
-            torch.ops.dsfast.cpu_adam8bit_step(*fake, mode.from_tensor(SM), mode.from_tensor(UM), 1e-3, 0.9, 0.999,
-                                               1e-8, 0.0, True, True)
+            torch.ops.dsfast.cpu_adam8bit_step(*fake, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True)

@@ -3,6 +3,7 @@ rows, fit at the memory boundary, order and predicted step floors are exact; its
 initialize() takes the plan's choice. Model counts against published parameter counts."""
 import json
 import logging
+import math
 import struct
 
 import pytest
@@ -109,7 +110,7 @@ def test_rows_carry_estimate_bytes_and_the_order_is_precision_then_floor_then_de
                                                    (3, True, True)]
     assert fitting[2]["floor_s"] == pytest.approx(28 * PSI / 20e9)
     tiers = [(r["masters"], r["states"]) for r in fitting]
-    assert tiers == sorted(tiers, key=[("fp32", "fp32"), ("bf16", "fp32"), ("bf16", "bf16")].index)
+    assert tiers == sorted(tiers, key=[("fp32", "fp32"), ("bf16", "fp32"), ("fp32", "int8"), ("bf16", "bf16")].index)
     bf16_host = next(r for r in fitting if r["states"] == "bf16" and r["offload_optimizer"])
     assert bf16_host["floor_s"] == pytest.approx(14 * PSI / 20e9)
     assert all(r["why_not"] for r in rows[len(fitting):])
@@ -147,11 +148,68 @@ def test_device_and_nvme_boundaries_and_the_disk_floor():
     assert best["floor_s"] == pytest.approx(max(28 * PSI / 20e9, disk / 2e9 + disk / 1e9))
     tight = make_plan(PSI, 1, _fig(host_available=4 * GIB, nvme_path="/nvme", nvme_free=int(disk) - 1,
                                    nvme_read_gbs=2.0, nvme_write_gbs=1.0), headroom=1.0,
-                      only=lambda r: _key(r)[:3] == (3, "nvme", False))[0]
+                      only=lambda r: _key(r) == (3, "nvme", False, "fp32", "fp32"))[0]
     assert any(w.startswith("NVMe needs") for w in tight["why_not"])
     no_gpu = make_plan(PSI, 1, _fig(device_memory=None), headroom=1.0, only=lambda r: _key(r)[:3] == (1, True, False))
     # the CPU trains: its device bytes count against the host too, and the step runs at the host's bandwidth
     assert no_gpu[0]["floor_s"] == pytest.approx(28 * PSI / 20e9)
+
+
+def test_int8_rows_offload_only_with_their_bytes_and_floor_and_config(tmp_path):
+    """8-bit moments (offload_optimizer.state_precision "int8"): cpu and nvme rows at stages 1-3 with fp32
+    masters, host / disk bytes from the estimate with 8-bit moments (4 + 2 + 8/256 bytes a parameter on disk), and
+    the floor from the 16 + 16/256 bytes the 8-bit step moves a parameter (benchmarks/cpu_optim.py's count)."""
+    from dsfast.zero.partition import INT8_MOMENT_BYTES
+    fig = _fig(nvme_path=str(tmp_path), nvme_free=10 ** 13, nvme_read_gbs=2.0, nvme_write_gbs=1.0)
+    rows = [r for r in make_plan(PSI, 2, fig, 2, headroom=1.0) if r["states"] == "int8"]
+    assert {(r["stage"], r["offload_optimizer"]) for r in rows} >= {(s, o) for s in (1, 2, 3) for o in (True, "nvme")}
+    assert all(r["masters"] == "fp32" and r["offload_optimizer"] for r in rows)
+    est = {(r["stage"], r["offload_optimizer"], r["offload_param"]): r
+           for r in estimate_model_states(PSI, 2, nvme=True, states8=True)}
+    for r in rows:
+        want = est[r["stage"], r["offload_optimizer"], r["offload_param"]]
+        assert (r["host"], r["device"], r.get("nvme", 0)) == (want["host"], want["device"], want.get("nvme", 0))
+        moved = (16 + 16 / 256) * PSI / 2 * 2 / 20e9     # 2 local ranks share the host's 20 GB/s
+        read = r["nvme"] * 2 if r["offload_optimizer"] == "nvme" else 0   # offload_param's shards: written only
+        if read:   # the first buffer_count - 2 = 2 units are read ahead during forward and backward
+            units = math.ceil(PSI / 2 / r["nvme_unit"])
+            read *= max(0, units - 2) / units
+        written = r.get("nvme", 0) * 2
+        floor = max(moved, read / 2e9 + written / 1e9) if written else moved
+        assert r["floor_s"] == pytest.approx(floor)
+        section = config_section(r, fig)
+        assert section["zero_optimization"]["offload_optimizer"]["state_precision"] == "int8"
+    cpu2 = next(r for r in rows if (r["stage"], r["offload_optimizer"], r["offload_param"]) == (2, True, False))
+    assert cpu2["host"] == pytest.approx((4 + INT8_MOMENT_BYTES) * PSI / 2)   # fp32 master + codes and scales
+    nvme2 = next(r for r in rows if (r["stage"], r["offload_optimizer"]) == (2, "nvme"))
+    assert nvme2["nvme"] == pytest.approx((4 + INT8_MOMENT_BYTES) * PSI / 2, abs=1)
+    # between the fp32-moment and the bf16-master rows in precision; faster than the fp32-state host step
+    ranked = [_key(r) for r in make_plan(PSI, 2, fig, 2, headroom=1.0) if r["offload_optimizer"] is True
+              and r["stage"] == 2 and not r["why_not"]]
+    assert [k[3:] for k in ranked] == [("fp32", "fp32"), ("bf16", "fp32"), ("fp32", "int8"), ("bf16", "bf16")]
+
+
+def test_cpu_trained_bf16_masters_count_the_parameter_shard_once():
+    """Where the CPU trains, offload's 16-bit host master copy is the parameter shard itself: host bytes are the
+    row's host plus device bytes less that copy (a stage 2 bf16 run measures 8 bytes a parameter, not 10)."""
+    from dsfast.zero.plan import host_bytes
+    fig = _fig(device_memory=None)
+    rows = make_plan(PSI, 1, fig, 1, headroom=1.0, only=lambda r: r["stage"] == 2 and r["offload_optimizer"] is True)
+    by = {r["masters"] + "/" + r["states"]: r for r in rows}
+    assert host_bytes(by["bf16/bf16"], fig) == 8 * PSI        # bf16 params 2, grads 2, moments 4
+    assert host_bytes(by["fp32/fp32"], fig) == 16 * PSI       # the fp32 masters are separate from the bf16 params
+    assert host_bytes(by["bf16/bf16"], _fig()) == by["bf16/bf16"]["host"] == 6 * PSI   # a GPU run: its own copy
+
+
+def test_nvme_floor_leaves_out_the_units_read_during_forward_and_backward():
+    fig = _fig(nvme_path="/nvme", nvme_free=10 ** 13, nvme_read_gbs=2.0, nvme_write_gbs=1.0, host_gbs=1e6)
+    key = (2, "nvme", False, "fp32", "fp32")
+    for bucket, buffers in ((1e8, 4), (1e8, 6), (5e8, 4)):
+        row = make_plan(PSI, 1, fig, 1, headroom=1.0, bucket=bucket, buffer_count=buffers,
+                        only=lambda r: _key(r) == key)[0]
+        units = math.ceil(PSI / (bucket + 1))      # 10 or 2 units; buffer_count - 2 of them read ahead
+        read = 12 * PSI * max(0, units - (buffers - 2)) / units
+        assert row["floor_s"] == pytest.approx(read / 2e9 + 12 * PSI / 1e9)
 
 
 @pytest.mark.parametrize("kw, match", [(dict(world_size=0), "world_size must be"),

@@ -233,24 +233,15 @@ float* check_scales(const Tensor& t, const Tensor& p, const Where& w, const char
   return static_cast<float*>(t.mutable_data_ptr());
 }
 
-const float* check_map(const OwnedTensor& t, const char* what) {
-  if (!t.is_cpu() || t.scalar_type() != ScalarType::Float || !t.is_contiguous() || t.numel() != 256)
-    value_error(std::string(what) + " must be a contiguous float32 cpu tensor of 256 ascending values");
-  return static_cast<const float*>(t.mutable_data_ptr());
-}
-
 void adam8bit_step(Tensors params, Tensors grads, Tensors exp_avg_codes, Tensors exp_avg_scales,
                    Tensors exp_avg_sq_codes, Tensors exp_avg_sq_scales, Tensors outs, Tensors steps,
-                   const OwnedTensor& exp_avg_map, const OwnedTensor& exp_avg_sq_map, double lr, double beta1, double beta2,
-                   double eps, double weight_decay, bool adamw, bool bias_correction, double grad_scale,
-                   int64_t num_threads, Text isa, Text label, int64_t round_seed) {
+                   double lr, double beta1, double beta2, double eps, double weight_decay, bool adamw,
+                   bool bias_correction, double grad_scale, int64_t num_threads, Text isa, Text label, int64_t round_seed) {
   const auto isa_v = isa_arg(isa);
   const size_t n = params.size();
   check_lengths(n, {{"grads", grads.size()}, {"exp_avg_codes", exp_avg_codes.size()},
                     {"exp_avg_scales", exp_avg_scales.size()}, {"exp_avg_sq_codes", exp_avg_sq_codes.size()},
                     {"exp_avg_sq_scales", exp_avg_sq_scales.size()}, {"steps", steps.size()}}, outs.size());
-  const dsfast::cpu::QuantMaps maps{check_map(exp_avg_map, "exp_avg_map"),
-                                    check_map(exp_avg_sq_map, "exp_avg_sq_map")};
   std::vector<dsfast::cpu::Adam8bitTensor> work(n);
   std::vector<float*> counters(n);
   for (size_t i = 0; i < n; ++i) {
@@ -290,7 +281,7 @@ void adam8bit_step(Tensors params, Tensors grads, Tensors exp_avg_codes, Tensors
     work[i].coeffs = c;
   }
   try {
-    dsfast::cpu::adam8bit_step(work.data(), int64_t(n), maps, int(num_threads), isa_v);
+    dsfast::cpu::adam8bit_step(work.data(), int64_t(n), int(num_threads), isa_v);
   } catch (const std::invalid_argument& e) {
     value_error(e.what());
   }
@@ -712,8 +703,8 @@ DSFAST_LIBRARY(m) {
         "float grad_scale=1.0, int num_threads=0, str isa=\"auto\", int round_seed=0) -> ()");
   m.def("cpu_adam8bit_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avg_codes, "
         "Tensor(c!)[] exp_avg_scales, Tensor(d!)[] exp_avg_sq_codes, Tensor(e!)[] exp_avg_sq_scales, "
-        "Tensor(f!)[] outs, Tensor(g!)[] steps, Tensor exp_avg_map, Tensor exp_avg_sq_map, float lr, float beta1, "
-        "float beta2, float eps, float weight_decay, bool adamw, bool bias_correction, float grad_scale=1.0, "
+        "Tensor(f!)[] outs, Tensor(g!)[] steps, float lr, float beta1, float beta2, float eps, float weight_decay, "
+        "bool adamw, bool bias_correction, float grad_scale=1.0, "
         "int num_threads=0, str isa=\"auto\", str label=\"params\", int round_seed=0) -> ()");
   m.def("cpu_table_release_(Tensor(a!) held) -> ()");
   m.def("cpu_available_isas() -> str");

@@ -73,17 +73,23 @@ struct OneStateTensor {
 using AdagradTensor = OneStateTensor<AdagradCoeffs>;
 using LionTensor = OneStateTensor<LionCoeffs>;
 
-// Adam/AdamW with 8-bit block-wise moments (bitsandbytes' / torchao's layout): each moment is one uint8 code per
-// element, an index into a sorted 256-entry map of values in [-1, 1] (exp_avg: a signed map; exp_avg_sq: an
-// unsigned one, so small second moments keep their resolution), times one fp32 scale per block of kQuantBlock
-// elements (the block's absmax). Blocks start at element 0 of each tensor; the last one may be short. One pass per
-// block dequantizes both moments into L1 buffers, runs adam_update (optim_math.h), requantizes with the block's fresh
-// absmax and writes the param and the optional 16-bit copy. Params F32 (with an optional out16) or BF16.
+// Adam/AdamW with 8-bit block-wise moments: each moment is one uint8 code per element, a minifloat relative to one
+// fp32 scale per block of kQuantBlock elements (the block's absmax / kCodeTop). A magnitude code k >= 1 stands for
+// 2^((k >> 3) - e0) * (1 + (k & 7) / 8) (3 mantissa bits; k = 0 is 0), so its nearest code is computed from the
+// fp32 bits. exp_avg: sign in bit 7, 7-bit magnitude with e0 = 15 (E4M3-like: 2^-15 * 1.125 .. 1.875);
+// exp_avg_sq: unsigned 8-bit magnitude with e0 = 31 (E5M3-like: 2^-31 * 1.125 .. 1.875), small second moments kept.
+// Blocks start at element 0 of each tensor; the last one may be short. One pass per block decodes both moments into
+// L1 buffers, runs adam_update (optim_math.h), re-encodes with the block's fresh absmax and writes the param and the
+// optional 16-bit copy. Params F32 (with an optional out16) or BF16.
 constexpr int64_t kQuantBlock = 256;
+constexpr float kCodeTop = 1.875f;                      // the largest code's value (k = 127 / 255)
+constexpr uint32_t kMomentBias = (127u - 15u) << 3;     // code k's fp32 bits are (k + bias) << 20
+constexpr uint32_t kSquareBias = (127u - 31u) << 3;
+constexpr float kMomentHalfSmallest = 1.125f / 65536.0f;  // half of exp_avg's code 1 (2^-15 * 1.125)
 struct Adam8bitTensor {
   void* param;              // param_dtype (F32 or BF16), updated in place
   const void* grad;         // grad_dtype
-  uint8_t* exp_avg_codes;   // numel codes into m_map
+  uint8_t* exp_avg_codes;   // numel codes
   float* exp_avg_scales;    // ceil(numel / kQuantBlock) scales
   uint8_t* exp_avg_sq_codes;
   float* exp_avg_sq_scales;
@@ -94,11 +100,6 @@ struct Adam8bitTensor {
   AdamCoeffs coeffs;
   DType param_dtype = DType::F32;
   uint32_t round_seed = 0;
-};
-// The two maps: 256 ascending floats each, shared by every tensor of a call.
-struct QuantMaps {
-  const float* exp_avg;
-  const float* exp_avg_sq;
 };
 
 // Whether the kernels implement this (param, state, out) combination (see above).
@@ -114,7 +115,7 @@ void adam_step(const AdamTensor* tensors, int64_t count, int num_threads, Isa is
 void sgd_step(const SGDTensor* tensors, int64_t count, int num_threads, Isa isa);
 void adagrad_step(const AdagradTensor* tensors, int64_t count, int num_threads, Isa isa);
 void lion_step(const LionTensor* tensors, int64_t count, int num_threads, Isa isa);
-void adam8bit_step(const Adam8bitTensor* tensors, int64_t count, const QuantMaps& maps, int num_threads, Isa isa);
+void adam8bit_step(const Adam8bitTensor* tensors, int64_t count, int num_threads, Isa isa);
 
 bool isa_supported(Isa isa);  // compiled in AND runnable on this CPU
 Isa best_isa();
@@ -127,19 +128,19 @@ void adam_range_scalar(const AdamTensor& t, int64_t begin, int64_t end);
 void sgd_range_scalar(const SGDTensor& t, int64_t begin, int64_t end);
 void adagrad_range_scalar(const AdagradTensor& t, int64_t begin, int64_t end);
 void lion_range_scalar(const LionTensor& t, int64_t begin, int64_t end);
-void adam8bit_range_scalar(const Adam8bitTensor& t, const QuantMaps& maps, int64_t begin, int64_t end);
+void adam8bit_range_scalar(const Adam8bitTensor& t, int64_t begin, int64_t end);
 #if defined(__x86_64__) || defined(_M_X64)
 #define DSFAST_HAVE_X86_ISAS 1
 void adam_range_avx2(const AdamTensor& t, int64_t begin, int64_t end);
 void sgd_range_avx2(const SGDTensor& t, int64_t begin, int64_t end);
 void adagrad_range_avx2(const AdagradTensor& t, int64_t begin, int64_t end);
 void lion_range_avx2(const LionTensor& t, int64_t begin, int64_t end);
-void adam8bit_range_avx2(const Adam8bitTensor& t, const QuantMaps& maps, int64_t begin, int64_t end);
+void adam8bit_range_avx2(const Adam8bitTensor& t, int64_t begin, int64_t end);
 void adam_range_avx512(const AdamTensor& t, int64_t begin, int64_t end);
 void sgd_range_avx512(const SGDTensor& t, int64_t begin, int64_t end);
 void adagrad_range_avx512(const AdagradTensor& t, int64_t begin, int64_t end);
 void lion_range_avx512(const LionTensor& t, int64_t begin, int64_t end);
-void adam8bit_range_avx512(const Adam8bitTensor& t, const QuantMaps& maps, int64_t begin, int64_t end);
+void adam8bit_range_avx512(const Adam8bitTensor& t, int64_t begin, int64_t end);
 #endif
 
 }  // namespace cpu

@@ -239,7 +239,7 @@ void lion_step(const LionTensor* ts, int64_t count, int num_threads, Isa isa) {
 }
 #undef DSFAST_BODIES
 
-void adam8bit_step(const Adam8bitTensor* ts, int64_t count, const QuantMaps& maps, int num_threads, Isa isa) {
+void adam8bit_step(const Adam8bitTensor* ts, int64_t count, int num_threads, Isa isa) {
   for (int64_t k = 0; k < count; ++k) {
     const Adam8bitTensor& t = ts[k];
     check_dtypes(t.grad_dtype, t.out_dtype, t.out16, k);
@@ -253,17 +253,7 @@ void adam8bit_step(const Adam8bitTensor* ts, int64_t count, const QuantMaps& map
     if (t.numel > 0 && !(t.exp_avg_codes && t.exp_avg_scales && t.exp_avg_sq_codes && t.exp_avg_sq_scales))
       throw std::invalid_argument("tensor " + std::to_string(k) + ": an 8-bit state buffer is missing");
   }
-  for (const float* map : {maps.exp_avg, maps.exp_avg_sq}) {
-    for (int i = 0; i < 255; ++i)
-      if (!(map[i] < map[i + 1]))
-        throw std::invalid_argument("quantization map entry " + std::to_string(i + 1) +
-                                    " is not above the previous one: the map must be 256 ascending values");
-  }
-  const QuantMaps q = maps;
-  auto run = [&](auto body) {
-    run_work_list<kQuantBlock>(ts, count, num_threads,
-                               [&q, body](const Adam8bitTensor& t, int64_t b, int64_t e) { body(t, q, b, e); });
-  };
+  auto run = [&](auto body) { run_work_list<kQuantBlock>(ts, count, num_threads, body); };
   switch (resolve(isa)) {
 #ifdef DSFAST_HAVE_X86_ISAS
     case Isa::AVX512: run(adam8bit_range_avx512); break;

@@ -23,6 +23,7 @@
 #include "simd_avx512.h"
 #define DSFAST_ISA_NS avx512_isa
 #include "kernel_body.h"
+#define DSFAST_8BIT_AVX512 1   // kernel_8bit.h includes kernel_8bit_avx512.h
 #include "kernel_8bit.h"
 
 namespace dsfast {
@@ -31,9 +32,7 @@ void adam_range_avx512(const AdamTensor& t, int64_t b, int64_t e) { avx512_isa::
 void sgd_range_avx512(const SGDTensor& t, int64_t b, int64_t e) { avx512_isa::sgd_range(t, b, e); }
 void adagrad_range_avx512(const AdagradTensor& t, int64_t b, int64_t e) { avx512_isa::adagrad_range(t, b, e); }
 void lion_range_avx512(const LionTensor& t, int64_t b, int64_t e) { avx512_isa::lion_range(t, b, e); }
-void adam8bit_range_avx512(const Adam8bitTensor& t, const QuantMaps& q, int64_t b, int64_t e) {
-  avx512_isa::adam8bit_range(t, q, b, e);
-}
+void adam8bit_range_avx512(const Adam8bitTensor& t, int64_t b, int64_t e) { avx512_isa::adam8bit_range(t, b, e); }
 }  // namespace cpu
 }  // namespace dsfast
 

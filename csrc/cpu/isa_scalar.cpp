@@ -12,8 +12,6 @@ void adam_range_scalar(const AdamTensor& t, int64_t b, int64_t e) { scalar_isa::
 void sgd_range_scalar(const SGDTensor& t, int64_t b, int64_t e) { scalar_isa::sgd_range(t, b, e); }
 void adagrad_range_scalar(const AdagradTensor& t, int64_t b, int64_t e) { scalar_isa::adagrad_range(t, b, e); }
 void lion_range_scalar(const LionTensor& t, int64_t b, int64_t e) { scalar_isa::lion_range(t, b, e); }
-void adam8bit_range_scalar(const Adam8bitTensor& t, const QuantMaps& q, int64_t b, int64_t e) {
-  scalar_isa::adam8bit_range(t, q, b, e);
-}
+void adam8bit_range_scalar(const Adam8bitTensor& t, int64_t b, int64_t e) { scalar_isa::adam8bit_range(t, b, e); }
 }  // namespace cpu
 }  // namespace dsfast

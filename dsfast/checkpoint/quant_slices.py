@@ -4,12 +4,12 @@ any world size and stage.
 Save, as they are: the per-element uint8 codes are sliced like any per-element state; each record also stores the
 fp32 scales of the blocks its element range touches ("<name>@<start>/<moment>_scales") and where its first element
 sits in its block ("quant_phase"), so every saved element can be dequantized alone.
-Load: each record's elements are dequantized (map[code] * their block's scale) into an fp32 buffer of the new
+Load: each record's elements are dequantized (the code's value * their block's scale) into an fp32 buffer of the new
 shard, remembering which saved block each came from; once all of a shard's records are in, every new block whose
 elements all come from one saved block takes that block's codes and scale unchanged (exact: a resume on the same
 grid), and the others (the grid moved: another world size, stage or bucketing) are re-quantized on the new grid (one
-more rounding, at most half a map gap of the new block's absmax; logged as a conversion). Into a run with fp32 / 16-bit
-moments the dequantized values are written directly; fp32 / 16-bit moments loading into an 8-bit run are quantized
+more rounding: at most 1/16 of the value, or below the smallest code half of that code; logged as a conversion).
+Into a run with fp32 / 16-bit moments the dequantized values are written directly; fp32 / 16-bit moments loading into an 8-bit run are quantized
 the same way.
 """
 import torch
@@ -19,7 +19,7 @@ from .errors import CheckpointError
 from ..ops.reference import adam8bit as q8
 
 QUANT_BLOCK = q8.QUANT_BLOCK
-_MAPS = {"exp_avg": q8.exp_avg_map, "exp_avg_sq": q8.exp_avg_sq_map}
+_SIGNED = {"exp_avg": True, "exp_avg_sq": False}   # each moment's code format
 
 
 def saved_scales(state, offset, n):
@@ -62,7 +62,7 @@ class Loader:
             scales = f.get(s["keys"][moment + "_scales"]).reshape(-1)
             block = (torch.arange(lo - s["start"], hi - s["start"]) + int(s["quant_phase"])) // q8.QUANT_BLOCK
             block_scales = scales[block]
-            values = _MAPS[moment]()[codes.long()] * block_scales
+            values = q8.code_values(_SIGNED[moment])[codes.long()] * block_scales
             shard = self.saved_shards.setdefault((s["file"], s.get("quant_shard", 0)), len(self.saved_shards))
             source = (shard << 40) + int(s.get("quant_block0", 0)) + block
         if self.to_8bit:
@@ -90,7 +90,7 @@ class Loader:
         for k in [k for k in self.pending if keep is None or k != id(keep)]:
             param, state, moments = self.pending.pop(k)
             for moment, bufs in moments.items():
-                codes, scales, moved = _requantize(bufs, _MAPS[moment]())
+                codes, scales, moved = _requantize(bufs, _SIGNED[moment])
                 for suffix, value in (("_codes", codes), ("_scales", scales)):
                     old = state.get(moment + suffix)
                     if torch.is_tensor(old) and old.shape == value.shape and old.dtype == value.dtype:
@@ -102,10 +102,10 @@ class Loader:
                     self.converted.add((moment, "int8", "int8 (re-quantized on this run's blocks)"))
 
 
-def _requantize(bufs, qmap):
+def _requantize(bufs, signed):
     """(codes, scales, whether any block was re-quantized) of a shard's buffers: a block whose elements all come from
     one saved block keeps its saved codes and scale; the others are quantized afresh."""
-    codes, scales = q8.quantize(bufs["values"], qmap)
+    codes, scales = q8.quantize(bufs["values"], signed)
     n = codes.numel()
     if n == 0:
         return codes, scales, False

@@ -65,25 +65,16 @@ class OneStateCPUOptimizer(_cpu_op.CPUOptimizer):
         return loss
 
     def _gather(self, group_index, group, halves, listed=None):
-        params, grads, states, steps, outs, indices = [], [], [], [], [], []
-        for j, p in enumerate(group["params"]):
-            g = listed[j] if listed is not None else p.grad
-            if g is None:
-                continue
-            state = self.state[p]
-            if len(state) == 0:
-                state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                state[self.STATE_KEY] = torch.zeros_like(p, dtype=self.state_dtype(p),
-                                                         memory_format=torch.contiguous_format)
-            elif self.STATE_KEY not in state:
+        def new_state(p):
+            return {"step": torch.tensor(0.0, dtype=torch.float32),
+                    self.STATE_KEY: torch.zeros_like(p, dtype=self.state_dtype(p),
+                                                     memory_format=torch.contiguous_format)}
+
+        def check(j, p, g, state):
+            if self.STATE_KEY not in state:
                 raise ValueError(f"param_groups[{group_index}]['params'][{j}] has optimizer state "
                                  f"{sorted(state)} without {self.STATE_KEY!r}: it was loaded from another "
                                  f"optimizer's state dict; load one saved by {type(self).__name__}")
-            params.append(p)
-            grads.append(g)
-            states.append(state[self.STATE_KEY])
-            steps.append(state["step"])
-            indices.append(j)
-            if halves is not None:
-                outs.append(halves[j])
-        return params, grads, states, steps, outs, indices
+        params, grads, lists, outs, indices = _cpu_op.gather(self, group, halves, listed, (self.STATE_KEY, "step"),
+                                                             new_state, check)
+        return params, grads, lists[self.STATE_KEY], lists["step"], outs, indices

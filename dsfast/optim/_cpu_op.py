@@ -59,6 +59,31 @@ def tables_usable():
         and torch._C._len_torch_dispatch_stack() == 0
 
 
+def gather(optimizer, group, halves, listed, keys, new_state, check=None):
+    """The parameters of one group that have a gradient (listed[j], else p.grad), for a list op:
+    (params, grads, {key: [each one's state[key]]}, outs (halves[j] where given), their indices in the group).
+    A parameter without state gets new_state(p) (a dict) first; check(j, p, g, state) may refuse one."""
+    params, grads, outs, indices = [], [], [], []
+    lists = {k: [] for k in keys}
+    for j, p in enumerate(group["params"]):
+        g = listed[j] if listed is not None else p.grad
+        if g is None:
+            continue
+        state = optimizer.state[p]
+        if len(state) == 0:
+            state.update(new_state(p))
+        if check is not None:
+            check(j, p, g, state)
+        for k in keys:
+            lists[k].append(state[k])
+        params.append(p)
+        grads.append(g)
+        indices.append(j)
+        if halves is not None:
+            outs.append(halves[j])
+    return params, grads, lists, outs, indices
+
+
 def half_outputs(half_param_groups, group_index, group):
     """The per-parameter 16-bit output buffers for one group (DeepSpeed's fp16_param_groups), or []."""
     if half_param_groups is None:

@@ -125,26 +125,14 @@ class CPUAdam(_cpu_op.CPUOptimizer):
         return loss
 
     def _gather(self, group, halves, listed=None):
-        params, grads, ms, vs, steps, outs, indices = [], [], [], [], [], [], []
-        for j, p in enumerate(group["params"]):
-            g = listed[j] if listed is not None else p.grad
-            if g is None:
-                continue
-            state = self.state[p]
-            if len(state) == 0:
-                state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                dtype = self.state_dtype(p)
-                state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)
-            params.append(p)
-            grads.append(g)
-            ms.append(state["exp_avg"])
-            vs.append(state["exp_avg_sq"])
-            steps.append(state["step"])
-            indices.append(j)
-            if halves is not None:
-                outs.append(halves[j])
-        return params, grads, ms, vs, steps, outs, indices
+        def new_state(p):
+            dtype = self.state_dtype(p)
+            return {"step": torch.tensor(0.0, dtype=torch.float32),
+                    "exp_avg": torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format),
+                    "exp_avg_sq": torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)}
+        params, grads, lists, outs, indices = _cpu_op.gather(self, group, halves, listed,
+                                                             ("exp_avg", "exp_avg_sq", "step"), new_state)
+        return params, grads, lists["exp_avg"], lists["exp_avg_sq"], lists["step"], outs, indices
 
 
 class CPUAdamW(CPUAdam):

@@ -46,7 +46,6 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
                                                             out16)
         if multiplier is None:
             return loss
-        m_map, v_map = quant_state.maps()
         for gi, group in enumerate(self.param_groups):
             lr, (beta1, beta2), eps, wd = check_adam_hparams(group["lr"], group["betas"], group["eps"],
                                                               group["weight_decay"], group.get("amsgrad", False))
@@ -59,33 +58,20 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
             grad_scale_v = -multiplier if group.get("maximize") else multiplier
             _cpu_op.call(_cpu_op.op().adam8bit_step, gi, indices, [p.view(-1) for p in params],
                          [g.reshape(-1) for g in gs], *(lists[k] for k in quant_state.CODE_KEYS),
-                         [o.view(-1) if o is not None else None for o in outs], lists["step"], m_map, v_map,
+                         [o.view(-1) if o is not None else None for o in outs], lists["step"],
                          lr, beta1, beta2, eps, wd, bool(group["adamw_mode"]), bool(group["bias_correction"]),
                          grad_scale_v, _cpu_op.num_threads(), self.isa, round_seed=self.round_seed())
         return loss
 
     def _gather(self, gi, group, halves, listed=None):
-        params, grads, outs, indices = [], [], [], []
-        lists = {k: [] for k in _STATE_KEYS}
-        for j, p in enumerate(group["params"]):
-            g = listed[j] if listed is not None else p.grad
-            if g is None:
-                continue
+        def new_state(p):
+            return {"step": torch.tensor(0.0, dtype=torch.float32), **quant_state.empty_state(p.numel())}
+
+        def check(j, p, g, state):
             if not p.is_contiguous() or not g.is_contiguous():
                 raise ValueError(f"param_groups[{gi}]['params'][{j}] or its gradient is not contiguous; the 8-bit "
                                  "kernel updates contiguous tensors in place")
-            state = self.state[p]
-            if len(state) == 0:
-                state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                state.update(quant_state.empty_state(p.numel()))
-            for k in _STATE_KEYS:
-                lists[k].append(state[k])
-            params.append(p)
-            grads.append(g)
-            indices.append(j)
-            if halves is not None:
-                outs.append(halves[j])
-        return params, grads, lists, outs, indices
+        return _cpu_op.gather(self, group, halves, listed, _STATE_KEYS, new_state, check)
 
     def load_state_dict(self, state_dict):
         # torch would cast the fp32 scales to a bf16 param's dtype: every state is taken from the saved dict

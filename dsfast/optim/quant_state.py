@@ -7,7 +7,7 @@ from ..ops.reference import adam8bit as _q
 QUANT_BLOCK = _q.QUANT_BLOCK
 CODE_KEYS = ("exp_avg_codes", "exp_avg_scales", "exp_avg_sq_codes", "exp_avg_sq_scales")
 FLOAT_KEYS = ("exp_avg", "exp_avg_sq")
-_MOMENTS = (("exp_avg", _q.exp_avg_map), ("exp_avg_sq", _q.exp_avg_sq_map))
+_MOMENTS = (("exp_avg", True), ("exp_avg_sq", False))   # (key, signed code format)
 
 
 def bytes_per_element(numel):
@@ -16,10 +16,10 @@ def bytes_per_element(numel):
 
 
 def empty_state(numel):
-    """Zero moments of numel elements: every code the map's 0, every scale 0."""
+    """Zero moments of numel elements: every code 0, every scale 0."""
     state = {}
-    for key, qmap in _MOMENTS:
-        codes, scales = _q.quantize(torch.zeros(numel), qmap())
+    for key, signed in _MOMENTS:
+        codes, scales = _q.quantize(torch.zeros(numel), signed)
         state[key + "_codes"], state[key + "_scales"] = codes, scales
     return state
 
@@ -31,12 +31,12 @@ def is_quantized(state):
 def quantize_moments(moments, numel, where):
     """{exp_avg_codes, ...} from a dict holding float exp_avg and exp_avg_sq of numel elements."""
     out = {}
-    for key, qmap in _MOMENTS:
+    for key, signed in _MOMENTS:
         t = moments.get(key)
         if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() != numel:
             raise ValueError(f"{where}: state[{key!r}] must be a float tensor of {numel} elements to be quantized, "
                              f"got {type(t).__name__ if not isinstance(t, torch.Tensor) else (t.dtype, t.numel())}")
-        out[key + "_codes"], out[key + "_scales"] = _q.quantize(t.detach().cpu(), qmap())
+        out[key + "_codes"], out[key + "_scales"] = _q.quantize(t.detach().cpu(), signed)
     return out
 
 
@@ -59,12 +59,8 @@ def check_codes(state, numel, where):
 
 def dequantize_moments(state, dtype=torch.float32):
     """{exp_avg, exp_avg_sq} (flat, `dtype`) from the 8-bit moments of a state."""
-    return {key: _q.dequantize(state[key + "_codes"], state[key + "_scales"], qmap()).to(dtype)
-            for key, qmap in _MOMENTS}
-
-
-def maps():
-    return _q.exp_avg_map(), _q.exp_avg_sq_map()
+    return {key: _q.dequantize(state[key + "_codes"], state[key + "_scales"], signed).to(dtype)
+            for key, signed in _MOMENTS}
 
 
 def dequantize_into(state, original, param, dtype, where):

@@ -13,7 +13,8 @@ layer whole in the model dtype (the one being computed; prefetching may hold the
 temporary buffers are not model states and are not counted.
 
 nvme=True adds the rows of offload_optimizer on NVMe (offload_optimizer "nvme", a "nvme" key): every fp32 master
-and moment in swap files (12 bytes/param / N, fp32 models too: the masters are copies there), and on the host only
+and moment in swap files (12 bytes/param / N, fp32 models too: the masters are copies there; 4 + 2.03 with 8-bit
+moments, states8), and on the host only
 the window (nvme_states.window_bytes): buffer_count units of this rank's share of a bucket (stages 1-2:
 reduce_bucket_size elements) or of the largest layer (stage 3, one unit per parameter). They also add stage 3's
 offload_param on NVMe (offload_param "nvme"): the model-dtype shards (2 or 4 bytes/param / N) in swap files too,
@@ -24,7 +25,7 @@ import argparse
 
 from .nvme_buffers import aligned_size
 from .nvme_states import unit_file_bytes, window_bytes
-from .partition import model_state_bytes
+from .partition import INT8_MOMENT_BYTES, model_state_bytes
 from .partitioned_param import whole_numel
 
 _CHOICES = [(0, False, False), (1, False, False), (1, True, False), (2, False, False), (2, True, False),
@@ -44,9 +45,6 @@ def estimate_model_states(params, world_size, mixed=True, largest_layer=0, offlo
     if master16 and nvme:
         raise ValueError("16-bit masters with offload_optimizer on NVMe are not supported yet (dsfast refuses the "
                          "config too); leave out --nvme or --bf16-master")
-    if states8 and nvme:
-        raise ValueError("the NVMe rows are not estimated for 8-bit optimizer states yet; leave out --nvme (the "
-                         "host rows count them)")
     psi, world = int(float(params)), int(world_size)
     if psi < 1 or world < 1:
         raise ValueError(f"params and world_size must be >= 1 (got {params!r}, {world_size!r})")
@@ -62,10 +60,13 @@ def estimate_model_states(params, world_size, mixed=True, largest_layer=0, offlo
         if stage == 3 and largest_layer:
             b["device"] += (2 if mixed else 4) * int(float(largest_layer))
         if off_opt == "nvme":
-            on_host = (12 if mixed else 8) * psi / world   # what offload to the host would keep there
+            moments = INT8_MOMENT_BYTES if states8 else 8   # per element, in the unit files beside the fp32 master
+            # what offload to the host would keep there: the masters (a copy, for a 16-bit model) and the moments
+            on_host = ((4 if mixed else 0) + moments) * psi / world
             unit = (min(int(float(bucket)), psi) if stage < 3 else int(float(largest_layer))) // world + 1
-            b["host"] += window_bytes(unit, buffer_count) - on_host
-            b["nvme"] = unit_file_bytes(psi) / world
+            b["host"] += window_bytes(unit, buffer_count, moments) - on_host
+            b["nvme"] = unit_file_bytes(psi, moments) / world
+            b["nvme_unit"] = unit   # elements of the largest swap unit (the plan counts the step's reads by it)
         if off_param == "nvme":
             shards = (2 if mixed else 4) * psi / world   # what offload_param "cpu" keeps on the host
             largest = (2 if mixed else 4) * (int(float(largest_layer)) // world + 1)

@@ -28,14 +28,15 @@ BUDGETED_STATES = 2
 _ALIGN = 64   # each tensor of a unit file starts on a cache line
 
 
-def unit_file_bytes(numel):
-    """The budgeted bytes of a unit of `numel` elements on disk: its fp32 master and BUDGETED_STATES states."""
-    return numel * 4 * (1 + BUDGETED_STATES)
+def unit_file_bytes(numel, state_bytes=4 * BUDGETED_STATES):
+    """The budgeted bytes of a unit of `numel` elements on disk: its fp32 master and its states, state_bytes per
+    element (BUDGETED_STATES fp32 states; 8-bit Adam moments: partition.INT8_MOMENT_BYTES)."""
+    return int(numel * (4 + state_bytes))
 
 
-def window_bytes(largest_numel, buffer_count):
+def window_bytes(largest_numel, buffer_count, state_bytes=4 * BUDGETED_STATES):
     """Host memory of the window: buffer_count buffers, each the size of the largest unit's file."""
-    return int(buffer_count) * aligned_size(unit_file_bytes(largest_numel))
+    return int(buffer_count) * aligned_size(unit_file_bytes(largest_numel, state_bytes))
 
 
 def _unit_by_unit():

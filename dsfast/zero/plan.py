@@ -11,12 +11,13 @@ Host figures (dsfast.zero.host_figures): available memory (shared by the --local
 tests check); a row fits when every local rank's share fits in --headroom of each memory. The predicted step
 floor is the bytes one Adam step moves per parameter (STATE_PRECISIONS) over the bandwidth of the memory it runs
 in (the accelerator's, or the host's shared by the local ranks), and with NVMe the swap files' bytes read and
-written over the disk's bandwidth, whichever takes longer. Activations and temporary buffers are not counted:
+written over the disk's bandwidth (less the first units, read ahead during forward and backward), whichever takes
+longer. Activations and temporary buffers are not counted:
 --headroom leaves room for them.
 
-Order (best first): the highest state precision that fits (fp32 masters and moments before bf16; --prefer speed
-ranks by the floor alone), then the fastest floor, then the least communication (stage 3 gathers, parameter
-offload), then the fewest device bytes.
+Order (best first): the highest state precision that fits (fp32 masters and moments, bf16 masters with fp32
+moments, fp32 masters with 8-bit moments, bf16 masters and moments; --prefer speed ranks by the floor alone), then
+the fastest floor, then the least communication (stage 3 gathers, parameter offload), then the fewest device bytes.
 """
 import argparse
 import json
@@ -27,16 +28,19 @@ from .estimate import estimate_model_states
 _GIB = float(1 << 30)
 
 # >>> The optimizer-state precisions a plan considers: the ONE place to add one. <<<
-# name -> estimate.py's flag for its bytes, and the bytes one Adam step moves per parameter by the masters'
-# precision (read p, g, m, v; write p, m, v; with offload the 16-bit gradient in and parameter copy out).
-# "int8" (8-bit block-wise moments, about 2 bytes a parameter with their scales, about 14 bytes moved) goes here
-# once estimate.py counts its bytes (branch states8bit).
+# name -> estimate.py's flags for its bytes, and the bytes one Adam step moves per parameter by the masters'
+# precision (read p, g, m, v; write p, m, v; with offload the 16-bit gradient in and parameter copy out), as
+# benchmarks/cpu_optim.py counts them. "int8": 8-bit block-wise moments (offload_optimizer.state_precision), host
+# optimizer only (estimate.py gives only offload rows), fp32 masters: p r/w 8, bf16 grad 2, codes r/w 4, bf16 copy
+# out 2, and two fp32 scales read and written per block of 256.
 STATE_PRECISIONS = {
-    "fp32": {"states16": False, "moved": {"fp32": 28, "bf16": 22}},
-    "bf16": {"states16": True, "moved": {"bf16": 14}},
+    "fp32": {"states16": False, "states8": False, "moved": {"fp32": 28, "bf16": 22}},
+    "bf16": {"states16": True, "states8": False, "moved": {"bf16": 14}},
+    "int8": {"states16": False, "states8": True, "moved": {"fp32": 16 + 2 * 2 * 4 / 256}},
 }
-# precision tiers, most faithful first (--prefer precision ranks by this)
-_TIER = {("fp32", "fp32"): 0, ("bf16", "fp32"): 1, ("bf16", "bf16"): 2}
+# precision tiers, most faithful first (--prefer precision ranks by this): fp32 masters keep small updates that
+# bf16 masters lose, so fp32 masters with 8-bit moments come before bf16 masters with bf16 moments
+_TIER = {("fp32", "fp32"): 0, ("bf16", "fp32"): 1, ("fp32", "int8"): 2, ("bf16", "bf16"): 3}
 
 
 def candidates(params, world_size, mixed=True, largest_layer=0, nvme=False, buffer_count=4, bucket=5e8):
@@ -52,19 +56,30 @@ def candidates(params, world_size, mixed=True, largest_layer=0, nvme=False, buff
             if prec["states16"] and not master16:
                 continue   # bf16_optimizer_states needs bf16 masters (DeepSpeed's rule)
             found = estimate_model_states(params, world_size, mixed, largest_layer, None, master16,
-                                          prec["states16"], nvme and not master16, buffer_count, bucket)
-            rows += [{**r, "masters": masters, "states": states, "moved": moved} for r in found]
+                                          prec["states16"], nvme and not master16, buffer_count, bucket,
+                                          states8=prec["states8"])
+            # bytes both the host and the device columns count: with offload the host keeps its own 16-bit master
+            # copy, which on a machine whose CPU trains is the model's parameter shard itself (host_bytes)
+            shard = int(float(params)) / world_size
+            rows += [{**r, "masters": masters, "states": states, "moved": moved, "buffer_count": buffer_count,
+                      "shared": 2 * shard if master16 and r["offload_optimizer"] else 0} for r in found]
     return rows
+
+
+def host_bytes(row, fig):
+    """One rank's host bytes: the row's, plus its device bytes where the CPU trains (no accelerator), less what
+    both count once (the 16-bit master copy that is the parameter shard there)."""
+    if fig.device_memory is not None:
+        return row["host"]
+    return row["host"] + row["device"] - row.get("shared", 0)
 
 
 def _fits(row, fig, local_ranks, headroom):
     """[why it does not fit] (empty when it fits) for all local ranks together."""
     why = []
     device = row["device"]
-    if fig.device_memory is None:       # the CPU trains: the "device" bytes are host memory too
-        host = (row["host"] + device) * local_ranks
-    else:
-        host = row["host"] * local_ranks
+    host = host_bytes(row, fig) * local_ranks
+    if fig.device_memory is not None:
         if device > headroom * fig.device_memory:
             why.append(f"device needs {device / _GIB:.2f} GiB of {headroom * fig.device_memory / _GIB:.2f}")
     if fig.host_available is not None and host > headroom * fig.host_available:
@@ -86,6 +101,12 @@ def step_floor(row, params, world_size, fig, local_ranks):
         return None
     seconds = moved * (local_ranks if on_host else 1) / (gbs * 1e9)
     disk_read = (row.get("nvme", 0) if row["offload_optimizer"] == "nvme" else 0) * local_ranks
+    if disk_read and row.get("nvme_unit"):
+        # the window reads the step's first buffer_count - 2 units ahead, during forward and backward
+        # (nvme_states.windows): the step itself reads the others
+        units = math.ceil(shard / row["nvme_unit"])
+        ahead = max(1, int(row.get("buffer_count", 4)) - 2)
+        disk_read *= max(0, units - ahead) / units
     disk_write = row.get("nvme", 0) * local_ranks   # states written back; offload_param: the updated shards
     if disk_write:
         if not (fig.nvme_read_gbs and fig.nvme_write_gbs):
@@ -147,6 +168,8 @@ def config_section(row, fig):
     zero = {"stage": row["stage"]}
     if row["stage"] > 0:
         zero["offload_optimizer"] = _offload(device[row["offload_optimizer"]], fig.nvme_path, pin)
+        if STATE_PRECISIONS[row["states"]]["states8"]:
+            zero["offload_optimizer"]["state_precision"] = "int8"
     if row["stage"] == 3:
         zero["offload_param"] = _offload(device[row["offload_param"]], fig.nvme_path, pin)
     out = {"zero_optimization": zero}

@@ -114,14 +114,14 @@ def lion_step(params, grads, exp_avgs, outs, steps, lr, beta1, beta2, weight_dec
 
 
 def adam8bit_step(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs, steps,
-                  exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction,
+                  lr, beta1, beta2, eps, weight_decay, adamw, bias_correction,
                   grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
-    """Adam/AdamW with 8-bit block-wise moments (dsfast.ops.reference.adam8bit has the layout and the maps) over
+    """Adam/AdamW with 8-bit block-wise moments (dsfast.ops.reference.adam8bit has the layout and the code formats) over
     lists of CPU tensors (fp32 or bf16 params) in one parallel region; increments each step."""
     outs = _fill_missing_outs(params, outs)
     try:
         _adam8bit(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs, steps,
-                  exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction,
+                  lr, beta1, beta2, eps, weight_decay, adamw, bias_correction,
                   grad_scale, num_threads, isa, label, round_seed)
     except RuntimeError as e:
         raise retyped(e) from None
@@ -301,8 +301,8 @@ def _release_fake(held):
 
 @torch.library.register_fake("dsfast::cpu_adam8bit_step")
 def _adam8bit_fake(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs, steps,
-                   exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction,
+                   lr, beta1, beta2, eps, weight_decay, adamw, bias_correction,
                    grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
     from ..reference.adam8bit import check_adam8bit_args
     check_adam8bit_args(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs,
-                        steps, exp_avg_map, exp_avg_sq_map, label)
+                        steps, label)

@@ -1,42 +1,37 @@
-"""Adam/AdamW with 8-bit block-wise moments in pure torch: the quantization maps, (de)quantization, and
-adam8bit_step computing the same bits as the native op's scalar body (csrc/cpu/kernel_8bit.h): every fp32
-operation in optim_math.h's order, the coefficients rounded to fp32 as make_adam_coeffs rounds them.
+"""Adam/AdamW with 8-bit block-wise moments in pure torch: the code formats, (de)quantization, and adam8bit_step
+computing the same bits as the native op's scalar body (csrc/cpu/kernel_8bit.h): every fp32 operation in
+optim_math.h's order, the coefficients rounded to fp32 as make_adam_coeffs rounds them.
 
-Layout (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization"; bitsandbytes and torchao use it):
-each moment is a uint8 code per element, an index into a sorted 256-entry map of values in [-1, 1], times one
-fp32 scale per block of QUANT_BLOCK elements, the block's absmax. exp_avg uses the signed dynamic map, exp_avg_sq
-the unsigned one (twice the resolution on [0, 1], so small second moments, which set the step size, survive)."""
+Layout (block-wise, as Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization", bitsandbytes and
+torchao): each moment is a uint8 code per element times one fp32 scale per block of QUANT_BLOCK elements, the
+block's absmax / CODE_TOP. The codes are minifloats with 3 mantissa bits, so the nearest code is computed from the
+fp32 bit pattern (a SIMD-friendly integer round, no table search): a magnitude code k >= 1 stands for
+2^((k >> 3) - e0) * (1 + (k & 7) / 8), k = 0 for 0. exp_avg: sign in bit 7 and a 7-bit magnitude, e0 = 15
+(E4M3-like, 2^-15 * 1.125 .. 1.875: relative error <= 1/16 over 15 binades below the absmax). exp_avg_sq: an
+unsigned 8-bit magnitude, e0 = 31 (E5M3-like, 31 binades: small second moments, which set the step size, survive),
+and a positive value never rounds to 0 (code 1 at least), so m / (sqrt(v) + eps) cannot blow up."""
 import math
 
 import torch
 
 QUANT_BLOCK = 256   # csrc/cpu/cpu_optim.h's kQuantBlock, bitsandbytes' and torchao's block size
-_MAPS = {}
+CODE_TOP = 1.875    # kCodeTop: the value of the largest magnitude code
+_BIAS = {True: (127 - 15) << 3, False: (127 - 31) << 3}   # kMomentBias, kSquareBias: code k's fp32 bits (k + bias) << 20
+_MOMENT_HALF_SMALLEST = 1.125 / 65536   # kMomentHalfSmallest: half of exp_avg's code 1
+_TABLES = {}
 
 
-def dynamic_map(signed):
-    """The dynamic (tree) map of the paper above: levels 10^-6 .. 10^0; within level i, the midpoints of an even
-    split of [0.1, 1] into 2^i parts (signed: each also negated) or 2^(i+1) parts (unsigned); plus 0 and 1.
-    256 ascending float32 values either way."""
+def code_values(signed):
+    """The fp32 value of each of the 256 codes (signed: exp_avg's format; unsigned: exp_avg_sq's), scale 1."""
     key = bool(signed)
-    if key not in _MAPS:
-        values = [0.0, 1.0]
-        for level in range(7):
-            parts = 2 ** level if signed else 2 ** (level + 1)
-            edges = [0.1 + 0.9 * k / parts for k in range(parts + 1)]
-            for a, b in zip(edges, edges[1:]):
-                mid = 10.0 ** (level - 6) * (a + b) / 2
-                values += [mid, -mid] if signed else [mid]
-        _MAPS[key] = torch.tensor(sorted(values), dtype=torch.float32)
-    return _MAPS[key]
-
-
-def exp_avg_map():
-    return dynamic_map(signed=True)
-
-
-def exp_avg_sq_map():
-    return dynamic_map(signed=False)
+    if key not in _TABLES:
+        c = torch.arange(256, dtype=torch.int32)
+        mag = c & 127 if signed else c
+        values = torch.where(mag == 0, 0, (mag + _BIAS[key]) << 20).view(torch.float32)
+        if signed:
+            values = torch.where((c & 128) != 0, -values, values)
+        _TABLES[key] = values
+    return _TABLES[key]
 
 
 def num_blocks(numel):
@@ -49,28 +44,38 @@ def _blocks(x):
     return torch.nn.functional.pad(x, (0, pad)).view(-1, QUANT_BLOCK)
 
 
-def nearest_codes(qmap, x):
-    """The kernel's nearest_code: the largest i with map[i] <= x, then i + 1 where strictly nearer."""
-    i = (torch.searchsorted(qmap, x, right=True) - 1).clamp_(0, 255)
-    lo, hi = qmap[i], qmap[(i + 1).clamp_(max=255)]
-    return (i + ((i < 255) & ((hi - x) < (x - lo))).long()).to(torch.uint8)
+def encode(x, inv, signed):
+    """The kernel's codes of fp32 x times inv (kCodeTop / the block's absmax, broadcast): round |x| * inv to 3
+    mantissa bits on its fp32 bits (ties to even), re-bias the exponent, clamp to the top code; below code 1:
+    nearest of 0 and code 1 (signed), any positive value to code 1 (unsigned)."""
+    y = x.abs() * inv
+    top = torch.tensor(CODE_TOP)
+    y = torch.where(y < top, y, top)            # NaN too, as the kernel's (y < top ? y : top)
+    u = y.view(torch.int32)
+    k = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - _BIAS[bool(signed)]
+    low = (y >= _MOMENT_HALF_SMALLEST) if signed else (y > 0)
+    k = torch.where(k < 1, low.to(torch.int32), k)
+    if signed:
+        k = k | torch.where((k != 0) & (x.view(torch.int32) < 0), 128, 0)
+    return k.to(torch.uint8)
 
 
-def quantize(x, qmap):
-    """(codes uint8 [n], scales fp32 [blocks]) of a float tensor: per block absmax, then nearest codes."""
+def quantize(x, signed):
+    """(codes uint8 [n], scales fp32 [blocks]) of a float tensor: per block absmax, then the computed codes."""
     flat = x.detach().reshape(-1).float()
     rows = _blocks(flat)
-    scales = rows.abs().amax(dim=1)
-    safe = torch.where(scales == 0, torch.ones_like(scales), scales)
-    codes = nearest_codes(qmap, (rows / safe[:, None]).reshape(-1)[:flat.numel()])
-    return codes, scales
+    absmax = rows.abs().amax(dim=1)
+    top = torch.tensor(CODE_TOP)
+    inv = torch.where(absmax > 0, top / absmax, torch.zeros_like(absmax))
+    codes = encode(rows, inv[:, None], signed).reshape(-1)[:flat.numel()]
+    return codes, absmax / top
 
 
-def dequantize(codes, scales, qmap):
-    """fp32 values [n] of (codes, scales): map[code] * the block's scale."""
+def dequantize(codes, scales, signed):
+    """fp32 values [n] of (codes, scales): the code's value times the block's scale."""
     n = codes.numel()
     per_elem = scales.repeat_interleave(QUANT_BLOCK)[:n]
-    return qmap[codes.reshape(-1).long()] * per_elem
+    return code_values(signed)[codes.reshape(-1).long()] * per_elem
 
 
 def _sqrt(x):
@@ -84,7 +89,7 @@ def _f32(x):
 
 
 def check_adam8bit_args(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs,
-                        steps, exp_avg_map_, exp_avg_sq_map_, label="params"):
+                        steps, label="params"):
     """The native op's argument checks (csrc/bindings/cpu_optim.cpp), from metadata only: the reference's and the
     fake implementation's. ValueError / TypeError naming "<label>[i]" and what would be valid."""
     n = len(params)
@@ -95,9 +100,6 @@ def check_adam8bit_args(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq
             raise ValueError(f"{name} has {len(seq)} entries but there are {n} params")
     if len(outs) not in (0, n):
         raise ValueError(f"outs has {len(outs)} entries; pass [] or one per param ({n})")
-    for what, m in (("exp_avg_map", exp_avg_map_), ("exp_avg_sq_map", exp_avg_sq_map_)):
-        if m.dtype != torch.float32 or m.numel() != 256 or m.device.type != "cpu":
-            raise ValueError(f"{what} must be a contiguous float32 cpu tensor of 256 ascending values")
     for i, p in enumerate(params):
         w = f"{label}[{i}]"
         if p.dtype not in (torch.float32, torch.bfloat16):
@@ -118,14 +120,12 @@ def check_adam8bit_args(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq
 
 
 def adam8bit_step(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs, steps,
-                  exp_avg_map_, exp_avg_sq_map_, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction,
+                  lr, beta1, beta2, eps, weight_decay, adamw, bias_correction,
                   grad_scale=1.0, num_threads=0, isa="auto", label="params", round_seed=0):
     from .cpu_optim import check_isa, row_seed, stochastic_bf16
     check_isa(isa)
     check_adam8bit_args(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs,
-                        steps, exp_avg_map_, exp_avg_sq_map_, label)
-    if any((m[1:] <= m[:-1]).any() for m in (exp_avg_map_, exp_avg_sq_map_)):
-        raise ValueError("a quantization map must be 256 ascending values")
+                        steps, label)
     with torch.no_grad():
         for i, stored in enumerate(params):
             step = int(steps[i].item()) + 1
@@ -133,8 +133,8 @@ def adam8bit_step(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes
             bc2 = 1.0 - beta2 ** step if bias_correction else 1.0
             p = stored.reshape(-1).float()
             g = grads[i].reshape(-1).float() * _f32(grad_scale)
-            m = dequantize(exp_avg_codes[i], exp_avg_scales[i], exp_avg_map_)
-            v = dequantize(exp_avg_sq_codes[i], exp_avg_sq_scales[i], exp_avg_sq_map_)
+            m = dequantize(exp_avg_codes[i], exp_avg_scales[i], True)
+            v = dequantize(exp_avg_sq_codes[i], exp_avg_sq_scales[i], False)
             if not adamw and weight_decay != 0:
                 g = g + _f32(weight_decay) * p
             m = m + _f32(1.0 - beta1) * (g - m)
@@ -147,9 +147,9 @@ def adam8bit_step(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes
                 stored.view(-1).copy_(stochastic_bf16(p, row_seed(round_seed, i)))
             else:
                 stored.view(-1).copy_(p)
-            for codes, scales, x, qmap in ((exp_avg_codes[i], exp_avg_scales[i], m, exp_avg_map_),
-                                           (exp_avg_sq_codes[i], exp_avg_sq_scales[i], v, exp_avg_sq_map_)):
-                c, s = quantize(x, qmap)
+            for codes, scales, x, signed in ((exp_avg_codes[i], exp_avg_scales[i], m, True),
+                                             (exp_avg_sq_codes[i], exp_avg_sq_scales[i], v, False)):
+                c, s = quantize(x, signed)
                 codes.view(-1).copy_(c)
                 scales.copy_(s)
             if outs and outs[i] is not None:
