@@ -109,6 +109,7 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     _step_supports_amp_scaling = True   # torch.amp.GradScaler passes grad_scale/found_inf to step()
     _dsfast_amp_step = True             # and grads= / out16= (the engine's contract, optim/amp_step.py)
+    _dsfast_element_wise = True         # each parameter's update reads only its own state (optim/element_wise.py)
 
     def _set_master_weights(self, master_weights):
         if not isinstance(master_weights, bool):

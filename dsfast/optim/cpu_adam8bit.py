@@ -46,29 +46,43 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
                                                             out16)
         if multiplier is None:
             return loss
-        m_map, v_map = quant_state.maps()
         for gi, group in enumerate(self.param_groups):
-            lr, (beta1, beta2), eps, wd = check_adam_hparams(group["lr"], group["betas"], group["eps"],
-                                                              group["weight_decay"], group.get("amsgrad", False))
-            check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
+            hparams = self._group_hyperparameters(group)
             halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
             listed = grads[gi] if grads is not None else None
-            params, gs, lists, outs, indices = self._gather(gi, group, halves, listed)
-            if not params:
-                continue
-            grad_scale_v = -multiplier if group.get("maximize") else multiplier
-            _cpu_op.call(_cpu_op.op().adam8bit_step, gi, indices, [p.view(-1) for p in params],
-                         [g.reshape(-1) for g in gs], *(lists[k] for k in quant_state.CODE_KEYS),
-                         [o.view(-1) if o is not None else None for o in outs], lists["step"], m_map, v_map,
-                         lr, beta1, beta2, eps, wd, bool(group["adamw_mode"]), bool(group["bias_correction"]),
-                         grad_scale_v, _cpu_op.num_threads(), self.isa, round_seed=self.round_seed())
+            self._step_group(gi, group, hparams, range(len(group["params"])), listed, halves, multiplier)
         return loss
 
-    def _gather(self, gi, group, halves, listed=None):
-        params, grads, outs, indices = [], [], [], []
+    def _group_hyperparameters(self, group):
+        """The group's validated (lr, betas, eps, weight_decay); refuses flags it cannot honour."""
+        hparams = check_adam_hparams(group["lr"], group["betas"], group["eps"], group["weight_decay"],
+                                     group.get("amsgrad", False))
+        check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
+        return hparams
+
+    def _step_group(self, gi, group, hparams, indices, grads, outs, multiplier):
+        """Step group `gi`'s parameters at `indices` (grads / outs: theirs, or None: p.grad / no 16-bit copy);
+        returns the parameters stepped (those with a gradient)."""
+        params, gs, lists, outs, indices = self._gather(gi, group, indices, grads, outs)
+        if not params:
+            return params
+        lr, (beta1, beta2), eps, wd = hparams
+        m_map, v_map = quant_state.maps()
+        grad_scale_v = -multiplier if group.get("maximize") else multiplier
+        _cpu_op.call(_cpu_op.op().adam8bit_step, gi, indices, [p.view(-1) for p in params],
+                     [g.reshape(-1) for g in gs], *(lists[k] for k in quant_state.CODE_KEYS),
+                     [o.view(-1) if o is not None else None for o in outs], lists["step"], m_map, v_map,
+                     lr, beta1, beta2, eps, wd, bool(group["adamw_mode"]), bool(group["bias_correction"]),
+                     grad_scale_v, _cpu_op.num_threads(), self.isa, round_seed=self.round_seed())
+        return params
+
+    def _gather(self, gi, group, indices, listed=None, halves=None):
+        params, grads, outs, kept = [], [], [], []
         lists = {k: [] for k in _STATE_KEYS}
-        for j, p in enumerate(group["params"]):
-            g = listed[j] if listed is not None else p.grad
+        group_params = group["params"]
+        for k, j in enumerate(indices):
+            p = group_params[j]
+            g = listed[k] if listed is not None else p.grad
             if g is None:
                 continue
             if not p.is_contiguous() or not g.is_contiguous():
@@ -78,14 +92,14 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
             if len(state) == 0:
                 state["step"] = torch.tensor(0.0, dtype=torch.float32)
                 state.update(quant_state.empty_state(p.numel()))
-            for k in _STATE_KEYS:
-                lists[k].append(state[k])
+            for key in _STATE_KEYS:
+                lists[key].append(state[key])
             params.append(p)
             grads.append(g)
-            indices.append(j)
+            kept.append(j)
             if halves is not None:
-                outs.append(halves[j])
-        return params, grads, lists, outs, indices
+                outs.append(halves[k])
+        return params, grads, lists, outs, kept
 
     def load_state_dict(self, state_dict):
         # torch would cast the fp32 scales to a bf16 param's dtype: every state is taken from the saved dict

@@ -32,6 +32,8 @@ def steps_back_on_overflow(steps, found_inf):
 class FusedAdam(FusedOptimizer):
     """Adam/AdamW; adam_w_mode=True (default) decouples weight decay as AdamW does."""
 
+    _dsfast_states_per_element = 2   # exp_avg, exp_avg_sq (optim/element_wise.py)
+
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, adam_w_mode=True,
                  weight_decay=0.0, amsgrad=False, set_grad_none=True, *, maximize=False, master_weights=False):
         check_adam_hparams(lr, betas, eps, weight_decay, amsgrad)

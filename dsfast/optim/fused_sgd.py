@@ -20,6 +20,8 @@ from .validation import check_sgd_hparams, check_unsupported_flags
 
 
 class FusedSGD(FusedOptimizer):
+    _dsfast_states_per_element = "momentum"   # a buffer where a group has momentum (optim/element_wise.py)
+
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
                  maximize=False, master_weights=False):
         check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.where import at, done
+from ..optim.element_wise import element_wise_names, is_element_wise
 from .nvme_buffers import aligned_size
 from .nvme_io import SwapError
 from .nvme_space import SwapSpace
@@ -38,27 +39,18 @@ def window_bytes(largest_numel, buffer_count):
     return int(buffer_count) * aligned_size(unit_file_bytes(largest_numel))
 
 
-def _unit_by_unit():
-    """Optimizer classes whose update of a parameter reads only that parameter's gradient and state (and whose step
-    counts live per parameter), so stepping one unit at a time changes nothing: dsfast's own and torch's
-    element-wise ones."""
-    from ..optim import CPUAdagrad, CPUAdam, CPUAdam8bit, CPULion, CPUSGD, FusedAdam, FusedSGD
-    return (CPUAdam, CPUAdam8bit, CPUSGD, CPUAdagrad, CPULion, FusedAdam, FusedSGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD,
-            torch.optim.Adagrad, torch.optim.RMSprop, torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam)
-
-
 def check_unit_by_unit(optimizer, key="offload_optimizer"):
-    """The NVMe step runs the optimizer over one unit at a time; refuse one that may read across parameters (a
-    global norm, a group-level step counter, LBFGS's closure) instead of letting it train differently."""
-    allowed = _unit_by_unit()
-    if optimizer is None or isinstance(optimizer, allowed):
+    """The NVMe step runs the optimizer over one unit at a time; refuse one that does not declare itself
+    element-wise (optim/element_wise.py: it may read across parameters, as a global norm, a group-level step counter
+    or LBFGS's closure do) instead of letting it train differently."""
+    if optimizer is None or is_element_wise(optimizer):
         return
-    names = ", ".join(sorted({c.__name__ for c in allowed}))
+    names = ", ".join(element_wise_names())
     raise ValueError(f"zero_optimization.{key}.device \"nvme\" steps the optimizer one unit of parameters at a "
                      f"time, which is exact only for an optimizer whose update of a parameter reads that "
                      f"parameter's state alone; {type(optimizer).__module__}.{type(optimizer).__name__} is not "
-                     f"known to be one. Use one of {names} (or the config's optimizer section), or offload to "
-                     f"\"cpu\"")
+                     f"known to be one. Use one of {names} (or the config's optimizer section), give it "
+                     f"`_dsfast_element_wise = True` if it is one, or offload to \"cpu\"")
 
 
 class NvmeStates(SwapSpace):
