@@ -69,13 +69,13 @@ class NvmeStates(SwapSpace):
         self.optimizer = None
         # a device's copies out of a unit's buffer (its 16-bit values) must land before the buffer is reused
         self.synchronize = synchronize or (lambda: None)
-        self.layouts = {}      # unit index -> ((key, byte offset, numel, dtype), ...)
         self.relayouts = 0     # units whose file layout changed (states appeared) since the last trim
         self.steps = 0         # the engine's optimizer steps so far (shard_step counts them): named in I/O errors
 
     def adopt(self, unit):
         """`unit`'s master (its initial values) to its file; the master's memory goes with the next write-back."""
         unit.master = unit.shard   # one tensor object for the master (the optimizer's parameter)
+        unit.states_swap = self
         self.units.append(unit)
         self._evict(unit)
 
@@ -138,10 +138,11 @@ class NvmeStates(SwapSpace):
         buf = self.window.acquire(u.index)
         storage = buf.tensor.untyped_storage()
         tensors = dict(self._tensors(u))
-        for key, offset, numel, dtype in self.layouts[u.index]:
+        for key, offset, numel, dtype in u.states_layout:
             t = tensors.get(key)
             if t is not None:
                 t.set_(storage, offset // t.element_size(), t.shape)
+        u.states_loaded = True
 
     def _layout(self, u):
         """((key, byte offset, numel, dtype) per tensor of u's file, file bytes), from u's tensors now."""
@@ -155,7 +156,7 @@ class NvmeStates(SwapSpace):
     def _evict(self, u):
         tensors = self._tensors(u)
         layout, offset = self._layout(u)
-        moved = layout != self.layouts.get(u.index)
+        moved = layout != u.states_layout
 
         def fill(buf):
             for (key, off, numel, dtype), (_, t) in zip(layout, sources):
@@ -164,16 +165,17 @@ class NvmeStates(SwapSpace):
                     view.copy_(t.reshape(-1))
         # a new layout may move bytes within the buffer: copy the sources out first
         sources = [(k, t.clone()) for k, t in tensors] if moved else tensors
-        self.relayouts += int(moved and u.index in self.layouts)
+        self.relayouts += int(moved and u.states_layout is not None)
         self.synchronize()
         self.window.store(u.index, fill, offset)
-        self.layouts[u.index] = layout
+        u.states_layout = layout
         self._park_all(u)
 
     def _park_all(self, u):
         self.synchronize()
         for _, t in self._tensors(u):
             _park(t)
+        u.states_loaded = False
 
 
 def nvme_states(numels, placement, rank):
@@ -216,7 +218,7 @@ class Visitor:
         if u is None:
             return
         states = self.states
-        if self.writes or states._layout(u)[0] != states.layouts[u.index]:
+        if self.writes or states._layout(u)[0] != u.states_layout:
             states._evict(u)
         else:
             states._park_all(u)
