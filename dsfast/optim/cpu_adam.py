@@ -147,7 +147,7 @@ class CPUAdam(_cpu_op.CPUOptimizer):
         functional.adam_(params, gs, ms, vs, steps, lr=lr, betas=betas, eps=eps, weight_decay=wd,
                          adamw=bool(group["adamw_mode"]), bias_correction=bool(group["bias_correction"]),
                          grad_scale=scale, out16=outs, isa=self.isa, group_index=gi, indices=indices,
-                         round_seed=seed)
+                         round_seed=seed, validated=True)
 
     def _gather(self, group, indices, listed=None, halves=None):
         """The kernel lists of the group's parameters at `indices` that have a gradient (listed: the gradients,

@@ -114,7 +114,8 @@ class CPUSGD(_cpu_op.CPUOptimizer):
         lr, momentum, dampening, wd, nesterov = hparams
         functional.sgd_(params, gs, bufs, firsts, lr=lr, momentum=momentum, dampening=dampening,
                         weight_decay=wd, nesterov=nesterov, grad_scale=scale,
-                        out16=outs, isa=self.isa, group_index=gi, indices=indices, round_seed=seed)
+                        out16=outs, isa=self.isa, group_index=gi, indices=indices, round_seed=seed,
+                        validated=True)
 
     def _gather(self, group, indices, momentum, listed=None, halves=None):
         params, grads, bufs, firsts, outs, kept = [], [], [], [], [], []
