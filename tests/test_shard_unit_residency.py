@@ -58,3 +58,32 @@ def test_units_in_memory_are_resident_and_always_loaded():
         assert u.resident and u.states_loaded and u.states_layout is None and u.states_swap is None
         with u.writing16():   # nothing to do: the slice is its own memory
             assert u.slice16.untyped_storage().nbytes() > 0
+
+
+def _batches_and_checks(engine, monkeypatch):
+    """(sizes of the batches the step's walk handed the optimizer, hyperparameter checks) over one step."""
+    from dsfast.zero import shard_step
+    sizes, checks = [], []
+    real_prepare, opt = shard_step.prepare_step, engine.optimizer
+    real_check = type(opt)._group_hyperparameters
+
+    def prepare(optimizer, **kw):
+        step = real_prepare(optimizer, **kw)
+        return lambda parts: sizes.append(sum(len(idx) for idx, _, _ in parts)) or step(parts)
+    monkeypatch.setattr(shard_step, "prepare_step", prepare)
+    monkeypatch.setattr(type(opt), "_group_hyperparameters", lambda self, g: checks.append(1) or real_check(self, g))
+    _train(engine)
+    return sizes, len(checks)
+
+
+def test_the_host_step_is_the_nvme_walk_with_every_unit_resident(tmp_path, monkeypatch):
+    in_memory = _engine({"stage": 3, "reduce_bucket_size": 300, "offload_optimizer": {"device": "cpu"}})
+    units = len(in_memory.state_owner.store.units)
+    groups = len(in_memory.optimizer.param_groups)
+    assert _batches_and_checks(in_memory, monkeypatch) == ([units], groups)   # one batch of every unit
+    monkeypatch.undo()
+    (tmp_path / "s").mkdir()
+    on_nvme = _engine({"stage": 3, "reduce_bucket_size": 300,
+                       "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path / "s"), "buffer_count": 3}})
+    # one unit per batch, and still one check of the hyperparameters per group for the whole step
+    assert _batches_and_checks(on_nvme, monkeypatch) == ([1] * units, groups)
