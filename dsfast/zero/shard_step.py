@@ -40,7 +40,8 @@ def step_shards(store, optimizer, decision):
         for batch in batches:
             _step_batch(store, step, where, decision, batch)
     if store.param_swap is not None:
-        store.param_swap.flush()   # every rank learns of a failed write in this step (sharded.step), not in the next forward
+        # every rank learns of a failed write in this step (sharded.step), not in the next forward
+        store.param_swap.flush()
 
 
 def _walk(store):
