@@ -36,24 +36,24 @@ class OneStateCPUOptimizer(_cpu_op.CPUOptimizer):
             return loss
         keys = (self.STATE_KEY, "step")
         for gi, group in enumerate(self.param_groups):
-            hparams = self._hyperparameters(group)
-            check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
+            hparams = self._group_hyperparameters(group)
             halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
             listed = grads[gi] if grads is not None else None
             cached = self._cache.lookup(self, gi, group, keys) if listed is None else None
-            if cached is not None:
-                params, gs, t = cached
-                states, steps = t[self.STATE_KEY], t["step"]
-                outs, indices = (halves or []), range(len(params))
-            else:
-                params, gs, states, steps, outs, indices = self._gather(gi, group, halves, listed)
+            if cached is None:
+                stepped = self._step_group(gi, group, hparams, range(len(group["params"])), listed, halves,
+                                           multiplier)
                 if listed is None:
-                    self._cache.store(self, gi, group, params, keys)
+                    self._cache.store(self, gi, group, stepped, keys)
+                continue
+            params, gs, t = cached
             if not params:
                 continue
+            states, steps = t[self.STATE_KEY], t["step"]
+            outs, indices = (halves or []), range(len(params))
             scale = -multiplier if group.get("maximize") else multiplier
             seed = self.round_seed()
-            if cached is not None and _cpu_op.tables_usable():   # the eager fast path: _cpu_op.GroupCache
+            if _cpu_op.tables_usable():   # the eager fast path: _cpu_op.GroupCache
                 native = _cpu_op.op()
                 if self._cache.table_step(
                         gi, self.STATE_KEY, gs, (states, steps), outs,
@@ -64,7 +64,22 @@ class OneStateCPUOptimizer(_cpu_op.CPUOptimizer):
             self._kernel(hparams, params, gs, states, outs, steps, scale, gi, indices, seed)
         return loss
 
-    def _gather(self, group_index, group, halves, listed=None):
+    def _group_hyperparameters(self, group):
+        """The group's validated hyperparameters; refuses flags it cannot honour."""
+        hparams = self._hyperparameters(group)
+        check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
+        return hparams
+
+    def _step_group(self, gi, group, hparams, indices, grads, outs, multiplier):
+        """Step group `gi`'s parameters at `indices` (grads / outs: theirs, or None: p.grad / no 16-bit copy), their
+        states created on first use; returns the parameters stepped (those with a gradient)."""
+        params, gs, states, steps, outs, indices = self._gather(gi, group, indices, grads, outs)
+        if params:
+            scale = -multiplier if group.get("maximize") else multiplier
+            self._kernel(hparams, params, gs, states, outs, steps, scale, gi, indices, self.round_seed())
+        return params
+
+    def _gather(self, group_index, group, indices, listed=None, halves=None):
         def new_state(p):
             return {"step": torch.tensor(0.0, dtype=torch.float32),
                     self.STATE_KEY: torch.zeros_like(p, dtype=self.state_dtype(p),
@@ -75,6 +90,6 @@ class OneStateCPUOptimizer(_cpu_op.CPUOptimizer):
                 raise ValueError(f"param_groups[{group_index}]['params'][{j}] has optimizer state "
                                  f"{sorted(state)} without {self.STATE_KEY!r}: it was loaded from another "
                                  f"optimizer's state dict; load one saved by {type(self).__name__}")
-        params, grads, lists, outs, indices = _cpu_op.gather(self, group, halves, listed, (self.STATE_KEY, "step"),
-                                                             new_state, check)
-        return params, grads, lists[self.STATE_KEY], lists["step"], outs, indices
+        params, grads, lists, outs, kept = _cpu_op.gather(self, group, indices, listed, halves,
+                                                          (self.STATE_KEY, "step"), new_state, check)
+        return params, grads, lists[self.STATE_KEY], lists["step"], outs, kept

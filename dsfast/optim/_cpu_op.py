@@ -59,14 +59,17 @@ def tables_usable():
         and torch._C._len_torch_dispatch_stack() == 0
 
 
-def gather(optimizer, group, halves, listed, keys, new_state, check=None):
-    """The parameters of one group that have a gradient (listed[j], else p.grad), for a list op:
-    (params, grads, {key: [each one's state[key]]}, outs (halves[j] where given), their indices in the group).
-    A parameter without state gets new_state(p) (a dict) first; check(j, p, g, state) may refuse one."""
-    params, grads, outs, indices = [], [], [], []
+def gather(optimizer, group, indices, listed, halves, keys, new_state, check=None):
+    """The parameters of one group at `indices` (positions in group["params"]) that have a gradient (listed[k],
+    aligned with indices, else p.grad), for a list op: (params, grads, {key: [each one's state[key]]}, outs
+    (halves[k] where given), their indices in the group). A parameter without state gets new_state(p) (a dict)
+    first; check(j, p, g, state) may refuse one."""
+    params, grads, outs, kept = [], [], [], []
     lists = {k: [] for k in keys}
-    for j, p in enumerate(group["params"]):
-        g = listed[j] if listed is not None else p.grad
+    group_params = group["params"]
+    for k, j in enumerate(indices):
+        p = group_params[j]
+        g = listed[k] if listed is not None else p.grad
         if g is None:
             continue
         state = optimizer.state[p]
@@ -74,14 +77,14 @@ def gather(optimizer, group, halves, listed, keys, new_state, check=None):
             state.update(new_state(p))
         if check is not None:
             check(j, p, g, state)
-        for k in keys:
-            lists[k].append(state[k])
+        for key in keys:
+            lists[key].append(state[key])
         params.append(p)
         grads.append(g)
-        indices.append(j)
+        kept.append(j)
         if halves is not None:
-            outs.append(halves[j])
-    return params, grads, lists, outs, indices
+            outs.append(halves[k])
+    return params, grads, lists, outs, kept
 
 
 def half_outputs(half_param_groups, group_index, group):
@@ -188,11 +191,16 @@ def normalise_state(state):
             state[key] = t.contiguous()
 
 
+def _skip(parts):
+    """A skipped step (found_inf): nothing is read or written."""
+
+
 class CPUOptimizer(torch.optim.Optimizer):
     """Base of CPUAdam / CPUSGD / CPUAdagrad / CPULion: the ISA choice, the list cache, loading state into the kernel's
     layout, and the closure preamble of step()."""
 
     _dsfast_amp_step = True   # step(grads=, grad_scale=, found_inf=, clip_coef=, out16=): optim/amp_step.py
+    _dsfast_element_wise = True   # each parameter's update reads only its own state: optim/element_wise.py
 
     def __init__(self, params, defaults, isa, fp32_optimizer_states=True, stochastic_rounding=False):
         self.isa = check_isa(isa)
@@ -240,6 +248,31 @@ class CPUOptimizer(torch.optim.Optimizer):
             from ..utils.log import logger
             logger.info(f"{type(self).__name__}.load_state_dict: dequantized the 8-bit block-wise exp_avg / "
                         f"exp_avg_sq of {dequantized} parameter(s) to {self.state_dtype(params[0])} states")
+
+    def prepare_amp_step(self, *, grad_scale=None, found_inf=None, clip_coef=None):
+        """The per-unit entry (optim/amp_step.py prepare_step): every group's hyperparameters validated once, then
+        step(parts) runs the kernels over the parameters parts names (as step(grads=, out16=) would over all)."""
+        from .amp_step import host_multiplier
+        multiplier = host_multiplier(grad_scale, found_inf, clip_coef)
+        if multiplier is None:
+            return _skip
+        checked = [self._group_hyperparameters(group) for group in self.param_groups]
+
+        def step(parts):
+            with torch.no_grad():
+                for gi, (group, hparams, (indices, grads, outs)) in enumerate(zip(self.param_groups, checked, parts)):
+                    if len(indices):
+                        self._step_group(gi, group, hparams, indices, grads, outs, multiplier)
+        return step
+
+    def _group_hyperparameters(self, group):
+        """The group's validated hyperparameters (the subclass's checks, flags included)."""
+        raise NotImplementedError
+
+    def _step_group(self, gi, group, hparams, indices, grads, outs, multiplier):
+        """Step group `gi`'s parameters at `indices` with `grads` / `outs` (aligned with indices; None: p.grad /
+        no 16-bit output)."""
+        raise NotImplementedError
 
     @staticmethod
     def _amp_arguments(fp16_param_groups, grad_scale, found_inf, clip_coef, out16):

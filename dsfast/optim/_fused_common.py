@@ -109,6 +109,7 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     _step_supports_amp_scaling = True   # torch.amp.GradScaler passes grad_scale/found_inf to step()
     _dsfast_amp_step = True             # and grads= / out16= (the engine's contract, optim/amp_step.py)
+    _dsfast_element_wise = True         # each parameter's update reads only its own state (optim/element_wise.py)
 
     def _set_master_weights(self, master_weights):
         if not isinstance(master_weights, bool):
@@ -117,6 +118,22 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def _uses_master(self, p):
         return self.master_weights and p.dtype in _HALF
+
+    def prepare_amp_step(self, *, grad_scale=None, found_inf=None, clip_coef=None):
+        """The per-unit entry (optim/amp_step.py prepare_step): every group's hyperparameters validated once (and
+        the amp scalars copied to each device once), then step(parts) runs the kernels over the parameters parts
+        names, as step(grads=, out16=) would over all of them."""
+        _, grad_scale, found_inf = self._begin_step(None, grad_scale, found_inf)
+        checked = [self._group_hyperparameters(group) for group in self.param_groups]
+        amp, scalars = (grad_scale, found_inf, clip_coef), {}
+
+        def step(parts):
+            with torch.no_grad():
+                for gi, (group, hparams, (indices, grads, outs)) in enumerate(zip(self.param_groups, checked, parts)):
+                    if len(indices):
+                        members = {"params": [group["params"][j] for j in indices]}
+                        self._step_group(gi, group, hparams, members, grads, outs, amp, scalars)
+        return step
 
     def _begin_step(self, closure, grad_scale, found_inf):
         """(loss, grad_scale, found_inf): runs the closure; GradScaler may also set the scalars as attributes."""

@@ -13,6 +13,16 @@ It is torch's `_step_supports_amp_scaling` shape (what GradScaler hands fused op
 dsfast's optimizers (CPUAdam, CPUSGD, CPUAdagrad, CPULion, FusedAdam, FusedSGD) implement it in their kernels and
 say so with `_dsfast_amp_step`; any other torch optimizer gets the generic form here: skip on the host, one scaled
 fp32 gradient per param, its own step(), then the 16-bit copies. Nobody else reads or creates optimizer.state.
+
+The per-unit entry (ZeRO steps shard units through it, all at once in memory or a few at a time from NVMe):
+
+    step = prepare_step(optimizer, grad_scale=, found_inf=, clip_coef=)   # hyperparameters validated here, once
+    step(parts)   # parts: per param group, (indices into its params, their gradients, their 16-bit outputs or None)
+
+Calling step() once with every parameter is amp_step(); calling it once per batch of units gives each parameter
+the same update when the optimizer is element-wise (optim/element_wise.py). dsfast's CPU optimizers implement it
+with `prepare_amp_step`; any other optimizer is stepped through amp_step, its param groups narrowed to the batch
+for the call when the batch is not all of them.
 """
 import torch
 
@@ -26,6 +36,39 @@ def amp_step(optimizer, *, grads=None, grad_scale=None, found_inf=None, clip_coe
         optimizer.step(grads=grads, grad_scale=grad_scale, found_inf=found_inf, clip_coef=clip_coef, out16=out16)
         return
     _generic_step(optimizer, grads, grad_scale, found_inf, clip_coef, out16)
+
+
+def prepare_step(optimizer, *, grad_scale=None, found_inf=None, clip_coef=None):
+    """The per-unit entry: step(parts) applies this step's update to the parameters named in parts."""
+    prepare = getattr(optimizer, "prepare_amp_step", None)
+    if prepare is not None:
+        return prepare(grad_scale=grad_scale, found_inf=found_inf, clip_coef=clip_coef)
+    return _NarrowedStep(optimizer, dict(grad_scale=grad_scale, found_inf=found_inf, clip_coef=clip_coef))
+
+
+class _NarrowedStep:
+    """amp_step over a batch of an optimizer without its own per-unit entry: the whole step when the batch names
+    every parameter in order, else its param groups hold only the batch's parameters for the call (one unit's step
+    then costs the same whatever the number of parameters)."""
+
+    def __init__(self, optimizer, kwargs):
+        self.optimizer, self.kwargs = optimizer, kwargs
+
+    def __call__(self, parts):
+        groups = self.optimizer.param_groups
+        grads = [g for _, g, _ in parts]
+        out16 = None if all(o is None for _, _, o in parts) else [o for _, _, o in parts]
+        if all(list(idx) == list(range(len(g["params"]))) for (idx, _, _), g in zip(parts, groups)):
+            amp_step(self.optimizer, grads=grads, out16=out16, **self.kwargs)
+            return
+        kept = [g["params"] for g in groups]
+        try:
+            for g, (idx, _, _) in zip(groups, parts):
+                g["params"] = [g["params"][j] for j in idx]
+            amp_step(self.optimizer, grads=grads, out16=out16, **self.kwargs)
+        finally:
+            for g, params in zip(groups, kept):
+                g["params"] = params
 
 
 def host_multiplier(grad_scale, found_inf, clip_coef):

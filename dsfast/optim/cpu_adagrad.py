@@ -16,6 +16,7 @@ from .validation import check_adagrad_hparams
 
 class CPUAdagrad(OneStateCPUOptimizer):
     STATE_KEY = "exp_avg_sq"
+    _dsfast_states_per_element = 1   # (optim/element_wise.py)
 
     def __init__(self, params, lr=1e-2, eps=1e-10, weight_decay=0, amsgrad=False, fp32_optimizer_states=True, *,
                  maximize=False, isa="auto", stochastic_rounding=False):

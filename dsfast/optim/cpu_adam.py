@@ -56,6 +56,8 @@ def adam_flat_step(param, grad, exp_avg, exp_avg_sq, step, *, lr, betas=(0.9, 0.
 class CPUAdam(_cpu_op.CPUOptimizer):
     """Adam/AdamW on CPU tensors (DeepSpeedCPUAdam's signature; adamw_mode=True by default)."""
 
+    _dsfast_states_per_element = 2   # exp_avg, exp_avg_sq (optim/element_wise.py)
+
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                  amsgrad=False, adamw_mode=True, fp32_optimizer_states=True, *, maximize=False, isa="auto",
                  stochastic_rounding=False):
@@ -89,50 +91,75 @@ class CPUAdam(_cpu_op.CPUOptimizer):
         if multiplier is None:
             return loss
         for gi, group in enumerate(self.param_groups):
-            lr, (beta1, beta2), eps, wd = check_adam_hparams(group["lr"], group["betas"], group["eps"],
-                                                              group["weight_decay"], group.get("amsgrad", False))
-            check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
+            hparams = self._group_hyperparameters(group)
             halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
             listed = grads[gi] if grads is not None else None
             cached = self._cache.lookup(self, gi, group, _STATE_KEYS) if listed is None else None
-            if cached is not None:
-                params, gs, t = cached
-                ms, vs, steps = t["exp_avg"], t["exp_avg_sq"], t["step"]
-                outs, indices = (halves or []), range(len(params))
-            else:
-                params, gs, ms, vs, steps, outs, indices = self._gather(group, halves, listed)
+            if cached is None:
+                stepped = self._step_group(gi, group, hparams, range(len(group["params"])), listed, halves,
+                                           multiplier)
                 if listed is None:
-                    self._cache.store(self, gi, group, params, _STATE_KEYS)
+                    self._cache.store(self, gi, group, stepped, _STATE_KEYS)
+                continue
+            params, gs, t = cached
             if not params:
                 continue
+            outs, indices = (halves or []), range(len(params))
+            lr, (beta1, beta2), eps, wd = hparams
             adamw = bool(group["adamw_mode"])
             group["decoupled_weight_decay"] = adamw
-            grad_scale = -multiplier if group.get("maximize") else multiplier
+            scale = -multiplier if group.get("maximize") else multiplier
             seed = self.round_seed()
-            if cached is not None and _cpu_op.tables_usable():
+            if _cpu_op.tables_usable():
                 native = _cpu_op.op()
                 if self._cache.table_step(
-                        gi, "adam", gs, (ms, vs, steps), outs,
-                        lambda: _cpu_op.call(native.adam_table, gi, indices, params, gs, ms, vs, outs, steps),
+                        gi, "adam", gs, (t["exp_avg"], t["exp_avg_sq"], t["step"]), outs,
+                        lambda: _cpu_op.call(native.adam_table, gi, indices, params, gs, t["exp_avg"],
+                                             t["exp_avg_sq"], outs, t["step"]),
                         lambda table: native.adam_table_step(table, lr, beta1, beta2, eps, wd, adamw,
-                                                             bool(group["bias_correction"]), grad_scale,
+                                                             bool(group["bias_correction"]), scale,
                                                              _cpu_op.num_threads(), self.isa, seed)):
                     continue
-            functional.adam_(params, gs, ms, vs, steps, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd,
-                             adamw=adamw, bias_correction=bool(group["bias_correction"]),
-                             grad_scale=grad_scale, out16=outs, isa=self.isa,
-                             group_index=gi, indices=indices, round_seed=seed)
+            self._kernel(group, hparams, params, gs, t["exp_avg"], t["exp_avg_sq"], t["step"], outs, scale, gi,
+                         indices, seed)
         return loss
 
-    def _gather(self, group, halves, listed=None):
+    def _group_hyperparameters(self, group):
+        """The group's validated hyperparameters (lr, betas, eps, weight_decay); refuses flags it cannot honour."""
+        hparams = check_adam_hparams(group["lr"], group["betas"], group["eps"], group["weight_decay"],
+                                     group.get("amsgrad", False))
+        check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
+        return hparams
+
+    def _step_group(self, gi, group, hparams, indices, grads, outs, multiplier):
+        """Step group `gi`'s parameters at `indices` (grads / outs: theirs, or None: p.grad / no 16-bit copy), their
+        states created on first use; returns the parameters stepped (those with a gradient)."""
+        params, gs, ms, vs, steps, outs, indices = self._gather(group, indices, grads, outs)
+        if params:
+            adamw = bool(group["adamw_mode"])
+            group["decoupled_weight_decay"] = adamw
+            scale = -multiplier if group.get("maximize") else multiplier
+            self._kernel(group, hparams, params, gs, ms, vs, steps, outs, scale, gi, indices, self.round_seed())
+        return params
+
+    def _kernel(self, group, hparams, params, gs, ms, vs, steps, outs, scale, gi, indices, seed):
+        lr, betas, eps, wd = hparams
+        functional.adam_(params, gs, ms, vs, steps, lr=lr, betas=betas, eps=eps, weight_decay=wd,
+                         adamw=bool(group["adamw_mode"]), bias_correction=bool(group["bias_correction"]),
+                         grad_scale=scale, out16=outs, isa=self.isa, group_index=gi, indices=indices,
+                         round_seed=seed, validated=True)
+
+    def _gather(self, group, indices, listed=None, halves=None):
+        """The kernel lists of the group's parameters at `indices` that have a gradient (listed: the gradients,
+        aligned with indices; None: p.grad), their states created on first use."""
         def new_state(p):
             dtype = self.state_dtype(p)
             return {"step": torch.tensor(0.0, dtype=torch.float32),
                     "exp_avg": torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format),
                     "exp_avg_sq": torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)}
-        params, grads, lists, outs, indices = _cpu_op.gather(self, group, halves, listed,
-                                                             ("exp_avg", "exp_avg_sq", "step"), new_state)
-        return params, grads, lists["exp_avg"], lists["exp_avg_sq"], lists["step"], outs, indices
+        params, grads, lists, outs, kept = _cpu_op.gather(self, group, indices, listed, halves,
+                                                          ("exp_avg", "exp_avg_sq", "step"), new_state)
+        return params, grads, lists["exp_avg"], lists["exp_avg_sq"], lists["step"], outs, kept
 
 
 class CPUAdamW(CPUAdam):

@@ -47,23 +47,35 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
         if multiplier is None:
             return loss
         for gi, group in enumerate(self.param_groups):
-            lr, (beta1, beta2), eps, wd = check_adam_hparams(group["lr"], group["betas"], group["eps"],
-                                                              group["weight_decay"], group.get("amsgrad", False))
-            check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
+            hparams = self._group_hyperparameters(group)
             halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
             listed = grads[gi] if grads is not None else None
-            params, gs, lists, outs, indices = self._gather(gi, group, halves, listed)
-            if not params:
-                continue
-            grad_scale_v = -multiplier if group.get("maximize") else multiplier
-            _cpu_op.call(_cpu_op.op().adam8bit_step, gi, indices, [p.view(-1) for p in params],
-                         [g.reshape(-1) for g in gs], *(lists[k] for k in quant_state.CODE_KEYS),
-                         [o.view(-1) if o is not None else None for o in outs], lists["step"],
-                         lr, beta1, beta2, eps, wd, bool(group["adamw_mode"]), bool(group["bias_correction"]),
-                         grad_scale_v, _cpu_op.num_threads(), self.isa, round_seed=self.round_seed())
+            self._step_group(gi, group, hparams, range(len(group["params"])), listed, halves, multiplier)
         return loss
 
-    def _gather(self, gi, group, halves, listed=None):
+    def _group_hyperparameters(self, group):
+        """The group's validated (lr, betas, eps, weight_decay); refuses flags it cannot honour."""
+        hparams = check_adam_hparams(group["lr"], group["betas"], group["eps"], group["weight_decay"],
+                                     group.get("amsgrad", False))
+        check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
+        return hparams
+
+    def _step_group(self, gi, group, hparams, indices, grads, outs, multiplier):
+        """Step group `gi`'s parameters at `indices` (grads / outs: theirs, or None: p.grad / no 16-bit copy);
+        returns the parameters stepped (those with a gradient)."""
+        params, gs, lists, outs, indices = self._gather(gi, group, indices, grads, outs)
+        if not params:
+            return params
+        lr, (beta1, beta2), eps, wd = hparams
+        grad_scale_v = -multiplier if group.get("maximize") else multiplier
+        _cpu_op.call(_cpu_op.op().adam8bit_step, gi, indices, [p.view(-1) for p in params],
+                     [g.reshape(-1) for g in gs], *(lists[k] for k in quant_state.CODE_KEYS),
+                     [o.view(-1) if o is not None else None for o in outs], lists["step"],
+                     lr, beta1, beta2, eps, wd, bool(group["adamw_mode"]), bool(group["bias_correction"]),
+                     grad_scale_v, _cpu_op.num_threads(), self.isa, round_seed=self.round_seed())
+        return params
+
+    def _gather(self, gi, group, indices, listed=None, halves=None):
         def new_state(p):
             return {"step": torch.tensor(0.0, dtype=torch.float32), **quant_state.empty_state(p.numel())}
 
@@ -71,7 +83,7 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
             if not p.is_contiguous() or not g.is_contiguous():
                 raise ValueError(f"param_groups[{gi}]['params'][{j}] or its gradient is not contiguous; the 8-bit "
                                  "kernel updates contiguous tensors in place")
-        return _cpu_op.gather(self, group, halves, listed, _STATE_KEYS, new_state, check)
+        return _cpu_op.gather(self, group, indices, listed, halves, _STATE_KEYS, new_state, check)
 
     def load_state_dict(self, state_dict):
         # torch would cast the fp32 scales to a bf16 param's dtype: every state is taken from the saved dict

@@ -17,6 +17,7 @@ from .validation import check_lion_hparams
 
 class CPULion(OneStateCPUOptimizer):
     STATE_KEY = "exp_avg"
+    _dsfast_states_per_element = 1   # (optim/element_wise.py)
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), weight_decay=0, fp32_optimizer_states=True, *,
                  maximize=False, isa="auto", stochastic_rounding=False):

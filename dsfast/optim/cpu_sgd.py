@@ -33,6 +33,8 @@ def sgd_flat_step(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampen
 
 
 class CPUSGD(_cpu_op.CPUOptimizer):
+    _dsfast_states_per_element = "momentum"   # a buffer where a group has momentum (optim/element_wise.py)
+
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
                  maximize=False, isa="auto", fp32_optimizer_states=True, stochastic_rounding=False):
         check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
@@ -56,53 +58,76 @@ class CPUSGD(_cpu_op.CPUOptimizer):
         if multiplier is None:
             return loss
         for gi, group in enumerate(self.param_groups):
-            lr, momentum, dampening, wd, nesterov = check_sgd_hparams(
-                group["lr"], group["momentum"], group["dampening"], group["weight_decay"], group["nesterov"])
-            check_unsupported_flags(group, ("foreach", "fused", "differentiable"))
+            hparams = self._group_hyperparameters(group)
+            lr, momentum, dampening, wd, nesterov = hparams
             halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
             keys = ("momentum_buffer",) if momentum != 0 else ()
             listed = grads[gi] if grads is not None else None
             cached = self._cache.lookup(self, gi, group, keys) if listed is None else None
-            if cached is not None:
-                params, gs, t = cached
-                bufs = t["momentum_buffer"] if momentum != 0 else []
-                firsts = [False] * len(params) if momentum != 0 else []
-                outs, indices = (halves or []), range(len(params))
-            else:
-                params, gs, bufs, firsts, outs, indices = self._gather(group, halves, momentum, listed)
+            if cached is None:
+                stepped = self._step_group(gi, group, hparams, range(len(group["params"])), listed, halves,
+                                           multiplier)
+                if stepped and listed is None:
+                    self._cache.store(self, gi, group, stepped, keys)
+                continue
+            params, gs, t = cached
             if not params:
                 continue
-            grad_scale = -multiplier if group.get("maximize") else multiplier
+            bufs = t["momentum_buffer"] if momentum != 0 else []
+            firsts = [False] * len(params) if momentum != 0 else []
+            outs, indices = (halves or []), range(len(params))
+            scale = -multiplier if group.get("maximize") else multiplier
             seed = self.round_seed()
-            if cached is not None and _cpu_op.tables_usable():   # buffers all seeded: the table path
+            if _cpu_op.tables_usable():   # buffers all seeded: the table path
                 native = _cpu_op.op()
                 if self._cache.table_step(
                         gi, ("sgd", momentum != 0), gs, (bufs,), outs,
                         lambda: _cpu_op.call(native.sgd_table, gi, indices, params, gs, bufs, outs),
                         lambda table: native.sgd_table_step(table, lr, momentum, dampening, wd, nesterov,
-                                                            grad_scale, _cpu_op.num_threads(), self.isa, seed)):
+                                                            scale, _cpu_op.num_threads(), self.isa, seed)):
                     continue
-            functional.sgd_(params, gs, bufs, firsts, lr=lr, momentum=momentum, dampening=dampening,
-                            weight_decay=wd, nesterov=nesterov, grad_scale=grad_scale,
-                            out16=outs, isa=self.isa, group_index=gi, indices=indices, round_seed=seed)
-            if cached is None:
-                # new buffers enter the state only once seeded: a refused step leaves no garbage buffer
-                for p, buf, first in zip(params, bufs, firsts):
-                    if first:
-                        self.state[p]["momentum_buffer"] = buf
-                if listed is None:
-                    self._cache.store(self, gi, group, params, keys)
+            self._kernel(hparams, params, gs, bufs, firsts, outs, scale, gi, indices, seed)
         return loss
 
-    def _gather(self, group, halves, momentum, listed=None):
-        params, grads, bufs, firsts, outs, indices = [], [], [], [], [], []
-        for j, p in enumerate(group["params"]):
-            g = listed[j] if listed is not None else p.grad
+    def _group_hyperparameters(self, group):
+        """The group's validated (lr, momentum, dampening, weight_decay, nesterov); refuses flags it cannot honour."""
+        hparams = check_sgd_hparams(group["lr"], group["momentum"], group["dampening"], group["weight_decay"],
+                                    group["nesterov"])
+        check_unsupported_flags(group, ("foreach", "fused", "differentiable"))
+        return hparams
+
+    def _step_group(self, gi, group, hparams, indices, grads, outs, multiplier):
+        """Step group `gi`'s parameters at `indices` (grads / outs: theirs, or None: p.grad / no 16-bit copy);
+        returns the parameters stepped (those with a gradient)."""
+        params, gs, bufs, firsts, outs, indices = self._gather(group, indices, hparams[1], grads, outs)
+        if not params:
+            return params
+        scale = -multiplier if group.get("maximize") else multiplier
+        self._kernel(hparams, params, gs, bufs, firsts, outs, scale, gi, indices, self.round_seed())
+        # new buffers enter the state only once seeded: a refused step leaves no garbage buffer
+        for p, buf, first in zip(params, bufs, firsts):
+            if first:
+                self.state[p]["momentum_buffer"] = buf
+        return params
+
+    def _kernel(self, hparams, params, gs, bufs, firsts, outs, scale, gi, indices, seed):
+        lr, momentum, dampening, wd, nesterov = hparams
+        functional.sgd_(params, gs, bufs, firsts, lr=lr, momentum=momentum, dampening=dampening,
+                        weight_decay=wd, nesterov=nesterov, grad_scale=scale,
+                        out16=outs, isa=self.isa, group_index=gi, indices=indices, round_seed=seed,
+                        validated=True)
+
+    def _gather(self, group, indices, momentum, listed=None, halves=None):
+        params, grads, bufs, firsts, outs, kept = [], [], [], [], [], []
+        group_params = group["params"]
+        for k, j in enumerate(indices):
+            p = group_params[j]
+            g = listed[k] if listed is not None else p.grad
             if g is None:
                 continue
             params.append(p)
             grads.append(g)
-            indices.append(j)
+            kept.append(j)
             if momentum != 0:
                 state = self.state[p]
                 buf = state.get("momentum_buffer")
@@ -112,5 +137,5 @@ class CPUSGD(_cpu_op.CPUOptimizer):
                 bufs.append(buf)
                 firsts.append(first)
             if halves is not None:
-                outs.append(halves[j])
-        return params, grads, bufs, firsts, outs, indices
+                outs.append(halves[k])
+        return params, grads, bufs, firsts, outs, kept

@@ -17,11 +17,15 @@ from .validation import check_adam_hparams, check_sgd_hparams
 
 def adam_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
           adamw=True, bias_correction=True, grad_scale=1.0, out16=(), isa="auto", group_index=None,
-          indices=None, round_seed=0):
-    """One step on every tensor of the lists, in place; steps (float32 one-element tensors) are incremented."""
+          indices=None, round_seed=0, validated=False):
+    """One step on every tensor of the lists, in place; steps (float32 one-element tensors) are incremented.
+    validated: the caller checked the hyperparameters already (an optimizer, once per step)."""
     if not params:
         return
-    lr, (beta1, beta2), eps, weight_decay = check_adam_hparams(lr, betas, eps, weight_decay)
+    if validated:
+        beta1, beta2 = betas
+    else:
+        lr, (beta1, beta2), eps, weight_decay = check_adam_hparams(lr, betas, eps, weight_decay)
     device = params[0].device
     if device.type != "cuda":   # CPU (any other device gets the CPU kernel's error naming the tensor)
         _cpu_op.call(_cpu_op.op().adam_step, group_index, indices or range(len(params)), list(params), list(grads),
@@ -41,12 +45,15 @@ def adam_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, betas=(0.9, 0.999)
 
 
 def sgd_(params, grads, momentum_buffers, first_steps, *, lr, momentum=0.0, dampening=0.0, weight_decay=0.0,
-         nesterov=False, grad_scale=1.0, out16=(), isa="auto", group_index=None, indices=None, round_seed=0):
-    """One SGD step in place; with momentum, first_steps[i] True seeds momentum_buffers[i] with the gradient."""
+         nesterov=False, grad_scale=1.0, out16=(), isa="auto", group_index=None, indices=None, round_seed=0,
+         validated=False):
+    """One SGD step in place; with momentum, first_steps[i] True seeds momentum_buffers[i] with the gradient.
+    validated: the caller checked the hyperparameters already (an optimizer, once per step)."""
     if not params:
         return
-    lr, momentum, dampening, weight_decay, nesterov = check_sgd_hparams(lr, momentum, dampening, weight_decay,
-                                                                        nesterov)
+    if not validated:
+        lr, momentum, dampening, weight_decay, nesterov = check_sgd_hparams(lr, momentum, dampening, weight_decay,
+                                                                            nesterov)
     if params[0].device.type == "cuda":
         raise ValueError("sgd_ runs on CPU tensors; CUDA tensors use FusedSGD")
     bufs = list(momentum_buffers) if momentum != 0 else []

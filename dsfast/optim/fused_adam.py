@@ -32,6 +32,8 @@ def steps_back_on_overflow(steps, found_inf):
 class FusedAdam(FusedOptimizer):
     """Adam/AdamW; adam_w_mode=True (default) decouples weight decay as AdamW does."""
 
+    _dsfast_states_per_element = 2   # exp_avg, exp_avg_sq (optim/element_wise.py)
+
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, adam_w_mode=True,
                  weight_decay=0.0, amsgrad=False, set_grad_none=True, *, maximize=False, master_weights=False):
         check_adam_hparams(lr, betas, eps, weight_decay, amsgrad)
@@ -73,19 +75,30 @@ class FusedAdam(FusedOptimizer):
         loss, grad_scale, found_inf = self._begin_step(closure, grad_scale, found_inf)
         scalars = {}
         for gi, group in enumerate(self.param_groups):
-            lr, (beta1, beta2), eps, wd = check_adam_hparams(group["lr"], group["betas"], group["eps"],
-                                                              group["weight_decay"], group.get("amsgrad", False))
-            check_unsupported_flags(group, ("differentiable",))
-            buckets = gather(group, gi, self.state, self.master_weights, _init_state, _STATE_KEYS,
-                             grads[gi] if grads is not None else None, out16[gi] if out16 is not None else None)
-            for (device, _, _, _, _), (gs, ps, (ms, vs, steps), copies) in buckets.items():
-                inv, flag, coef = amp_scalars(device, grad_scale, found_inf, clip_coef, scalars)
-                torch._foreach_add_(steps, 1)
-                multi_tensor.backend(device).adam_(
-                    gs, ps, ms, vs, steps, copies, lr, beta1, beta2, eps, wd, self.adam_w_mode,
-                    bool(group["bias_correction"]), inv, coef, flag, bool(group["maximize"]))
-                steps_back_on_overflow(steps, flag)
+            self._step_group(gi, group, self._group_hyperparameters(group), group,
+                             grads[gi] if grads is not None else None, out16[gi] if out16 is not None else None,
+                             (grad_scale, found_inf, clip_coef), scalars)
         return loss
+
+    def _group_hyperparameters(self, group):
+        """The group's validated (lr, betas, eps, weight_decay); refuses flags it cannot honour."""
+        hparams = check_adam_hparams(group["lr"], group["betas"], group["eps"], group["weight_decay"],
+                                     group.get("amsgrad", False))
+        check_unsupported_flags(group, ("differentiable",))
+        return hparams
+
+    def _step_group(self, gi, group, hparams, members, grads, outs, amp, scalars):
+        """Step members["params"] (all of `group`'s, or some) with `group`'s settings; amp: (grad_scale,
+        found_inf, clip_coef); scalars: their device copies, made once per step."""
+        lr, (beta1, beta2), eps, wd = hparams
+        buckets = gather(members, gi, self.state, self.master_weights, _init_state, _STATE_KEYS, grads, outs)
+        for (device, _, _, _, _), (gs, ps, (ms, vs, steps), copies) in buckets.items():
+            inv, flag, coef = amp_scalars(device, *amp, scalars)
+            torch._foreach_add_(steps, 1)
+            multi_tensor.backend(device).adam_(
+                gs, ps, ms, vs, steps, copies, lr, beta1, beta2, eps, wd, self.adam_w_mode,
+                bool(group["bias_correction"]), inv, coef, flag, bool(group["maximize"]))
+            steps_back_on_overflow(steps, flag)
 
 
 def _group_defaults(group):

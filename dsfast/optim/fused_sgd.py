@@ -20,6 +20,8 @@ from .validation import check_sgd_hparams, check_unsupported_flags
 
 
 class FusedSGD(FusedOptimizer):
+    _dsfast_states_per_element = "momentum"   # a buffer where a group has momentum (optim/element_wise.py)
+
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
                  maximize=False, master_weights=False):
         check_sgd_hparams(lr, momentum, dampening, weight_decay, nesterov)
@@ -66,26 +68,37 @@ class FusedSGD(FusedOptimizer):
         loss, grad_scale, found_inf = self._begin_step(closure, grad_scale, found_inf)
         scalars = {}
         for gi, group in enumerate(self.param_groups):
-            lr, momentum, dampening, wd, nesterov = check_sgd_hparams(
-                group["lr"], group["momentum"], group["dampening"], group["weight_decay"], group["nesterov"])
-            check_unsupported_flags(group, ("differentiable",))
-
-            def init_state(p, state, master):
-                if master and "master_param" not in state:
-                    state["master_param"] = p.detach().to(torch.float32, copy=True,
-                                                          memory_format=torch.contiguous_format)
-                if momentum != 0.0 and state.get("momentum_buffer") is None:
-                    state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32 if master else p.dtype,
-                                                                memory_format=torch.contiguous_format)
-                    return dampening != 0.0  # zeros + (1 - 0) * g == g: only dampening needs the seed
-                return False
-
-            keys = ("momentum_buffer",) if momentum != 0.0 else ()
-            buckets = gather(group, gi, self.state, self.master_weights, init_state, keys,
-                             grads[gi] if grads is not None else None, out16[gi] if out16 is not None else None)
-            for (device, _, _, _, first), (gs, ps, states, copies) in buckets.items():
-                bufs = states[0] if states else []
-                inv, flag, coef = amp_scalars(device, grad_scale, found_inf, clip_coef, scalars)
-                multi_tensor.backend(device).sgd_(gs, ps, bufs, copies, lr, momentum, dampening, wd, nesterov, first,
-                                                  inv, coef, flag, bool(group["maximize"]))
+            self._step_group(gi, group, self._group_hyperparameters(group), group,
+                             grads[gi] if grads is not None else None, out16[gi] if out16 is not None else None,
+                             (grad_scale, found_inf, clip_coef), scalars)
         return loss
+
+    def _group_hyperparameters(self, group):
+        """The group's validated (lr, momentum, dampening, weight_decay, nesterov); refuses flags it cannot honour."""
+        hparams = check_sgd_hparams(group["lr"], group["momentum"], group["dampening"], group["weight_decay"],
+                                    group["nesterov"])
+        check_unsupported_flags(group, ("differentiable",))
+        return hparams
+
+    def _step_group(self, gi, group, hparams, members, grads, outs, amp, scalars):
+        """Step members["params"] (all of `group`'s, or some) with `group`'s settings; amp: (grad_scale,
+        found_inf, clip_coef); scalars: their device copies, made once per step."""
+        lr, momentum, dampening, wd, nesterov = hparams
+
+        def init_state(p, state, master):
+            if master and "master_param" not in state:
+                state["master_param"] = p.detach().to(torch.float32, copy=True,
+                                                      memory_format=torch.contiguous_format)
+            if momentum != 0.0 and state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32 if master else p.dtype,
+                                                            memory_format=torch.contiguous_format)
+                return dampening != 0.0  # zeros + (1 - 0) * g == g: only dampening needs the seed
+            return False
+
+        keys = ("momentum_buffer",) if momentum != 0.0 else ()
+        buckets = gather(members, gi, self.state, self.master_weights, init_state, keys, grads, outs)
+        for (device, _, _, _, first), (gs, ps, states, copies) in buckets.items():
+            bufs = states[0] if states else []
+            inv, flag, coef = amp_scalars(device, *amp, scalars)
+            multi_tensor.backend(device).sgd_(gs, ps, bufs, copies, lr, momentum, dampening, wd, nesterov, first,
+                                              inv, coef, flag, bool(group["maximize"]))

@@ -6,6 +6,8 @@ import os
 import resource
 import tempfile
 
+from ..optim.element_wise import states_per_element
+
 _GIB = float(1 << 30)
 
 
@@ -101,26 +103,11 @@ def check_host_memory(need_bytes, pinned_bytes=0, shm_bytes=0, lower="offload_op
                              f"enlarge /dev/shm (docker: --shm-size) or lower {lower}")
 
 
-def moments_per_element(optimizer):
-    """Optimizer states the first step creates per parameter element (Adam's two moments, SGD's momentum, Adagrad's
-    sum, Lion's momentum), or 0 where the optimizer is not one whose states are known."""
-    import torch
-    from ..optim import CPUAdagrad, CPUAdam, CPULion, CPUSGD, FusedAdam, FusedSGD
-    if isinstance(optimizer, (CPUAdagrad, CPULion, torch.optim.Adagrad)):
-        return 1
-    if isinstance(optimizer, (CPUAdam, FusedAdam, torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam,
-                              torch.optim.RAdam, torch.optim.Adamax)):
-        return 2
-    if isinstance(optimizer, (CPUSGD, FusedSGD, torch.optim.SGD)):
-        return int(any(g.get("momentum", 0) for g in optimizer.param_groups))
-    return 0
-
-
 def check_host_states(masters, optimizer, local_ranks, available=None):
     """The optimizer states of `masters` (this rank's, in host memory) that the first step will create fit in the
     host's available memory, counting every rank on this host alike; else an error before training starts
     instead of the OOM killer at the first step."""
-    per_element = moments_per_element(optimizer)
+    per_element = states_per_element(optimizer)
     if not per_element:
         return
     fp32 = getattr(optimizer, "fp32_optimizer_states", False)   # dsfast's CPU optimizers; torch's: the master's

@@ -106,6 +106,10 @@ class NvmeParams(SwapSpace):
         self.window.flush()
         give_back_freed_memory()
 
+    def backs(self, shard):
+        """Whether `shard` (a record's) lives in a file of this swap (not kept in memory by max_in_cpu)."""
+        return id(shard) in self.index
+
     # ---- gathers ---------------------------------------------------------------------------------------------
     @torch.no_grad()
     def copy_of(self, rec, trace=True):

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.where import at, done
+from ..optim.element_wise import element_wise_names, is_element_wise
 from .nvme_buffers import aligned_size
 from .nvme_io import SwapError
 from .nvme_space import SwapSpace
@@ -39,27 +40,18 @@ def window_bytes(largest_numel, buffer_count, state_bytes=4 * BUDGETED_STATES):
     return int(buffer_count) * aligned_size(unit_file_bytes(largest_numel, state_bytes))
 
 
-def _unit_by_unit():
-    """Optimizer classes whose update of a parameter reads only that parameter's gradient and state (and whose step
-    counts live per parameter), so stepping one unit at a time changes nothing: dsfast's own and torch's
-    element-wise ones."""
-    from ..optim import CPUAdagrad, CPUAdam, CPUAdam8bit, CPULion, CPUSGD, FusedAdam, FusedSGD
-    return (CPUAdam, CPUAdam8bit, CPUSGD, CPUAdagrad, CPULion, FusedAdam, FusedSGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD,
-            torch.optim.Adagrad, torch.optim.RMSprop, torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam)
-
-
 def check_unit_by_unit(optimizer, key="offload_optimizer"):
-    """The NVMe step runs the optimizer over one unit at a time; refuse one that may read across parameters (a
-    global norm, a group-level step counter, LBFGS's closure) instead of letting it train differently."""
-    allowed = _unit_by_unit()
-    if optimizer is None or isinstance(optimizer, allowed):
+    """The NVMe step runs the optimizer over one unit at a time; refuse one that does not declare itself
+    element-wise (optim/element_wise.py: it may read across parameters, as a global norm, a group-level step counter
+    or LBFGS's closure do) instead of letting it train differently."""
+    if optimizer is None or is_element_wise(optimizer):
         return
-    names = ", ".join(sorted({c.__name__ for c in allowed}))
+    names = ", ".join(element_wise_names())
     raise ValueError(f"zero_optimization.{key}.device \"nvme\" steps the optimizer one unit of parameters at a "
                      f"time, which is exact only for an optimizer whose update of a parameter reads that "
                      f"parameter's state alone; {type(optimizer).__module__}.{type(optimizer).__name__} is not "
-                     f"known to be one. Use one of {names} (or the config's optimizer section), or offload to "
-                     f"\"cpu\"")
+                     f"known to be one. Use one of {names} (or the config's optimizer section), give it "
+                     f"`_dsfast_element_wise = True` if it is one, or offload to \"cpu\"")
 
 
 class NvmeStates(SwapSpace):
@@ -78,13 +70,13 @@ class NvmeStates(SwapSpace):
         self.optimizer = None
         # a device's copies out of a unit's buffer (its 16-bit values) must land before the buffer is reused
         self.synchronize = synchronize or (lambda: None)
-        self.layouts = {}      # unit index -> ((key, byte offset, numel, dtype), ...)
         self.relayouts = 0     # units whose file layout changed (states appeared) since the last trim
         self.steps = 0         # the engine's optimizer steps so far (shard_step counts them): named in I/O errors
 
     def adopt(self, unit):
         """`unit`'s master (its initial values) to its file; the master's memory goes with the next write-back."""
         unit.master = unit.shard   # one tensor object for the master (the optimizer's parameter)
+        unit.states_swap = self
         self.units.append(unit)
         self._evict(unit)
 
@@ -147,10 +139,11 @@ class NvmeStates(SwapSpace):
         buf = self.window.acquire(u.index)
         storage = buf.tensor.untyped_storage()
         tensors = dict(self._tensors(u))
-        for key, offset, numel, dtype in self.layouts[u.index]:
+        for key, offset, numel, dtype in u.states_layout:
             t = tensors.get(key)
             if t is not None:
                 t.set_(storage, offset // t.element_size(), t.shape)
+        u.states_loaded = True
 
     def _layout(self, u):
         """((key, byte offset, numel, dtype) per tensor of u's file, file bytes), from u's tensors now."""
@@ -164,7 +157,7 @@ class NvmeStates(SwapSpace):
     def _evict(self, u):
         tensors = self._tensors(u)
         layout, offset = self._layout(u)
-        moved = layout != self.layouts.get(u.index)
+        moved = layout != u.states_layout
 
         def fill(buf):
             for (key, off, numel, dtype), (_, t) in zip(layout, sources):
@@ -173,16 +166,17 @@ class NvmeStates(SwapSpace):
                     view.copy_(t.reshape(-1))
         # a new layout may move bytes within the buffer: copy the sources out first
         sources = [(k, t.clone()) for k, t in tensors] if moved else tensors
-        self.relayouts += int(moved and u.index in self.layouts)
+        self.relayouts += int(moved and u.states_layout is not None)
         self.synchronize()
         self.window.store(u.index, fill, offset)
-        self.layouts[u.index] = layout
+        u.states_layout = layout
         self._park_all(u)
 
     def _park_all(self, u):
         self.synchronize()
         for _, t in self._tensors(u):
             _park(t)
+        u.states_loaded = False
 
 
 def nvme_states(numels, placement, rank):
@@ -225,7 +219,7 @@ class Visitor:
         if u is None:
             return
         states = self.states
-        if self.writes or states._layout(u)[0] != states.layouts[u.index]:
+        if self.writes or states._layout(u)[0] != u.states_layout:
             states._evict(u)
         else:
             states._park_all(u)

@@ -10,6 +10,15 @@ the units; the owner's reduction fills in their gradients; the step applies the 
     host16     offload to a distinct host: the host copy the CPU optimizer writes 16-bit values into
     grad       the reduced gradient slice (the precision policy's reduce dtype)
     host_grad  offload to a distinct host: its host copy, made as the reduction completes (or at step time)
+
+Residency (where the unit's bytes live between uses) and readiness (whether they are in memory now):
+    states_swap     offload_optimizer on NVMe: the nvme_states.NvmeStates whose file holds master and states
+                    (None: they live in memory)
+    states_layout   that file's layout, ((key, byte offset, numel, dtype), ...) (None: not written yet)
+    states_loaded   master and states are in host memory (always, without states_swap)
+    param_swap      stage 3 with offload_param on NVMe: the nvme_params.NvmeParams whose file holds slice16
+                    (None: slice16 lives in memory, max_in_cpu's shards included)
+The step's walk (shard_step.py) and the NVMe placements ask the unit these, not a table of their own.
 """
 import contextlib
 from dataclasses import dataclass
@@ -29,6 +38,22 @@ class ShardUnit:
     host16: Optional[torch.Tensor] = None
     grad: Optional[torch.Tensor] = None
     host_grad: Optional[torch.Tensor] = None
+    states_swap: Optional[object] = None
+    states_layout: Optional[tuple] = None
+    states_loaded: bool = True
+    param_swap: Optional[object] = None
+
+    @property
+    def resident(self):
+        """Everything the step touches lives in memory (no NVMe file behind the states or the 16-bit slice)."""
+        return self.states_swap is None and self.param_swap is None
+
+    def writing16(self):
+        """A block that overwrites the 16-bit slice: on NVMe it is given a buffer (nothing read: the block writes
+        all of it) and written to its file after; in memory, nothing to do."""
+        if self.param_swap is None:
+            return contextlib.nullcontext()
+        return self.param_swap.holding(self.slice16, read=False)
 
     @property
     def index(self):
@@ -60,6 +85,9 @@ class UnitStore:
     """What the two storages of units (flat_shards.FlatShards, stage3.Stage3Store) share: per-unit views and the
     masters -> 16-bit write-back. Needs `units`, `rank` and `masters_are_params`."""
 
+    swap = None         # nvme_states.NvmeStates where the states are on NVMe (the storages set it)
+    param_swap = None   # stage 3: nvme_params.NvmeParams where the shards are on NVMe
+
     @property
     def masters(self):
         return [u.master for u in self.units]
@@ -76,12 +104,6 @@ class UnitStore:
     def grads(self):
         return [u.grad for u in self.units]
 
-    def writing16(self, unit):
-        """A block that overwrites `unit`'s 16-bit slice: with stage 3's shards on NVMe (param_swap) it is given a
-        buffer and written to its file after; otherwise nothing to do."""
-        swap = getattr(self, "param_swap", None)
-        return contextlib.nullcontext() if swap is None else swap.holding(unit.slice16, read=False)
-
     def pieces(self, plan):
         return owned_pieces(plan, self.rank)
 
@@ -93,5 +115,5 @@ class UnitStore:
             for u in self.units:
                 if use is not None:
                     use(u.shard)
-                with self.writing16(u):
+                with u.writing16():
                     u.slice16.copy_(u.master, non_blocking=True)

@@ -271,6 +271,9 @@ def build_stage3_owner(model, params, group_of, policy, world, rank, placement, 
             r.swap.recast(r, r.swap.copy_of(r, trace=False).to(dtype))
     persistent_set = {id(r) for r in persistent}
     store.param_swap = nvme_params(records, placement, rank, keep=[r for r in records if id(r) in persistent_set])
+    if store.param_swap is not None:   # each unit knows whether its 16-bit slice lives in a file
+        for u in store.units:
+            u.param_swap = store.param_swap if store.param_swap.backs(u.slice16) else None
     allocate = _shm_allocator(records, device, world, group) if world > 1 else None
     if allocate is not None and store.param_swap is None:   # (a /dev/shm snapshot would hold every shard)
         shared = SharedParams(records, allocate)
