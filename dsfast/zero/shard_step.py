@@ -21,7 +21,7 @@ def step_shards(store, optimizer, decision):
     it is in host memory: the same kernels on the same values (an optimizer whose update of a parameter reads only
     that parameter's state: every element-wise one)."""
     store.placement.synchronize()   # the host copies of the gradients must land before the CPU reads them
-    swap, params = getattr(store, "swap", None), getattr(store, "param_swap", None)
+    swap, params = store.swap, store.param_swap
     if swap is None and params is None:
         _step_units(store, optimizer, decision, store.units)
         return

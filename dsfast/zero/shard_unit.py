@@ -59,6 +59,8 @@ class ShardUnit:
 class UnitStore:
     """What the two storages of units (flat_shards.FlatShards, stage3.Stage3Store) share: per-unit views and the
     masters -> 16-bit write-back. Needs `units`, `rank` and `masters_are_params`."""
+    swap = None         # nvme_states.NvmeStates: the units' masters and states on NVMe
+    param_swap = None   # nvme_params.NvmeParams: stage 3's parameter shards on NVMe
 
     @property
     def masters(self):
@@ -79,7 +81,7 @@ class UnitStore:
     def writing16(self, unit):
         """A block that overwrites `unit`'s 16-bit slice: with stage 3's shards on NVMe (param_swap) it is given a
         buffer and written to its file after; otherwise nothing to do."""
-        swap = getattr(self, "param_swap", None)
+        swap = self.param_swap
         return contextlib.nullcontext() if swap is None else swap.holding(unit.slice16, read=False)
 
     def pieces(self, plan):
@@ -88,7 +90,7 @@ class UnitStore:
     @torch.no_grad()
     def write_back(self, use=None):
         """Masters -> this rank's 16-bit slices (after a checkpoint load: the optimizer did not write them).
-        use(shard): brings a unit's master into memory first (NVMe: owners.ShardOptimizer.visiting)."""
+        use(shard): brings a unit's master into memory first (NVMe: the owner's visiting, state_owner.OwnerDefaults)."""
         if not self.masters_are_params:
             for u in self.units:
                 if use is not None:
