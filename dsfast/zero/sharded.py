@@ -343,7 +343,7 @@ class ShardedGradients(ShardedBase):
     def memory_tensors(self):
         cats = super().memory_tensors()
         cats["grads"] += self.grad_shards()
-        cats["comm_buffers"] += self.reducer.in_flight_buffers() + getattr(self.reducer, "memory", list)()
+        cats["comm_buffers"] += self.reducer.in_flight_buffers() + self.reducer.memory()
         return cats
 
 

@@ -220,7 +220,7 @@ class Stage3(ShardedBase):
         cats["grads"] = list(self.store.grads)
         cats["gathered"] = [r.full for r in self.store.all_records if r.full is not None]
         cats["comm_buffers"] += self.reducer.in_flight_buffers()
-        cats["comm_buffers"] += getattr(self.reducer, "memory", list)()
+        cats["comm_buffers"] += self.reducer.memory()
         if self.store.shared is not None:
             cats["comm_buffers"] += self.store.shared.memory()
         return cats
