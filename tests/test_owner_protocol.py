@@ -157,7 +157,8 @@ def test_every_owner_answers_the_protocol(tmp_path, stage, offload, precision):
     # checkpoints: the layout covers every trained parameter once, and its slices hold the masters
     layout = owner.checkpoint_layout(names)
     assert all(isinstance(r, SliceRecord) and r.shape == shapes[r.name] for r in layout)
-    _covers_once([(r.name, r.start, r.stop) for r in layout], {n: p.ds_numel if stage == 3 else p.numel() for n, p in trained.items()})
+    numel = {n: p.ds_numel if stage == 3 else p.numel() for n, p in trained.items()}
+    _covers_once([(r.name, r.start, r.stop) for r in layout], numel)
     fulls = {n: owner.full_fp32_param(p).reshape(-1) for n, p in trained.items()}   # (outside the visit: on
     with owner.visiting(writes=False) as use:                                       # NVMe one unit at a time)
         for r in layout:

@@ -89,7 +89,8 @@ def _norm_groups(tensors, per_tensor, inv_scale, found_inf, max_norm):
                                        _flag("found_inf", found_inf, device), float(max_norm))
     totals, per = [], [None] * len(tensors)
     for (dev, _), idx in groups.items():
-        t, p, _ = backend(dev).l2_norm([tensors[i] for i in idx], per_tensor, scalar_tensor("inv_scale", inv_scale, dev),
+        t, p, _ = backend(dev).l2_norm([tensors[i] for i in idx], per_tensor,
+                                       scalar_tensor("inv_scale", inv_scale, dev),
                                        _flag("found_inf", found_inf, dev) if dev == device else None, 0.0)
         totals.append(t.to(device, non_blocking=True))
         for k, i in enumerate(idx):
