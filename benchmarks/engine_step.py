@@ -140,7 +140,7 @@ def worker(args):
         impls["dsfast"], engine = dsfast_impl()
         engines["dsfast"] = engine
         optimizer_name = type(engine.optimizer).__name__
-        buckets = [b.flat.numel() for b in engine.state_owner.precision.buffers.buckets]
+        buckets = [t.numel() for t in engine.state_owner.memory_tensors()["grads"]]   # stage 0: one per bucket
         optimizer_name += f"; gradient reduction: {engine.state_owner.reducer.transport}"
     if "dsfast-gloo" in wanted:
         impls["dsfast-gloo"], _ = dsfast_impl(shm=False)

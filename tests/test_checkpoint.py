@@ -52,7 +52,7 @@ def train(engine, first, last):
 
 
 def masters(engine):
-    return [m.detach().clone() for m in engine.state_owner.precision.masters]
+    return [dsfast.utils.safe_get_full_fp32_param(p) for p in engine.module.parameters() if p.requires_grad]
 
 
 def same(a, b):
@@ -270,8 +270,8 @@ def test_consolidate_equals_the_trained_fp32_weights_and_loads_into_the_plain_mo
     engine.save_checkpoint(str(tmp_path), "t")
     sd = consolidate(str(tmp_path))
     names = {id(p): n for n, p in engine.module.named_parameters()}
-    for p in engine.state_owner.precision.params:
-        assert torch.equal(sd[names[id(p)]], engine.state_owner.precision.master_of(p))
+    trained = [p for p in engine.module.parameters() if p.requires_grad]
+    assert trained and all(torch.equal(sd[names[id(p)]], dsfast.utils.safe_get_full_fp32_param(p)) for p in trained)
     assert sd["1.weight"].dtype == torch.float32          # frozen: from the module weights, as fp32
     plain = build_model()
     plain.load_state_dict(sd)                             # strict: every key, the right shapes
@@ -306,7 +306,7 @@ def test_tied_weights_consolidate_under_both_names(tmp_path):
     engine.save_checkpoint(str(tmp_path), "t")
     sd = consolidate(str(tmp_path))
     assert torch.equal(sd["head.weight"], sd["emb.weight"])
-    assert torch.equal(sd["emb.weight"], engine.state_owner.precision.masters[0])
+    assert torch.equal(sd["emb.weight"], dsfast.utils.safe_get_full_fp32_param(engine.module.emb.weight))
 
 
 # ---- config / async -----------------------------------------------------------------------------------------

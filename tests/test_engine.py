@@ -95,8 +95,13 @@ def _fp16_engine(clip=0.0, **fp16):
     return init(config=config(fp16={"enabled": True, **fp16}, scheduler=sched, gradient_clipping=clip))
 
 
+def masters_of(engine):
+    """The fp32 masters stage 0 steps: the optimizer's parameters (the owner built it over them)."""
+    return [m for g in engine.optimizer.param_groups for m in g["params"]]
+
+
 def _snapshot(engine, opt, sched):
-    masters = engine.state_owner.precision.masters
+    masters = masters_of(engine)
     return ([m.detach().clone() for m in masters],
             [{k: v.clone() if torch.is_tensor(v) else v for k, v in opt.state[m].items()} for m in masters],
             copy.deepcopy(sched.state_dict()), [p.detach().clone() for p in engine.module.parameters()])
@@ -130,7 +135,7 @@ def test_fp16_overflow_skips_step_and_scheduler_and_leaves_no_nan():
     engine.backward(mse(engine, *batch(2)))
     engine.step()
     assert engine.was_step_applied() and engine.get_lr() != lr_before
-    for t in engine.state_owner.precision.masters + list(engine.module.parameters()):
+    for t in masters_of(engine) + list(engine.module.parameters()):
         assert torch.isfinite(t).all()
     for s in opt.state.values():
         assert all(torch.isfinite(v).all() for v in s.values() if torch.is_tensor(v))
@@ -177,12 +182,13 @@ def test_fp16_trains_on_cpu():
 def test_bf16_model_in_bf16_masters_and_optimizer_in_fp32():
     engine, opt, _, _ = init(config=config(bf16={"enabled": True}))
     assert all(p.dtype == torch.bfloat16 for p in engine.module.parameters())
-    masters = engine.state_owner.precision.masters
+    masters = [dsfast.utils.safe_get_full_fp32_param(p) for p in engine.module.parameters()]
     assert all(m.dtype == torch.float32 for m in masters)
-    assert {id(p) for g in opt.param_groups for p in g["params"]} == {id(m) for m in masters}
+    assert [m.dtype for g in opt.param_groups for m in g["params"]] == [torch.float32] * len(masters)
     x, y = batch(0)
     engine.backward(mse(engine, x, y))  # fp32 input is cast to the model's bf16
     engine.step()
+    masters = [dsfast.utils.safe_get_full_fp32_param(p) for p in engine.module.parameters()]
     for p, m in zip(engine.module.parameters(), masters):
         assert torch.equal(p, m.to(torch.bfloat16))
 
@@ -192,11 +198,12 @@ def test_bf16_non_finite_gradients_skip_the_step():
     engine, opt, _, _ = init(config=config(bf16={"enabled": True}))
     engine.backward(mse(engine, *batch(0)))
     engine.step()
-    masters = [m.detach().clone() for m in engine.state_owner.precision.masters]
+    masters = [dsfast.utils.safe_get_full_fp32_param(p) for p in engine.module.parameters()]
     engine.backward(mse(engine, *batch(1)) * float("nan"))
     engine.step()
     assert not engine.was_step_applied() and engine.skipped_steps == 1 and engine.global_steps == 2
-    assert all(torch.equal(a, b) for a, b in zip(masters, engine.state_owner.precision.masters))
+    assert all(torch.equal(a, dsfast.utils.safe_get_full_fp32_param(p))
+               for a, p in zip(masters, engine.module.parameters()))
     assert all(torch.isfinite(p).all() for p in engine.module.parameters())
 
 
@@ -219,8 +226,9 @@ def test_client_optimizer_is_retargeted_at_fp32_masters_in_bf16():
     client = torch.optim.SGD(model.parameters(), lr=0.5)
     engine, opt, _, _ = init(model, optimizer=client, config={"train_batch_size": MICRO, "bf16": {"enabled": True},
                                                           "gradient_clipping": 0.0})
-    masters = engine.state_owner.precision.masters
-    assert [id(p) for p in opt.param_groups[0]["params"]] == [id(m) for m in masters]
+    masters = opt.param_groups[0]["params"]   # the fp32 masters, not the model's bf16 parameters
+    assert all(m.dtype == torch.float32 for m in masters) and len(masters) == len(list(model.parameters()))
+    assert all(torch.equal(m, dsfast.utils.safe_get_full_fp32_param(p)) for m, p in zip(masters, model.parameters()))
     m0 = [m.detach().clone() for m in masters]
     engine.backward(mse(engine, *batch(0)))
     grads = [m.grad.clone() for m in masters]
@@ -289,8 +297,8 @@ def test_progress_prints_every_steps_per_print_on_rank0_only(capsys):
 def test_no_sync_skips_reduction_even_at_a_boundary():
     engine, _, _, _ = init()
     calls = []
-    begin = engine.state_owner.grad_sync.begin_backward
-    engine.state_owner.grad_sync.begin_backward = lambda reduce: (calls.append(reduce), begin(reduce))
+    begin = engine.state_owner.begin_backward
+    engine.state_owner.begin_backward = lambda reduce: (calls.append(reduce), begin(reduce))
     with engine.no_sync():
         engine.backward(mse(engine, *batch(0)))
     engine.backward(mse(engine, *batch(1)))
@@ -321,7 +329,9 @@ def test_initializing_the_same_model_twice_leaves_only_the_new_engine_in_charge(
             second.step()  # not a boundary yet: only counts the micro-step
         torch.nn.functional.mse_loss(ref(x), y).backward()
     for p, r in zip(model.parameters(), ref.parameters()):
-        assert p.grad is second.state_owner.precision.buffers.view_of(p)
+        # p.grad lives in the new engine's gradient buckets (stage 0: param.grad are views of them)
+        assert any(p.grad.untyped_storage().data_ptr() == g.untyped_storage().data_ptr()
+                   for g in second.state_owner.memory_tensors()["grads"])
         torch.testing.assert_close(p.grad, r.grad / 2)
 
 

@@ -46,6 +46,7 @@ def make_engine(precision, opt_name, clip, gas=1, reduce_factor=None, torch_opti
     engine, _, _, sched = dsfast.initialize(model=model, optimizer=opt, model_parameters=model.parameters(),
                                             config=cfg, dist_init_required=False)
     if reduce_factor is not None:  # what a 1/world all-reduce average leaves to the step (world > 1)
+        # (an internal on purpose: one process stands in for a world of several, which no protocol member sets)
         engine.state_owner.grad_sync.post_reduce_factor = reduce_factor
     return engine, opt
 
@@ -66,8 +67,9 @@ def train(engine, steps, overflow_at, gas=1):
 
 def state_tensors(engine, opt):
     out = [p.detach().clone() for p in engine.module.parameters()]
-    out += [m.detach().clone() for m in engine.state_owner.precision.masters]
-    for m in engine.state_owner.precision.masters:
+    masters = [m for g in opt.param_groups for m in g["params"]]   # stage 0 steps the fp32 masters
+    out += [m.detach().clone() for m in masters]
+    for m in masters:
         out += [v.clone() for _, v in sorted(opt.state[m].items()) if torch.is_tensor(v)]
     return out
 

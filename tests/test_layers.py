@@ -17,7 +17,8 @@ LAYERS = ["ops", "optim", "zero", "checkpoint", "engine"]
 # DeepSpeed's import paths that dsfast keeps where DeepSpeed has them: re-exports, not dependencies of the layer
 COMPAT_PATHS = {"ops/adam.py": "deepspeed.ops.adam re-exports dsfast.optim's DeepSpeedCPUAdam / FusedAdam",
                 "ops/adagrad.py": "deepspeed.ops.adagrad re-exports dsfast.optim's DeepSpeedCPUAdagrad",
-                "ops/lion.py": "deepspeed.ops.lion re-exports dsfast.optim's DeepSpeedCPULion"}
+                "ops/lion.py": "deepspeed.ops.lion re-exports dsfast.optim's DeepSpeedCPULion",
+                "utils/zero_to_fp32.py": "deepspeed.utils.zero_to_fp32 re-exports dsfast.checkpoint.zero_to_fp32"}
 
 
 def _package_of(module_name):
@@ -103,3 +104,15 @@ def test_every_layer_imports_alone(layer):
            f"m.split('.')[1] in {LAYERS!r} and {LAYERS!r}.index(m.split('.')[1]) > {LAYERS.index(layer)}]; " \
            "print(bad); assert not bad"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(ROOT))
+
+
+@pytest.mark.parametrize("rel", sorted(COMPAT_PATHS))
+def test_compat_paths_only_re_export(rel):
+    # the one reason a compat path may import a higher layer is that DeepSpeed's programs import the name there:
+    # such a file holds imports, __all__ and at most a __getattr__ that refuses a missing name, no logic
+    tree = ast.parse(open(os.path.join(ROOT, rel)).read())
+    for node in tree.body[1:] if ast.get_docstring(tree) else tree.body:
+        ok = isinstance(node, (ast.Import, ast.ImportFrom)) or \
+            (isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["__all__"]) \
+            or (isinstance(node, ast.FunctionDef) and node.name == "__getattr__")
+        assert ok, f"{rel}:{node.lineno}: a compat path re-exports only ({COMPAT_PATHS[rel]})"

@@ -80,6 +80,8 @@ def test_distinct_host_trains_bitwise_as_the_cpu_placement(monkeypatch, stage, o
     engine, got = _train(stage, precision, offload_param)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+    # internals on purpose: this test checks where the placement put each copy (host or device, apart or shared),
+    # which no protocol member exposes
     owner = engine.state_owner
     store = owner.store
     # the copies were real: gradient shards read by the update are host buffers apart from the reduced ones

@@ -14,6 +14,7 @@ Files, one job each:
   save.py / load.py   the two engine methods
   async_save.py       saves written from host copies by a background thread
   consolidate.py      full fp32 state_dict without GPU or process group; `dsfast consolidate`
+  zero_to_fp32.py     DeepSpeed's zero_to_fp32 functions (deepspeed.utils.zero_to_fp32 re-exports them)
   deepspeed_import.py DeepSpeed 0.19 checkpoints through restricted unpickling; `dsfast convert-deepspeed`
 """
 from .errors import CheckpointCorruptError, CheckpointError, CheckpointTimeoutError, UnsafeStateError

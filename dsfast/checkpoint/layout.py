@@ -68,5 +68,4 @@ def masters_from_module(engine, layout):
 
 def states_visitor(engine, writes):
     """The owner's visitor of its units' states (states on NVMe: one unit at a time in memory), or None."""
-    make = getattr(engine.state_owner, "states_visitor", None)
-    return make(writes) if make is not None else None
+    return engine.state_owner.states_visitor(writes)

@@ -100,7 +100,7 @@ def _load(engine, reader, strict, load_optimizer_states, load_lr_scheduler_state
     if stage3 and reader.sliced:
         for name in module_slices.files_needed(engine, reader):
             reader.file(name)
-    _load_module(engine.module, module_sd, strict, reader.dir, stage3, reader)
+    load_module_state(engine.module, module_sd, strict, reader.dir, stage3, reader)
     reader.file(reader.manifest["module_file"]).release()   # copied into the module: its pages can go
     client = jsonable.decode(state.get("client_state") or {}, tensors)
     if module_only:
@@ -140,7 +140,7 @@ def _files_needed(layout, params):
     return sorted(names)
 
 
-def _load_module(module, sd, strict, where, stage3=False, reader=None):
+def load_module_state(module, sd, strict, where, stage3=False, reader=None):
     """reader: the CheckpointReader `sd` came from (a stage-3 engine reads its own slices of a sliced one)."""
     if stage3 and reader is not None and reader.sliced:
         result = _load_own_slices(module, sd, strict, reader)

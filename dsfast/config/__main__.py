@@ -13,7 +13,7 @@ from typing import List, Optional, Type
 
 from pydantic import BaseModel
 
-from .base import _models_in
+from .base import models_in
 from .ds_config import DsConfig
 from .errors import DsConfigError
 from .loader import load_config, read_json_file
@@ -25,7 +25,7 @@ def _default_lines(cls: Type[BaseModel], prefix: str = "") -> List[str]:
     lines = []
     for name, field in cls.model_fields.items():
         path = f"{prefix}{name}"
-        subs = _models_in(field.annotation)
+        subs = models_in(field.annotation)
         if subs and not typing.get_args(field.annotation) and field.default_factory is not None:
             lines.extend(_default_lines(subs[0], path + "."))
             continue

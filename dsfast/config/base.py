@@ -68,13 +68,13 @@ def _is_numeric(annotation) -> bool:
     return bool(args) and bool not in args and any(_is_numeric(a) for a in args if a is not type(None))
 
 
-def _models_in(annotation) -> List[Type[BaseModel]]:
+def models_in(annotation) -> List[Type[BaseModel]]:
     """The BaseModel classes reachable inside Optional[...] / Union[...] / Annotated[...] / Dict[..., X]."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
     out = []
     for arg in typing.get_args(annotation):
-        out.extend(_models_in(arg))
+        out.extend(models_in(arg))
     return out
 
 
@@ -89,7 +89,7 @@ def model_at(root: Type[BaseModel], path: Tuple) -> Optional[Type[BaseModel]]:
             field = next((f for f in cls.model_fields.values() if f.alias == part), None)
         if field is None:
             return None
-        models = _models_in(field.annotation)
+        models = models_in(field.annotation)
         cls = models[0] if models else None
     return cls
 
@@ -106,7 +106,7 @@ def _homes_of(root: Type[BaseModel], key: str) -> List[str]:
         if path and issubclass(cls, StrictModel) and key in cls.known_keys():
             homes.append(dotted(path))
         for name, field in cls.model_fields.items():
-            for sub in _models_in(field.annotation):
+            for sub in models_in(field.annotation):
                 queue.append((path + (name,), sub))
     return homes
 

@@ -267,7 +267,7 @@ class DeepSpeedQueries:
         fp32 masters, at any ZeRO stage (stage 3: each rank keeps its slice); custom_load_fn(src=, dst=) loads
         instead of load_state_dict."""
         from ..checkpoint.layout import checkpoint_layout, engine_after_load, masters_from_module
-        from ..checkpoint.load import _load_module
+        from ..checkpoint.load import load_module_state
         sd = checkpoint["module"] if isinstance(checkpoint, dict) and "module" in checkpoint else checkpoint
         stage3 = self.config.zero_stage == 3
         with torch.no_grad():
@@ -278,7 +278,7 @@ class DeepSpeedQueries:
                                               "(..., modifier_rank=0)")
                 custom_load_fn(src=sd, dst=self.module)
             else:
-                _load_module(self.module, sd, strict, "load_module_state_dict", stage3)
+                load_module_state(self.module, sd, strict, "load_module_state_dict", stage3)
             if not stage3:
                 masters_from_module(self, checkpoint_layout(self))
             engine_after_load(self)

@@ -236,7 +236,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         return loss.float() * self.loss_scale if self._scales_loss else loss
 
     def _reduces_every_micro_step(self):
-        return bool(getattr(self._owner, "reduces_every_micro_step", False))
+        return self._owner.reduces_every_micro_step
 
     def _backward_reduces(self):
         """Whether the backward starting now reduces (engine.backward and a plain loss.backward alike); counts it
@@ -395,7 +395,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         if release is not None:   # disable_python_gc: this engine's hold ends (once)
             release()
         self._owner.detach()
-        for swap in getattr(self._owner, "swaps", ()):   # NVMe swap files and buffers: gone
+        for swap in self._owner.swaps:   # NVMe swap files and buffers: gone
             swap.close()
         if getattr(self.module, "_dsfast_owner", None) is self._owner:
             object.__delattr__(self.module, "_dsfast_owner")
@@ -407,7 +407,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         device ("host" for CPU memory), counted from the tensors themselves; "total" sums them."""
         offloaded = self.offloaded_tensors()   # offload_states(): the host copies
         out = memory_breakdown({**self._owner.memory_tensors(), **({"offloaded": offloaded} if offloaded else {})})
-        swaps = getattr(self._owner, "swaps", ())
+        swaps = self._owner.swaps
         if swaps:   # offload to NVMe: the swap files ("swap_window", "param_swap_window": their host part)
             on_disk = sum(s.nvme_bytes for s in swaps)
             out["nvme_files"] = {"nvme": on_disk}
@@ -416,7 +416,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
 
     def swap_bytes(self):
         """(bytes read, bytes written) by the NVMe swap since the start, or None without one."""
-        swaps = getattr(self._owner, "swaps", ())
+        swaps = self._owner.swaps
         if not swaps:
             return None
         return sum(s.io.bytes_read for s in swaps), sum(s.io.bytes_written for s in swaps)

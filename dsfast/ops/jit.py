@@ -186,7 +186,7 @@ def _compile(p, failed):
 def _point_torch_at_cuda(cpp_extension):
     """torch fixes its CUDA_HOME guess at import; correct it when it is not a real toolkit."""
     home = toolchain.cuda_home()
-    if home and cpp_extension.CUDA_HOME != home and not toolchain._is_cuda_home(cpp_extension.CUDA_HOME):
+    if home and cpp_extension.CUDA_HOME != home and not toolchain.is_cuda_home(cpp_extension.CUDA_HOME):
         cpp_extension.CUDA_HOME = home
         os.environ.setdefault("CUDA_HOME", home)
 

@@ -36,7 +36,7 @@ def _check_tensor_list(name, tensors):
     return tensors
 
 
-def _scalar(name, t, device):
+def scalar_tensor(name, t, device):
     """A one-element float32 tensor on `device` (moved without a host sync when needed)."""
     if t is None:
         return None
@@ -51,7 +51,7 @@ def _flag(name, t, device):
     """found_inf must be updated in place, so it has to live on the tensors' device already."""
     if t is None:
         return None
-    t2 = _scalar(name, t, device)
+    t2 = scalar_tensor(name, t, device)
     if t2 is not t:
         raise ValueError(f"{name} is on {t.device} but the tensors are on {device}; allocate it there "
                          f"(e.g. torch.zeros((), device={str(device)!r}))")
@@ -74,7 +74,7 @@ def unscale_and_check_(grads, inv_scale, found_inf):
     torch._amp_foreach_non_finite_check_and_unscale_, without a host sync."""
     grads = _check_tensor_list("grads", grads)
     for (device, _), idx in group_by_device_dtype(grads).items():
-        backend(device).unscale_and_check_([grads[i] for i in idx], _scalar("inv_scale", inv_scale, device),
+        backend(device).unscale_and_check_([grads[i] for i in idx], scalar_tensor("inv_scale", inv_scale, device),
                                            _flag("found_inf", found_inf, device))
 
 
@@ -85,11 +85,12 @@ def _norm_groups(tensors, per_tensor, inv_scale, found_inf, max_norm):
     groups = group_by_device_dtype(tensors)
     device = tensors[0].device
     if len(groups) == 1:  # the common case: one fused pass writes everything
-        return backend(device).l2_norm(tensors, per_tensor, _scalar("inv_scale", inv_scale, device),
+        return backend(device).l2_norm(tensors, per_tensor, scalar_tensor("inv_scale", inv_scale, device),
                                        _flag("found_inf", found_inf, device), float(max_norm))
     totals, per = [], [None] * len(tensors)
     for (dev, _), idx in groups.items():
-        t, p, _ = backend(dev).l2_norm([tensors[i] for i in idx], per_tensor, _scalar("inv_scale", inv_scale, dev),
+        t, p, _ = backend(dev).l2_norm([tensors[i] for i in idx], per_tensor,
+                                       scalar_tensor("inv_scale", inv_scale, dev),
                                        _flag("found_inf", found_inf, dev) if dev == device else None, 0.0)
         totals.append(t.to(device, non_blocking=True))
         for k, i in enumerate(idx):

@@ -15,7 +15,7 @@ def cxx_path():
     return shutil.which(os.environ.get("CXX", "c++"))
 
 
-def _is_cuda_home(path):
+def is_cuda_home(path):
     return bool(path) and Path(path, "bin", "nvcc").exists() and Path(path, "include", "cuda_runtime.h").exists()
 
 
@@ -35,7 +35,7 @@ def cuda_home():
     candidates.append(Path("/usr/local/cuda"))
     candidates += sorted(Path("/usr/local").glob("cuda-*"), reverse=True)
     for c in candidates:
-        if _is_cuda_home(c):
+        if is_cuda_home(c):
             return str(c)
     return None
 

@@ -17,8 +17,8 @@ def amp_scalars(device, grad_scale, found_inf, clip_coef, cache):
                 raise TypeError(f"grad_scale must be a one-element tensor (GradScaler's scale), got {grad_scale!r}")
             # Same inverse as GradScaler.unscale_: computed in double, rounded once.
             inv = grad_scale.to(device, non_blocking=True).double().reciprocal().float()
-        flag = multi_tensor._scalar("found_inf", found_inf, device)
-        coef = multi_tensor._scalar("clip_coef", clip_coef, device)
+        flag = multi_tensor.scalar_tensor("found_inf", found_inf, device)
+        coef = multi_tensor.scalar_tensor("clip_coef", clip_coef, device)
         cache[device] = tuple(None if t is None else t.reshape(()) for t in (inv, flag, coef))
     return cache[device]
 

@@ -17,7 +17,7 @@ from typing import List, Optional, Tuple, Union
 from dsfast.config.scheduler import LRRangeTestParams, OneCycleParams
 
 from .base import LRSchedule, per_group, validated, write_lr
-from .warmup import _args
+from .warmup import ctor_args
 
 logger = logging.getLogger("dsfast.schedulers")
 
@@ -30,7 +30,7 @@ class OneCycle(LRSchedule):
                  cycle_first_stair_count: int = 0, cycle_second_stair_count: Optional[int] = None,
                  decay_step_size: int = 0, cycle_momentum: bool = True, cycle_min_mom: LrArg = 0.8,
                  cycle_max_mom: LrArg = 0.9, decay_mom_rate: float = 0.0, last_batch_iteration: int = -1):
-        p = validated(OneCycleParams, _args(locals()), "OneCycle")
+        p = validated(OneCycleParams, ctor_args(locals()), "OneCycle")
         super().__init__(optimizer, p.last_batch_iteration)
         groups = self.param_groups
         self.first_step_size = float(p.cycle_first_step_size)
@@ -123,7 +123,7 @@ class LRRangeTest(LRSchedule):
     def __init__(self, optimizer, lr_range_test_min_lr: LrArg = 1e-3, lr_range_test_step_size: int = 2000,
                  lr_range_test_step_rate: float = 1.0, lr_range_test_staircase: bool = False,
                  last_batch_iteration: int = -1):
-        p = validated(LRRangeTestParams, _args(locals()), "LRRangeTest")
+        p = validated(LRRangeTestParams, ctor_args(locals()), "LRRangeTest")
         super().__init__(optimizer, p.last_batch_iteration)
         self.min_lrs = per_group(self.param_groups, p.lr_range_test_min_lr, "lr_range_test_min_lr")
         self.step_size = p.lr_range_test_step_size

@@ -21,7 +21,7 @@ logger = logging.getLogger("dsfast.schedulers")
 LrArg = Union[float, List[float]]
 
 
-def _args(local_vars) -> dict:
+def ctor_args(local_vars) -> dict:
     """Constructor arguments as a params dict for validation."""
     return {k: v for k, v in local_vars.items() if k not in ("self", "optimizer", "__class__")}
 
@@ -37,7 +37,7 @@ class WarmupLR(LRSchedule):
 
     def __init__(self, optimizer, warmup_min_lr: LrArg = 0.0, warmup_max_lr: Optional[LrArg] = None,
                  warmup_num_steps: int = 1000, warmup_type: str = "log", last_batch_iteration: int = -1):
-        p = validated(WarmupLRParams, _args(locals()), type(self).__name__)
+        p = validated(WarmupLRParams, ctor_args(locals()), type(self).__name__)
         super().__init__(optimizer, p.last_batch_iteration)
         max_lr = p.warmup_max_lr
         if max_lr is None:    # DeepSpeed >= 0.17: the optimizer's own lr
@@ -69,7 +69,7 @@ class WarmupDecayLR(WarmupLR):
     def __init__(self, optimizer, total_num_steps: int, warmup_min_lr: LrArg = 0.0,
                  warmup_max_lr: Optional[LrArg] = 0.001, warmup_num_steps: int = 1000, warmup_type: str = "log",
                  last_batch_iteration: int = -1):
-        validated(WarmupDecayLRParams, _args(locals()), type(self).__name__)
+        validated(WarmupDecayLRParams, ctor_args(locals()), type(self).__name__)
         self.total_num_steps = total_num_steps
         super().__init__(optimizer, warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type,
                          last_batch_iteration)
@@ -89,7 +89,7 @@ class WarmupCosineLR(LRSchedule):
 
     def __init__(self, optimizer, total_num_steps: int, warmup_min_ratio: float = 0.0, warmup_num_steps: int = 1000,
                  cos_min_ratio: float = 0.0001, warmup_type: str = "log", last_batch_iteration: int = -1):
-        p = validated(WarmupCosineLRParams, _args(locals()), type(self).__name__)
+        p = validated(WarmupCosineLRParams, ctor_args(locals()), type(self).__name__)
         super().__init__(optimizer, p.last_batch_iteration)
         self.total_num_steps = p.total_num_steps
         self.warmup_min_ratio = p.warmup_min_ratio

@@ -10,34 +10,39 @@ A parameter the engine does not train (frozen, or not given to initialize) retur
 """
 
 
-def _ask(param, method, *args):
-    """The owner's answer for `param`, or None for a parameter the engine does not train."""
-    owner = getattr(param, "_dsfast_owner", None)
-    return None if owner is None else getattr(owner, method)(param, *args)
+def _owner(param):
+    """The engine's state owner of `param` (dsfast.zero.state_owner.StateOwner), None for one it does not train."""
+    return getattr(param, "_dsfast_owner", None)
 
 
 def safe_get_full_fp32_param(param):
-    return _ask(param, "full_fp32_param")
+    owner = _owner(param)
+    return None if owner is None else owner.full_fp32_param(param)
 
 
 def safe_get_full_grad(param):
-    return _ask(param, "full_grad")
+    owner = _owner(param)
+    return None if owner is None else owner.full_grad(param)
 
 
 def safe_get_full_optimizer_state(param, optim_state_key):
-    return _ask(param, "full_optimizer_state", optim_state_key)
+    owner = _owner(param)
+    return None if owner is None else owner.full_optimizer_state(param, optim_state_key)
 
 
 def safe_get_local_fp32_param(param):
-    return _ask(param, "local_fp32_param")
+    owner = _owner(param)
+    return None if owner is None else owner.local_fp32_param(param)
 
 
 def safe_get_local_grad(param):
-    return _ask(param, "local_grad")
+    owner = _owner(param)
+    return None if owner is None else owner.local_grad(param)
 
 
 def safe_get_local_optimizer_state(param, optim_state_key):
-    return _ask(param, "local_optimizer_state", optim_state_key)
+    owner = _owner(param)
+    return None if owner is None else owner.local_optimizer_state(param, optim_state_key)
 
 
 from . import logging  # noqa: E402  (deepspeed.utils.logging.logger: Lightning sets its level)

@@ -1,13 +1,15 @@
 """ZeRO: partitioned optimizer states (stage 1), gradients (stage 2) and parameters (stage 3), with CPU offload.
 
 Files, one job each:
-  state_owner.py       StateOwner: what every stage's owner provides the engine and checkpoints; memory counting
-  owners.py            build_owner (the one place a stage picks its owner); what ZeRO owners offer the optimizer
+  state_owner.py       StateOwner: what every stage's owner provides the engine and checkpoints (its defaults:
+                       OwnerDefaults); memory counting
+  owners.py            build_owner: the one place a stage picks its owner (nothing imports it back)
+  shard_owner.py       what the owners of stages 1-3 share: the optimizer steps this rank's shard units
   placement.py         where a unit's tensors live (device / host / pinned / NVMe; the distinct-host test placement)
   precision.py         the param / reduce / master dtypes (communication_data_type, 16-bit masters)
   shard_unit.py        one bucket's slice, master, optimizer shard, gradient and host copies, in one object
-  replicated.py        stage 0's owner: every rank holds everything (precision strategy + all-reduce)
-  mixed_precision.py   stage 0's fp32 / fp16 / bf16 strategy (fp32 masters, where the 16-bit copies go)
+  replicated.py        stage 0's owner: every rank holds everything (master copies + all-reduce)
+  mixed_precision.py   stage 0's master copies for fp32 / fp16 / bf16 (fp32 masters, where the 16-bit copies go)
   grad_buffers.py      flat gradient buckets (param.grad are slices of them in fp32) of stages 0 and 1
   grad_sync.py         stages 0-1: param.grad semantics over those buckets, each handed to the reducer when complete
   grad_buckets.py      every stage's gradient bucket layouts: resident (stages 0-1, reduced in place), staged

@@ -1,4 +1,5 @@
-"""Stage 0's precision strategies (fp32 / fp16 / bf16): what the optimizer updates and where the 16-bit copy goes.
+"""Stage 0's master copies (fp32 / fp16 / bf16 models): what the optimizer updates and where the 16-bit copy goes.
+(Which precision trains is the owner's precision.PrecisionPolicy; these hold the tensors it implies.)
 
 fp32: the optimizer updates the model's own parameters; their `.grad` are slices of the flat buckets.
 fp16/bf16: the model runs in half precision; the optimizer updates fp32 master copies whose `.grad` are slices of
@@ -11,9 +12,6 @@ from .grad_buffers import GradBuffers, replicated_layout
 
 
 class FullPrecision:
-    name = "fp32"
-    dtype = None
-
     def __init__(self, module, params, bucket_elems, allocate=None):
         self.params = params
         self.masters = params
@@ -31,8 +29,6 @@ class HalfPrecision:
     """fp32 master weights + fp32 gradient accumulation for a model cast to `dtype` (fp16 or bf16)."""
 
     def __init__(self, module, params, bucket_elems, dtype, allocate=None):
-        self.dtype = dtype
-        self.name = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
         self.params = params
         # masters come from the fp32 weights before the cast, so no precision is lost at the start
         self.masters = [torch.nn.Parameter(p.detach().clone().float(), requires_grad=True) for p in params]
@@ -53,10 +49,8 @@ class HalfPrecision:
         return [[model_of.get(id(m), m) for m in g["params"]] for g in optimizer.param_groups]
 
 
-def build_precision(precision, module, params, bucket_elems, allocate=None):
-    if precision == "fp32":
+def build_master_copies(policy, module, params, bucket_elems, allocate=None):
+    """policy: the owner's precision.PrecisionPolicy (which already refused an unknown precision)."""
+    if not policy.mixed:
         return FullPrecision(module, params, bucket_elems, allocate)
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
-    if dtype is None:
-        raise ValueError(f"unknown precision {precision!r}; valid: fp32, fp16, bf16")
-    return HalfPrecision(module, params, bucket_elems, dtype, allocate)
+    return HalfPrecision(module, params, bucket_elems, policy.param_dtype, allocate)

@@ -21,7 +21,7 @@ import torch
 
 from .nvme_buffers import aligned_size
 from .nvme_space import SwapSpace
-from .nvme_states import _park, give_back_freed_memory
+from .nvme_states import park, give_back_freed_memory
 
 KEY = "offload_param"
 logger = logging.getLogger("dsfast.zero.nvme")
@@ -66,7 +66,7 @@ class NvmeParams(SwapSpace):
         rec.swap = self
         self.window.store(i, lambda buf: buf.view(0, rec.shard_numel, rec.dtype).copy_(rec.shard),
                           shard_bytes(rec))
-        _park(rec.shard)
+        park(rec.shard)
 
     @torch.no_grad()
     def recast(self, rec, values):
@@ -77,7 +77,7 @@ class NvmeParams(SwapSpace):
         rec.shard = torch.empty(rec.shard_numel, dtype=values.dtype, device=rec.shard_device)
         self.index[id(rec.shard)] = i
         self.window.store(i, lambda buf: buf.view(0, rec.shard_numel, rec.dtype).copy_(values), shard_bytes(rec))
-        _park(rec.shard)
+        park(rec.shard)
         rec.full = None
         rec.param.data = rec._empty()
 
@@ -157,7 +157,7 @@ class NvmeParams(SwapSpace):
             done = True
         finally:
             self.synchronize()   # a device's copies into or out of the buffer land before it is reused
-            _park(shard)
+            park(shard)
             if write and done:
                 self.window.release(i, shard.numel() * shard.element_size())
             else:

@@ -175,7 +175,7 @@ class NvmeStates(SwapSpace):
     def _park_all(self, u):
         self.synchronize()
         for _, t in self._tensors(u):
-            _park(t)
+            park(t)
         u.states_loaded = False
 
 
@@ -245,7 +245,7 @@ def give_back_freed_memory():
 
 
 @torch.no_grad()
-def _park(t):
+def park(t):
     """t keeps its object, shape and dtype over a storage of no bytes (its values are in the unit's file)."""
     s = torch.UntypedStorage(t.numel() * t.element_size())
     t.set_(s, 0, t.shape)

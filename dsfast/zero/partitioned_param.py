@@ -247,8 +247,8 @@ class PartitionedParam:
         with self.holding(read=False):
             self.shard.zero_()
             self.shard[:values.numel()].copy_(values.reshape(-1))
-            owner = getattr(self.param, "_dsfast_owner", None)
-            if owner is not None and hasattr(owner, "shard_changed"):
+            owner = getattr(self.param, "_dsfast_owner", None)   # (a frozen parameter has none)
+            if owner is not None:
                 owner.shard_changed(self.param)
 
     def holding(self, read=True, write=True):
@@ -291,12 +291,12 @@ def gather(records, refresh=False):
         if len(recs) == 1:
             alone.append(recs[0]._launch())
         else:
-            launched.append(_launch_coalesced(recs))
+            launched.append(launch_coalesced(recs))
     for h in alone:
         h.wait()
     for recs, handle, out, total in launched:
         handle.wait()
-        _unpack(recs, out, total)
+        unpack_coalesced(recs, out, total)
     for f in flights:
         f.finish()
     for r in todo:
@@ -304,7 +304,7 @@ def gather(records, refresh=False):
     done()
 
 
-def _launch_coalesced(recs):
+def launch_coalesced(recs):
     total = sum(r.shard_numel for r in recs)
     src = torch.cat([r._src() for r in recs])
     out = torch.empty(recs[0].world * total, dtype=recs[0].dtype, device=recs[0].device)
@@ -314,7 +314,7 @@ def _launch_coalesced(recs):
     return recs, all_gather_flat(out, src, group=recs[0].group, async_op=True), out, total
 
 
-def _unpack(recs, out, total):
+def unpack_coalesced(recs, out, total):
     """out is rank-major (chunk q: rank q's shards back to back): each record's slices into its `full`."""
     off = 0
     for r in recs:

@@ -13,7 +13,7 @@ Whatever was prefetched but not used is waited for and freed when the forward en
 of shared memory (shared_params.py) have nothing to hide and do not prefetch.
 """
 from ..comm.where import at, done
-from .partitioned_param import SHARDED, _launch_coalesced, _unpack
+from .partitioned_param import SHARDED, launch_coalesced, unpack_coalesced
 
 
 class Flight:
@@ -24,7 +24,7 @@ class Flight:
         if len(recs) == 1:
             self.handle, self.out, self.total = recs[0]._launch(), None, 0
         else:
-            _, self.handle, self.out, self.total = _launch_coalesced(recs)
+            _, self.handle, self.out, self.total = launch_coalesced(recs)
         for r in recs:
             r.prefetched(self)
 
@@ -34,7 +34,7 @@ class Flight:
             return
         self.handle.wait()
         if self.out is not None:
-            _unpack(self.recs, self.out, self.total)
+            unpack_coalesced(self.recs, self.out, self.total)
         self.handle = self.out = None
         for r in self.recs:
             r.prefetched(None)

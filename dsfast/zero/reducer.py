@@ -111,6 +111,10 @@ class Reducer:
     def in_flight_buffers(self):
         return list(self._staging.values()) + list(self._late.values())
 
+    def memory(self):
+        """The transport's own standing buffers (ShmReducer's /dev/shm row); none here."""
+        return []
+
 
 class LocalReducer(Reducer):
     """One rank: each gradient is added straight into its shard (the whole bucket); nothing to send."""

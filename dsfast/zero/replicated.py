@@ -1,6 +1,6 @@
 """Stage 0's state owner: every rank holds everything (plain data parallelism).
 
-It owns the precision strategy (mixed_precision.py: fp32 masters and flat gradient buckets) and the bucketed
+It owns the master copies (mixed_precision.py: fp32 masters and flat gradient buckets) and the bucketed
 all-reduce (grad_sync.py over the one reduction, reducer.py), and steps as every stage does: zero/decide.py decides overflow, norm and
 clip coefficient over the reduced buckets, then the optimizer applies them inside its update (optim/amp_step.py).
 """
@@ -8,29 +8,26 @@ import torch
 
 from ..optim.amp_step import amp_step
 from .decide import decide
-from .state_owner import SliceRecord
+from .state_owner import OwnerDefaults, SliceRecord
 
 
-class Replicated:
+class Replicated(OwnerDefaults):
     stage = 0
-    partitions_params = False
 
-    def __init__(self, precision, grad_sync):
-        self.precision = precision
+    def __init__(self, policy, copies, grad_sync):
+        """policy: the precision.PrecisionPolicy; copies: its mixed_precision master copies."""
+        self.precision = policy
+        self.copies = copies
         self.grad_sync = grad_sync
         self.reducer = grad_sync.reducer
-        self.buffers = precision.buffers
+        self.buffers = copies.buffers
         self._optimizer = None
-        for p in precision.params:
+        for p in copies.params:
             p._dsfast_owner = self
 
     @property
     def post_reduce_factor(self):
         return self.grad_sync.post_reduce_factor
-
-    @property
-    def collectives_launched(self):
-        return self.reducer.collectives_launched
 
     def bind_optimizer(self, optimizer):
         self._optimizer = optimizer
@@ -38,30 +35,27 @@ class Replicated:
     # ---- what the optimizer steps: the fp32 masters (the parameters themselves in fp32) ----------------------
     @property
     def trains(self):
-        return bool(self.precision.params)
+        return bool(self.copies.params)
 
     optimizer_device = None   # the engine's device
 
-    def empty_partition_cache(self):
-        """Every rank holds whole parameters: nothing to give back."""
-
     def optimizer_groups(self, groups):
-        master_of = self.precision.master_of
+        master_of = self.copies.master_of
         if groups and isinstance(groups[0], dict):
             return [{**g, "params": [master_of(p) for p in g["params"] if p.requires_grad]} for g in groups]
         return [master_of(p) for p in groups if p.requires_grad]
 
     def adopt_client_optimizer(self, optimizer, groups):
         """A client optimizer built on the model's params steps their fp32 masters (its state moves too)."""
-        precision = self.precision
-        if precision.masters is precision.params:
+        copies = self.copies
+        if copies.masters is copies.params:
             return
         for g in optimizer.param_groups:
-            g["params"] = [precision.master_of(p) for p in g["params"]]
+            g["params"] = [copies.master_of(p) for p in g["params"]]
         old_state = dict(optimizer.state)
         optimizer.state.clear()
         for p, s in old_state.items():
-            optimizer.state[precision.master_of(p)] = s
+            optimizer.state[copies.master_of(p)] = s
 
     def begin_backward(self, reduce):
         self.grad_sync.begin_backward(reduce)
@@ -74,9 +68,9 @@ class Replicated:
 
     def step(self, optimizer, factor, clip, check_overflow):
         """(applied, norm): the buckets are all-reduced already, so the decision needs no collective."""
-        pieces = [(0, self.buffers.view_of(p)) for p in self.precision.params]   # DeepSpeed's per-param norms
+        pieces = [(0, self.buffers.view_of(p)) for p in self.copies.params]   # DeepSpeed's per-param norms
         decision = decide(self.buffers.flats(), factor, clip, check_overflow, pieces=pieces, stage=0)
-        amp_step(optimizer, out16=self.precision.out16_groups(optimizer), **decision.step_kwargs())
+        amp_step(optimizer, out16=self.copies.out16_groups(optimizer), **decision.step_kwargs())
         return decision.applied(), decision.norm
 
     def zero_grads(self):
@@ -88,22 +82,22 @@ class Replicated:
 
     # ---- checkpoints and dsfast.utils: every rank holds whole parameters ------------------------------------
     def checkpoint_layout(self, names):
-        return [SliceRecord(names[id(p)], tuple(p.shape), 0, p.numel(), self.precision.master_of(p), 0)
-                for p in self.precision.params]
+        return [SliceRecord(names[id(p)], tuple(p.shape), 0, p.numel(), self.copies.master_of(p), 0)
+                for p in self.copies.params]
 
     @torch.no_grad()
     def after_checkpoint_load(self):
-        if self.precision.params and self.precision.masters is not self.precision.params:   # none: nothing trains
-            torch._foreach_copy_(self.precision.params, self.precision.masters)
+        if self.copies.params and self.copies.masters is not self.copies.params:   # none: nothing trains
+            torch._foreach_copy_(self.copies.params, self.copies.masters)
 
     def full_fp32_param(self, param):
-        return self.precision.master_of(param).detach().float().clone()
+        return self.copies.master_of(param).detach().float().clone()
 
     def full_grad(self, param):
         return self.buffers.view_of(param).float() * self.post_reduce_factor
 
     def full_optimizer_state(self, param, key):
-        state = self._optimizer.state.get(self.precision.master_of(param), {}) if self._optimizer else {}
+        state = self._optimizer.state.get(self.copies.master_of(param), {}) if self._optimizer else {}
         if key not in state:
             raise KeyError(f"optimizer state {key!r} does not exist (yet): available keys {sorted(state)}; "
                            "states appear after the first optimizer step")
@@ -114,7 +108,7 @@ class Replicated:
     local_optimizer_state = full_optimizer_state
 
     def memory_tensors(self):
-        prec = self.precision
+        prec = self.copies
         cats = {"params": [p.data for p in prec.params],
                 "masters": list(prec.masters) if prec.masters is not prec.params else [],
                 "grads": self.buffers.flats(), "optimizer_states": [], "comm_buffers": []}

@@ -84,7 +84,6 @@ class ShardUnit:
 class UnitStore:
     """What the two storages of units (flat_shards.FlatShards, stage3.Stage3Store) share: per-unit views and the
     masters -> 16-bit write-back. Needs `units`, `rank` and `masters_are_params`."""
-
     swap = None         # nvme_states.NvmeStates where the states are on NVMe (the storages set it)
     param_swap = None   # stage 3: nvme_params.NvmeParams where the shards are on NVMe
 
@@ -110,7 +109,7 @@ class UnitStore:
     @torch.no_grad()
     def write_back(self, use=None):
         """Masters -> this rank's 16-bit slices (after a checkpoint load: the optimizer did not write them).
-        use(shard): brings a unit's master into memory first (NVMe: owners.ShardOptimizer.visiting)."""
+        use(shard): brings a unit's master into memory first (NVMe: the owner's visiting, state_owner.OwnerDefaults)."""
         if not self.masters_are_params:
             for u in self.units:
                 if use is not None:

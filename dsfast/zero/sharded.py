@@ -23,9 +23,9 @@ from .grad_buffers import GradBuffers
 from .grad_sync import build_grad_sync
 from .nvme_checks import check_host_states
 from .nvme_states import agreed_swap_errors, check_unit_by_unit
-from .owners import ShardOptimizer
 from .precision import PrecisionPolicy
 from .reducer import reducer_for
+from .shard_owner import ShardOwner
 from .shard_step import step_shards
 from .state_owner import SliceRecord
 
@@ -38,9 +38,8 @@ def local_ranks():
         return 1
 
 
-class _ShardedBase(ShardOptimizer):
+class ShardedBase(ShardOwner):
     stage = None
-    partitions_params = False
 
     def __init__(self, store: FlatShards, precision: PrecisionPolicy, group=None):
         self.store = store
@@ -50,10 +49,6 @@ class _ShardedBase(ShardOptimizer):
         self.post_reduce_factor = 1.0 / self.world
         for p in store.params:
             p._dsfast_owner = self
-
-    @property
-    def collectives_launched(self):
-        return self.reducer.collectives_launched
 
     # ---- the optimizer step -------------------------------------------------------------------------------
     copies_on_reduce = False   # stages 2-3: the reduction's completion copies gradients to the host (offload)
@@ -240,7 +235,7 @@ class _ShardedBase(ShardOptimizer):
         return cats
 
 
-class ShardedOptimizerState(_ShardedBase):
+class ShardedOptimizerState(ShardedBase):
     stage = 1
 
     def __init__(self, store, precision, group=None, allocate=None):
@@ -282,7 +277,7 @@ class ShardedOptimizerState(_ShardedBase):
         return cats
 
 
-class ShardedGradients(_ShardedBase):
+class ShardedGradients(ShardedBase):
     stage = 2
     reduces_every_micro_step = True   # the engine refuses no_sync() for it
 
@@ -348,7 +343,7 @@ class ShardedGradients(_ShardedBase):
     def memory_tensors(self):
         cats = super().memory_tensors()
         cats["grads"] += self.grad_shards()
-        cats["comm_buffers"] += self.reducer.in_flight_buffers() + getattr(self.reducer, "memory", list)()
+        cats["comm_buffers"] += self.reducer.in_flight_buffers() + self.reducer.memory()
         return cats
 
 

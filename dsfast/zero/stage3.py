@@ -27,7 +27,7 @@ from .leaf_granularity import set_leaves_by_granularity
 from .partitioned_param import DS_PARAM_ATTRS, PartitionedParam, gather, record_of
 from .shard_unit import ShardUnit, UnitStore
 from .shared_params import SharedParams, shareable
-from .sharded import _ShardedBase
+from .sharded import ShardedBase
 from .state_owner import SliceRecord
 
 # gradient bucket cap (elements; a smaller zero_optimization.reduce_bucket_size wins): big enough that a small
@@ -100,7 +100,7 @@ class Stage3Store(UnitStore):
         gather([r for r in self.all_records if r.gathered], refresh=True)
 
 
-class Stage3(_ShardedBase):
+class Stage3(ShardedBase):
     stage = 3
     partitions_params = True
     reduces_every_micro_step = True   # the engine refuses no_sync()
@@ -220,7 +220,7 @@ class Stage3(_ShardedBase):
         cats["grads"] = list(self.store.grads)
         cats["gathered"] = [r.full for r in self.store.all_records if r.full is not None]
         cats["comm_buffers"] += self.reducer.in_flight_buffers()
-        cats["comm_buffers"] += getattr(self.reducer, "memory", list)()
+        cats["comm_buffers"] += self.reducer.memory()
         if self.store.shared is not None:
             cats["comm_buffers"] += self.store.shared.memory()
         return cats

@@ -28,7 +28,7 @@ def run_engine_in_process(precision, gas, clip, steps=STEPS):
             loss = torch.nn.functional.mse_loss(engine(x[part]).float(), y[part])
             engine.backward(loss)
             engine.step()
-        out.append([m.detach().float().clone() for m in engine.state_owner.precision.masters])
+        out.append([dsfast.utils.safe_get_full_fp32_param(p) for p in engine.module.parameters()])
     return out
 
 

@@ -46,9 +46,9 @@ def train(engine, first, last):
 
 def snapshot(engine):
     opt = engine.optimizer
-    masters = [m.detach().clone() for m in engine.state_owner.precision.masters]
-    states = [{k: (v.clone() if torch.is_tensor(v) else v) for k, v in opt.state[m].items()} for m in
-              engine.state_owner.precision.masters]
+    live = [m for g in opt.param_groups for m in g["params"]]   # stage 0 steps the fp32 masters
+    masters = [m.detach().clone() for m in live]
+    states = [{k: (v.clone() if torch.is_tensor(v) else v) for k, v in opt.state[m].items()} for m in live]
     return {"masters": masters, "states": states, "module": {k: v.clone() for k, v in engine.module.state_dict().items()},
             "loss_scale": engine.loss_scale, "lr": engine.get_lr(), "global_steps": engine.global_steps,
             "lr_state": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None}

@@ -49,7 +49,7 @@ def train(precision, gas, clip, steps, inject_rank, spare=False):
         record["skipped"].append(engine.skipped_steps)
         record["global_steps"].append(engine.global_steps)
         record["lr_iter"].append(getattr(sched, "last_batch_iteration", None))
-        masters = engine.state_owner.precision.masters
+        masters = [m for g in opt.param_groups for m in g["params"]]   # stage 0 steps the fp32 masters
         record["params"].append([m.detach().float().clone() for m in masters])
         record["states"].append({k: v.clone() for m in masters for k, v in opt.state[m].items()
                                  if torch.is_tensor(v)} if masters and opt.state[masters[0]] else {})
@@ -66,7 +66,7 @@ def train(precision, gas, clip, steps, inject_rank, spare=False):
         record["double_backward"] = "accepted"
     except RuntimeError as err:
         record["double_backward"] = str(err)
-    record["buckets"] = len(engine.state_owner.precision.buffers.buckets)
+    record["buckets"] = len(engine.state_owner.memory_tensors()["grads"])   # stage 0: one flat per bucket
     return gather_records(record)
 
 

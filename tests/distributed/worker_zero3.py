@@ -41,6 +41,7 @@ def run(text):
               # which stage-3 path ran: the gradient reduction's class, whether gathers read /dev/shm
               "path": (engine.state_owner.reducer.transport, engine.state_owner.gathers_through == "shm"),
               "collectives": engine.state_owner.collectives_launched,
+              # (an internal on purpose: whether prefetch ran is the coordinator's, no protocol member's)
               "prefetched": engine.state_owner.coordinator.prefetch_launches(),
               "shapes": {n: tuple(p.shape) for n, p in engine.module.named_parameters()}}
     return gather_records(record)

@@ -70,7 +70,7 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta
         _adam(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps, weight_decay, adamw,
               bias_correction, grad_scale, num_threads, isa, label, round_seed)
     except RuntimeError as e:
-        raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads, exp_avgs=exp_avgs,
+        raise retyped(e, lambda: _ref.check_lists(("outs",), params=params, grads=grads, exp_avgs=exp_avgs,
                                                   exp_avg_sqs=exp_avg_sqs, outs=outs, steps=steps)) from None
 
 
@@ -83,7 +83,7 @@ def sgd_step(params, grads, momentum_buffers, outs, first_steps, lr, momentum, d
         _sgd(params, grads, momentum_buffers, outs, first_steps, lr, momentum, dampening, weight_decay, nesterov,
              grad_scale, num_threads, isa, label, round_seed)
     except RuntimeError as e:
-        raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads,
+        raise retyped(e, lambda: _ref.check_lists(("outs",), params=params, grads=grads,
                                                   momentum_buffers=momentum_buffers, outs=outs)) from None
 
 
@@ -96,7 +96,7 @@ def adagrad_step(params, grads, state_sums, outs, steps, lr, eps, weight_decay, 
         _adagrad(params, grads, state_sums, outs, steps, lr, eps, weight_decay, grad_scale, num_threads, isa, label,
                  round_seed)
     except RuntimeError as e:
-        raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads, states=state_sums,
+        raise retyped(e, lambda: _ref.check_lists(("outs",), params=params, grads=grads, states=state_sums,
                                                   outs=outs, steps=steps)) from None
 
 
@@ -109,7 +109,7 @@ def lion_step(params, grads, exp_avgs, outs, steps, lr, beta1, beta2, weight_dec
         _lion(params, grads, exp_avgs, outs, steps, lr, beta1, beta2, weight_decay, grad_scale, num_threads, isa,
               label, round_seed)
     except RuntimeError as e:
-        raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads, states=exp_avgs,
+        raise retyped(e, lambda: _ref.check_lists(("outs",), params=params, grads=grads, states=exp_avgs,
                                                   outs=outs, steps=steps)) from None
 
 
@@ -160,7 +160,7 @@ def adam_table(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label="params"
     try:
         _adam_fill(table, params, grads, exp_avgs, exp_avg_sqs, outs, steps, label)
     except RuntimeError as e:
-        raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads, exp_avgs=exp_avgs,
+        raise retyped(e, lambda: _ref.check_lists(("outs",), params=params, grads=grads, exp_avgs=exp_avgs,
                                                   exp_avg_sqs=exp_avg_sqs, outs=outs, steps=steps)) from None
     return _owning(table, ADAM_HELD), outs
 
@@ -180,7 +180,7 @@ def sgd_table(params, grads, momentum_buffers, outs, label="params"):
     try:
         _sgd_fill(table, params, grads, momentum_buffers, outs, label)
     except RuntimeError as e:
-        raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads,
+        raise retyped(e, lambda: _ref.check_lists(("outs",), params=params, grads=grads,
                                                   momentum_buffers=momentum_buffers, outs=outs)) from None
     return _owning(table, SGD_HELD), outs
 
@@ -201,7 +201,7 @@ def one_state_table(params, grads, states, outs, steps, state_key="state", label
     try:
         _one_fill(table, params, grads, states, outs, steps, state_key, label)
     except RuntimeError as e:
-        raise retyped(e, lambda: _ref._check_lists(("outs",), params=params, grads=grads, states=states, outs=outs,
+        raise retyped(e, lambda: _ref.check_lists(("outs",), params=params, grads=grads, states=states, outs=outs,
                                                   steps=steps)) from None
     return _owning(table, ONE_STATE_HELD), outs
 

@@ -71,7 +71,7 @@ def check_isa(isa):
                          f"reference is in use); valid here: {', '.join(_ISAS)}")
 
 
-def _check_lists(allow_none=(), **seqs):
+def check_lists(allow_none=(), **seqs):
     for name, seq in seqs.items():
         if not isinstance(seq, (list, tuple)):
             raise TypeError(f"{name} must be a list or tuple of tensors")
@@ -147,7 +147,7 @@ def _check_step(s, w):
 
 def check_adam_args(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label="params"):
     """The native op's checks, on metadata only (so the op's fake implementation runs them too)."""
-    _check_lists(("outs",), params=params, grads=grads, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs, outs=outs,
+    check_lists(("outs",), params=params, grads=grads, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs, outs=outs,
                  steps=steps)
     n = len(params)
     _check_lengths(n, outs, grads=grads, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs, steps=steps)
@@ -165,7 +165,7 @@ def check_adam_args(params, grads, exp_avgs, exp_avg_sqs, outs, steps, label="pa
 
 def check_sgd_args(params, grads, momentum_buffers, outs, first_steps, momentum, label="params"):
     """As check_adam_args, for sgd_step."""
-    _check_lists(("outs",), params=params, grads=grads, momentum_buffers=momentum_buffers, outs=outs)
+    check_lists(("outs",), params=params, grads=grads, momentum_buffers=momentum_buffers, outs=outs)
     n = len(params)
     _check_lengths(n, outs, grads=grads)
     if momentum != 0:
@@ -181,7 +181,7 @@ def check_sgd_args(params, grads, momentum_buffers, outs, first_steps, momentum,
 
 def check_one_state_args(params, grads, states, outs, steps, state_name, label="params"):
     """As check_adam_args, for the one-state ops (adagrad_step: state['exp_avg_sq'], lion_step: state['exp_avg'])."""
-    _check_lists(("outs",), params=params, grads=grads, states=states, outs=outs, steps=steps)
+    check_lists(("outs",), params=params, grads=grads, states=states, outs=outs, steps=steps)
     n = len(params)
     _check_lengths(n, outs, grads=grads, states=states, steps=steps)
     for i, p in enumerate(params):
