@@ -11,8 +11,9 @@ A collective that raises leaves `inside` set: the report then says where the ran
 
 A collective that returns before it finishes (every one on NCCL: it is queued on a stream and the host blocks later,
 in a `.item()` or a sync, with `inside` False; async_op=True anywhere) is recorded by `issued(work, what)`: one tuple
-in a dict keyed by a counter (the newest RING kept; the watch drops finished ones at each poll), no string, no lock. The
-watch thread asks the recorded works `is_completed()` and takes the oldest that is not as where the rank waits.
+in a dict keyed by a counter (the newest RING kept; the watch drops finished ones at each poll), no string, no
+lock. The watch thread asks the recorded works `is_completed()` and takes the oldest that is not as where the rank
+waits.
 `wait_now(work, what)` records a collective the caller needs finished at once, and waits for it.
 """
 import os
@@ -175,11 +176,12 @@ def pending(failed=False):
 
 def _raised(work):
     """Whether a finished work ended in an error (its future re-raises it; Work.exception() is deprecated)."""
-    future = getattr(work, "get_future", None)
-    if future is None:
+    try:
+        future = work.get_future()
+    except Exception:   # not every work has one (gloo's reduce-scatter, deepspeed.comm's coalesced handles)
         return False
     try:
-        future().value()
+        future.value()
     except Exception:
         return True
     return False
