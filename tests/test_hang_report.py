@@ -294,3 +294,11 @@ def test_nccl_shape_switch(value, shape):
 def test_nccl_shape_switch_refuses_other_values():
     with pytest.raises(ValueError, match=r"DSFAST_HANG_WATCH_NCCL_SHAPE='yes': give 1"):
         where.nccl_shape({"DSFAST_HANG_WATCH_NCCL_SHAPE": "yes"})
+
+
+def test_a_work_without_a_future_is_not_taken_for_a_failed_one(recording):
+    class NoFuture(_Work):   # gloo's reduce-scatter: get_future() raises "not implemented"
+        def get_future(self):
+            raise RuntimeError("Work::getFuture not implemented.")
+    where.issued(NoFuture(finished=True), ("reduce", None))
+    assert where.position(failed=True) is None
