@@ -58,7 +58,7 @@ stage env 60 bash -c "nvidia-smi; $PY -c 'import torch; print(\"torch\", torch._
 nvcc --version || ls /usr/local/cuda*/bin/nvcc; which ninja || $PY -c 'import ninja; print(ninja.__file__)'; nproc; free -g"
 
 # early, needing no build: a second or two on one GPU (it skips), about two minutes on two
-stage hang 150 $PY benchmarks/hang_nccl.py
+stage hang 180 $PY benchmarks/hang_nccl.py
 
 # Compile for this GPU only (the CI build covers sm_80 and sm_90).
 if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
