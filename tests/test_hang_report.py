@@ -296,6 +296,15 @@ def test_nccl_shape_switch_refuses_other_values():
         where.nccl_shape({"DSFAST_HANG_WATCH_NCCL_SHAPE": "yes"})
 
 
+def test_an_unfinished_collective_is_no_failure(recording):
+    # an exception of the program's own while a prefetched gather is in flight: no collective failed
+    where.issued(_Work(), ("gather", []))
+    assert where.position(failed=True) is None
+    where.at(("decision",))                                      # unless it was raised inside a blocking wait
+    assert where.position(failed=True) == (recording.seq, ("decision",))
+    where.done()
+
+
 def test_a_work_without_a_future_is_not_taken_for_a_failed_one(recording):
     class NoFuture(_Work):   # gloo's reduce-scatter: get_future() raises "not implemented"
         def get_future(self):

@@ -150,27 +150,26 @@ def wait_now(work, what):
 
 
 def pending(failed=False):
-    """(seq, what) of the oldest recorded collective not finished, or None. failed=True (after an error, from the
-    excepthook): also the oldest that finished with an error, else the newest if it did. Called from the watch's
-    thread: the dict is read by key, never iterated, and finished entries are dropped by key (the training thread
-    adds entries meanwhile); the newest stays, for a failure to be named by."""
+    """(seq, what) of the oldest recorded collective not finished, or None; failed=True (the excepthook, after an
+    error): of the oldest that finished with an error instead. Called from the watch's thread: the dict is read by
+    key, never iterated, and finished entries are dropped by key (the training thread adds entries meanwhile); the
+    newest stays, for a failure to be named by."""
     w = WHERE
     works = w.works
     if works is None:
         return None
     end = w.issued
-    newest = None
     for n in range(max(end - RING, 0), end):
         e = works.get(n)
         if e is None:
             continue
-        if not e[0].is_completed() or (failed and _raised(e[0])):
+        if failed:
+            if e[0].is_completed() and _raised(e[0]):
+                return e[2], e[1]
+        elif not e[0].is_completed():
             return e[2], e[1]
-        newest = e
-        if n < end - 1:
+        elif n < end - 1:
             works.pop(n, None)   # finished: let its buffers go
-    if failed and newest is not None and _raised(newest[0]):
-        return newest[2], newest[1]
     return None
 
 
