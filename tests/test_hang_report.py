@@ -98,6 +98,7 @@ def test_tags_in_words():
     assert hang_report.describe_what(("checkpoint", "save_checkpoint", "commit"), names) == \
         "at save_checkpoint's rendezvous 'commit'"
     assert hang_report.describe_what(("deepspeed.comm", "all_reduce"), names) == "in deepspeed.comm.all_reduce"
+    assert hang_report.describe_what(("gather check",), names).startswith("in stage 3's check, at the end of backward")
 
 
 def test_where_counts_and_tags_without_building_text():

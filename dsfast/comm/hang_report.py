@@ -60,6 +60,7 @@ def describe_what(what, names):
              "decision": "in the step decision's all-reduce (gradient norm / overflow)",
              "nvme": "in the NVMe swap's agreement after its I/O",
              "updated shards": "gathering the updated parameter shards after the optimizer step",
+             "gather check": "in stage 3's check, at the end of backward, that every rank gathered the same parameters",
              "exit": "at the end of its program, waiting for the other ranks to finish",
              "initialize": "in initialize()'s broadcast of rank 0's weights",
              "save_16bit_model": "in save_16bit_model's barrier",
