@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU check of the fused CUDA kernels (issue 3), in one script for a machine with a GPU:
 #   1. env     what the machine has (GPU, torch, nvcc, ninja)
+#   1b. hang   benchmarks/hang_nccl.py: the hang watch's cases on 2 NCCL ranks (needs 2 GPUs: on 1 it says so and
+#              skips, exit 0)
 #   2. build   the cuda_optim op through the loader (JIT; DSFAST_REQUIRE_OPS=1 so no silent fallback),
 #              and, only if that fails, ahead of time via setup.py as a second try
 #   3. tests   tests/gpu (parity for every dtype combination, tails, >2^31 elements, overflow skip, clip)
@@ -55,6 +57,9 @@ stage env 60 bash -c "nvidia-smi; $PY -c 'import torch; print(\"torch\", torch._
 \"available\", torch.cuda.is_available()); print(torch.cuda.get_device_name() if torch.cuda.is_available() else \"no GPU\")'; \
 nvcc --version || ls /usr/local/cuda*/bin/nvcc; which ninja || $PY -c 'import ninja; print(ninja.__file__)'; nproc; free -g"
 
+# early, needing no build: a second or two on one GPU (it skips), about two minutes on two
+stage hang 180 $PY benchmarks/hang_nccl.py
+
 # Compile for this GPU only (the CI build covers sm_80 and sm_90).
 if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
   TORCH_CUDA_ARCH_LIST=$($PY -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())' 2>/dev/null) \
@@ -82,6 +87,7 @@ DSFAST_REQUIRE_OPS=1 stage zero 120 $PY benchmarks/gpu_zero_step.py --steps 10
   echo "=== total $(($(date +%s) - START))s, failed stages: $FAILED"
   grep -A20 "^=== summary" "$OUT_DIR/bench.log" 2>/dev/null
   grep -A8 "^=== summary" "$OUT_DIR/zero.log" 2>/dev/null
+  grep -E "^(=== summary|hang_nccl: skipped)" "$OUT_DIR/hang.log" 2>/dev/null
   grep -E "passed|failed|error" "$OUT_DIR/tests.log" 2>/dev/null | tail -n 3
 } | tee -a "$SUMMARY"
 exit $FAILED

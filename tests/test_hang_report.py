@@ -98,6 +98,7 @@ def test_tags_in_words():
     assert hang_report.describe_what(("checkpoint", "save_checkpoint", "commit"), names) == \
         "at save_checkpoint's rendezvous 'commit'"
     assert hang_report.describe_what(("deepspeed.comm", "all_reduce"), names) == "in deepspeed.comm.all_reduce"
+    assert hang_report.describe_what(("gather check",), names).startswith("in stage 3's check, at the end of backward")
 
 
 def test_where_counts_and_tags_without_building_text():
@@ -165,3 +166,149 @@ def test_a_collective_failing_while_the_watch_ends_the_process_exits_with_the_ve
     with pytest.raises(SystemExit) as ended:
         hang_watch._excepthook(RuntimeError, RuntimeError("Connection closed by peer"), None)
     assert ended.value.code == hang_watch.HANG_EXIT_CODE == 87
+
+
+class _Work:
+    """A work handle as torch.distributed returns it: is_completed(), and a future that re-raises a failure."""
+
+    def __init__(self, finished=False, error=None):
+        self.finished, self.error = finished, error
+
+    def is_completed(self):
+        return self.finished
+
+    def wait(self):
+        self.finished = True
+
+    def get_future(self):
+        work = self
+
+        class Future:
+            def value(self):
+                if work.error is not None:
+                    raise work.error
+        return Future()
+
+
+@pytest.fixture
+def recording(monkeypatch):
+    """WHERE as the running watch leaves it (recording works), restored after."""
+    w = where.WHERE
+    saved = {k: getattr(w, k) for k in where.Where.__slots__}
+    w.works, w.issued, w.inside = {}, 0, False
+    monkeypatch.setattr(where, "HOST_WAITS", True)
+    yield w
+    for k, v in saved.items():
+        setattr(w, k, v)
+
+
+def test_the_oldest_unfinished_collective_is_where_a_rank_waits(recording):
+    w = recording
+    a, b, c = _Work(), _Work(), _Work()
+    tag_a, tag_b, tag_c = ("gather", []), ("reduce", None), ("decision",)
+    assert where.issued(a, tag_a) is a            # the handle comes back unchanged
+    seq_a = w.seq
+    where.issued(b, tag_b)
+    where.issued(c, tag_c)
+    assert w.works[0][1] is tag_a                 # the tag itself is kept: no text made
+    assert where.position() == (seq_a, tag_a)     # nothing finished: the oldest
+    a.finished = True
+    assert where.position() == (seq_a + 1, tag_b)
+    assert 0 not in w.works                       # a finished one is let go (its buffers with it)
+    b.finished = c.finished = True
+    assert where.position() is None               # all finished and no blocking wait: computing
+    assert list(w.works) == [2]                   # the newest stays, for a failure to be named by
+    where.at(("checkpoint", "save_checkpoint", "begin"))
+    assert where.position() == (w.seq, ("checkpoint", "save_checkpoint", "begin"))   # a blocking wait
+    where.done()
+
+
+def test_an_unfinished_collective_comes_before_a_blocking_wait(recording):
+    # on NCCL a rank's host can reach a blocking wait (the exit's) while a collective it issued is still stuck
+    w = recording
+    tag = ("gather", [])
+    where.issued(_Work(), tag)
+    seq = w.seq
+    where.at(("exit",))
+    assert where.position() == (seq, tag) and where.position()[1] is tag
+    where.done()
+
+
+def test_only_the_newest_ring_of_handles_is_held(recording):
+    w = recording
+    works = [_Work() for _ in range(where.RING + 5)]
+    for i, work in enumerate(works):
+        where.issued(work, ("reduce", i))
+    assert len(w.works) == where.RING and min(w.works) == 5
+    assert where.position()[1] == ("reduce", 5)   # a hang deeper than RING is named by the oldest kept
+
+
+def test_nothing_is_kept_without_a_watch(recording):
+    w = recording
+    w.works = None
+    seq = w.seq
+    where.issued(_Work(), ("decision",))
+    assert w.seq == seq + 1 and w.issued == 0 and where.position() is None
+
+
+def test_a_failed_collective_is_named_after_the_error(recording):
+    w = recording
+    first, second = _Work(finished=True), _Work(finished=True, error=RuntimeError("Connection closed by peer"))
+    where.issued(first, ("gather", []))
+    where.issued(second, ("reduce", None))
+    assert where.position() is None                             # the watch's poll: both finished
+    assert where.position(failed=True) == (w.seq, ("reduce", None))   # the excepthook: the one that raised
+    where.issued(_Work(finished=True), ("decision",))
+    where.position()                                            # the failed one dropped by a poll ...
+    assert where.position(failed=True) is None                  # ... and the newest ended well: no collective failed
+
+
+def test_waits_are_tagged_only_where_they_block_the_host(recording, monkeypatch):
+    w = recording
+    work = _Work()
+    where.wait_now(work, ("nvme",))
+    assert work.finished and not w.inside and w.what == ("nvme",)
+    monkeypatch.setattr(where, "HOST_WAITS", False)              # NCCL's shape: the wait returns at once
+    seq = w.seq
+    where.at_work(("gather", []))
+    assert not w.inside and w.seq == seq
+
+
+def test_forget_drops_a_handle_whose_wait_returned(recording):
+    w = recording
+    where.issued(_Work(), ("reduce", None))                     # gloo's reduce-scatter never says is_completed()
+    where.forget(w.issued - 1)
+    assert where.position() is None
+
+
+def test_published_entry_says_where_the_rank_waits():
+    entry = json.loads(hang_report.entry(where.WHERE, 1, {}, pos=(7, ("decision",))))
+    assert (entry["seq"], entry["inside"]) == (7, True) and entry["what"].startswith("in the step decision")
+    assert json.loads(hang_report.entry(where.WHERE, 1, {}))["inside"] is False
+
+
+@pytest.mark.parametrize("value,shape", [("", False), ("0", False), ("1", True)])
+def test_nccl_shape_switch(value, shape):
+    assert where.nccl_shape({"DSFAST_HANG_WATCH_NCCL_SHAPE": value}) is shape
+
+
+def test_nccl_shape_switch_refuses_other_values():
+    with pytest.raises(ValueError, match=r"DSFAST_HANG_WATCH_NCCL_SHAPE='yes': give 1"):
+        where.nccl_shape({"DSFAST_HANG_WATCH_NCCL_SHAPE": "yes"})
+
+
+def test_an_unfinished_collective_is_no_failure(recording):
+    # an exception of the program's own while a prefetched gather is in flight: no collective failed
+    where.issued(_Work(), ("gather", []))
+    assert where.position(failed=True) is None
+    where.at(("decision",))                                      # unless it was raised inside a blocking wait
+    assert where.position(failed=True) == (recording.seq, ("decision",))
+    where.done()
+
+
+def test_a_work_without_a_future_is_not_taken_for_a_failed_one(recording):
+    class NoFuture(_Work):   # gloo's reduce-scatter: get_future() raises "not implemented"
+        def get_future(self):
+            raise RuntimeError("Work::getFuture not implemented.")
+    where.issued(NoFuture(finished=True), ("reduce", None))
+    assert where.position(failed=True) is None

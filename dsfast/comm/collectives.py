@@ -9,7 +9,7 @@ import functools
 import torch.distributed as dist
 
 from .queries import needs_group
-from .where import at, done
+from .where import at, done, issued
 
 ReduceOp = dist.ReduceOp
 
@@ -19,7 +19,8 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 
 def _watched(fn):
-    """Tag the call for the hang watch (where.py) while it runs."""
+    """Tag the call for the hang watch (where.py) while it runs; the work handle an async call returns is recorded
+    (the watch asks it whether it finished)."""
     what = ("deepspeed.comm", fn.__name__)
 
     @functools.wraps(fn)
@@ -27,6 +28,11 @@ def _watched(fn):
         at(what)
         out = fn(*args, **kwargs)
         done()
+        if out is not None and hasattr(out, "is_completed"):
+            issued(out, what)
+        elif type(out) is list:   # batch_isend_irecv
+            for work in out:
+                issued(work, what)
         return out
     return wrapper
 

@@ -60,6 +60,7 @@ def describe_what(what, names):
              "decision": "in the step decision's all-reduce (gradient norm / overflow)",
              "nvme": "in the NVMe swap's agreement after its I/O",
              "updated shards": "gathering the updated parameter shards after the optimizer step",
+             "gather check": "in stage 3's check, at the end of backward, that every rank gathered the same parameters",
              "exit": "at the end of its program, waiting for the other ranks to finish",
              "initialize": "in initialize()'s broadcast of rank 0's weights",
              "save_16bit_model": "in save_16bit_model's barrier",
@@ -76,9 +77,11 @@ def describe_what(what, names):
     return f"in {what!r}"
 
 
-def entry(w, beat, names, gone=False):
-    """This rank's published entry (bytes) from where.WHERE."""
-    return json.dumps({"beat": beat, "seq": w.seq, "inside": w.inside, "what": describe_what(w.what, names),
+def entry(w, beat, names, gone=False, pos=None):
+    """This rank's published entry (bytes) from where.WHERE; pos: (seq, tag) of the collective it waits in
+    (where.position()), None when it waits in none."""
+    seq, what = pos if pos is not None else (w.seq, None)
+    return json.dumps({"beat": beat, "seq": seq, "inside": pos is not None, "what": describe_what(what, names),
                        "site": w.site, "step": w.step, "micro": w.micro, "forwards": w.forwards,
                        "backwards": w.backwards, "evals": w.evals, "training": w.training, "gone": gone}).encode()
 

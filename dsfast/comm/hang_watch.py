@@ -4,7 +4,8 @@ instead of waiting for the process group's timeout.
 Each rank runs one daemon thread. Every `poll` seconds it publishes this rank's position (where.py, in words:
 hang_report.py) and a heartbeat to the store the default process group was built from, through its own
 connection (never a collective, so it works while the group is stuck). When this rank has waited in the same
-collective for `after_s`, it reads every rank's entry twice, `dead_after` apart, and asks hang_report.verdict:
+collective for `after_s` (a blocking wait, or the oldest collective it issued that has not finished: NCCL's
+shape, where.py), it reads every rank's entry twice, `dead_after` apart, and asks hang_report.verdict:
   - a rank whose heartbeat stopped is dead;
   - a live rank in no collective, or whose collective count moved, is working (merely slower): no verdict;
   - ranks all waiting in the same collective (same count and tag) are slow together: no verdict;
@@ -28,6 +29,7 @@ import time
 import torch.distributed as dist
 
 from . import hang_report
+from . import where
 from .where import WHERE
 
 HANG_EXIT_CODE = 87
@@ -108,6 +110,7 @@ class Watch(threading.Thread):
         self.halt = threading.Event()
         self.finishing = False            # finish() is ending this process with a verdict
         self.lock = threading.Lock()      # the thread and the excepthook share the store connection
+        self.failed_at = None             # (seq, tag) of the collective that raised in the main thread
 
     # ---- the store -------------------------------------------------------------------------------------
     def _names(self):
@@ -120,7 +123,8 @@ class Watch(threading.Thread):
             if self.halt.is_set() and not gone:
                 return          # stop() published this rank's last entry already
             self.beat += 1
-            self.store.set(f"{PREFIX}{self.rank}", hang_report.entry(WHERE, self.beat, self._names(), gone))
+            self.store.set(f"{PREFIX}{self.rank}",
+                           hang_report.entry(WHERE, self.beat, self._names(), gone, where.position()))
 
     def read_all(self):
         keys = [f"{PREFIX}{r}" for r in range(self.world)]
@@ -142,8 +146,9 @@ class Watch(threading.Thread):
                 if told:
                     self.finish(told)
                 now = time.monotonic()
-                if not WHERE.inside or WHERE.seq != seq:
-                    seq, since, first = WHERE.seq, now, None
+                pos = where.position()
+                if pos is None or pos[0] != seq:
+                    seq, since, first = pos and pos[0], now, None
                     continue
                 if now - since < self.after_s:
                     continue
@@ -214,7 +219,7 @@ class Watch(threading.Thread):
             after = self.read_all()
         dead, gone, live = hang_report.classify(before, after, self.world)
         dead.pop(self.rank, None)          # this rank's own watch was halted, not dead
-        live[self.rank] = json.loads(hang_report.entry(WHERE, self.beat, self._names()))
+        live[self.rank] = json.loads(hang_report.entry(WHERE, self.beat, self._names(), pos=self.failed_at))
         return hang_report.describe(dead, gone, live, self.dead_after)
 
 
@@ -229,7 +234,9 @@ def _excepthook(kind, value, tb):
         # rank's collective: the exit code is the verdict's (finish() exits within this wait)
         time.sleep(3 * watch.poll + 2.0)
         os._exit(HANG_EXIT_CODE)
-    if watch is not None and WHERE.inside and not watch.halt.is_set() and issubclass(kind, Exception):
+    failed_at = watch is not None and where.position(failed=True)
+    if failed_at and not watch.halt.is_set() and issubclass(kind, Exception):
+        watch.failed_at = failed_at
         try:
             found = watch.after_failure()
         except Exception:
@@ -249,6 +256,8 @@ def start(config, model=None):
     after_s = resolve_after_s(config, _pg_timeout_s())
     if not after_s:
         return None
+    where.HOST_WAITS = not where.nccl_shape()
+    WHERE.works = {}     # where.issued() records from now on
     watch = Watch(_own_store(), dist.get_rank(), dist.get_world_size(), after_s, model)
     watch.publish()
     watch.start()
@@ -263,3 +272,4 @@ def stop():
     """Leave the watch (the exit teardown calls it once every rank arrived, before the group is destroyed)."""
     if _watch:
         _watch.pop().stop()
+        WHERE.works = None

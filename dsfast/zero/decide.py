@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..comm.where import at, done
+from ..comm.where import wait_now
 from .clip_arith import CLIP_EPS, group_partials, norm_and_coef, piece_norms
 
 
@@ -85,9 +85,7 @@ def decide(grads, factor, clip, check_overflow, world=1, group=None, device=None
         sums = torch.cat([sum_of_squares([t for _, t in pieces], device, norms).view(1),
                           group_partials(pieces, norms, stage, groups, device)])
     if world > 1:
-        at(("decision",))
-        dist.all_reduce(sums, group=group)
-        done()
+        wait_now(dist.all_reduce(sums, group=group, async_op=True), ("decision",))
     sq = sums[0]
     norm = sq.sqrt() * factor
     found_inf = (~torch.isfinite(sq)).to(torch.float32) if check_overflow else None

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.flat_collectives import all_gather_flat
-from ..comm.where import at, done
+from ..comm.where import at_work, done, issued, wait_now
 from .nvme_states import nvme_states
 from .partition import plan_buckets
 from .shard_unit import ShardUnit, UnitStore
@@ -102,23 +102,22 @@ class FlatShards(UnitStore):
         """Every rank's updated slice into every rank's parameter buckets (in place: input is our own slice)."""
         if self.world == 1:
             return
-        at(("updated shards",))
         if self.table is not None:
             # shared memory: once every rank wrote its slice, copy the others' slices out of their rows. A rank
             # writes its row again only in its next step, after the next backward's barriers, so no one is
             # still reading it then.
-            dist.barrier(group=group)
+            wait_now(dist.barrier(group=group, async_op=True), ("updated shards",))
             for plan, offset in zip(self.plans, self.offsets):
                 for q in range(self.world):
                     if q != self.rank:
                         lo, hi = plan.shard_range(q)
                         self.table[self.rank, offset + lo:offset + hi].copy_(self.table[q, offset + lo:offset + hi])
-            done()
             return
         handles = []
         for plan, flat in zip(self.plans, self.flats):
             lo, hi = plan.shard_range(self.rank)
-            handles.append(all_gather_flat(flat, flat[lo:hi], group=group, async_op=True))
+            handles.append(issued(all_gather_flat(flat, flat[lo:hi], group=group, async_op=True), ("updated shards",)))
+        at_work(("updated shards",))
         for h in handles:
             h.wait()
         done()

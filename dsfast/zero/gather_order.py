@@ -12,6 +12,8 @@ deepspeed.utils.set_z3_leaf_modules).
 import torch
 import torch.distributed as dist
 
+from ..comm.where import wait_now
+
 _MOD = (1 << 61) - 1   # a prime: fingerprints stay int64
 _launched = {}         # id(process group) -> fingerprint of the all-gathers launched since the last check
 _names = {}            # id(process group) -> the names of the first KEEP parameters gathered (for the error)
@@ -37,7 +39,7 @@ def check_same_gathers(group, device):
     h = _launched.pop(id(group), 0)
     names = _names.pop(id(group), [])
     both = torch.tensor([h, -h], dtype=torch.int64, device=device)
-    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+    wait_now(dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group, async_op=True), ("gather check",))
     high, neg_low = both.tolist()
     if high != -neg_low:
         every = [None] * dist.get_world_size(group)

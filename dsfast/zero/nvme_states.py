@@ -17,7 +17,7 @@ import ctypes
 import torch
 import torch.distributed as dist
 
-from ..comm.where import at, done
+from ..comm.where import wait_now
 from ..optim.element_wise import element_wise_names, is_element_wise
 from .nvme_buffers import aligned_size
 from .nvme_io import SwapError
@@ -272,9 +272,7 @@ def raise_on_every_rank(error, world, rank, group=None):
     if world > 1:
         failed = torch.zeros(world, dtype=torch.int32)
         failed[rank] = int(error is not None)
-        at(("nvme",))
-        dist.all_reduce(failed, group=group)
-        done()
+        wait_now(dist.all_reduce(failed, group=group, async_op=True), ("nvme",))
         if error is None and int(failed.sum()):
             first = int(torch.nonzero(failed)[0])
             raise SwapError(f"rank {first} failed to read or write its NVMe swap files (its own error names the "

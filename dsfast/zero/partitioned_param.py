@@ -34,7 +34,7 @@ import itertools
 import torch
 
 from ..comm.flat_collectives import all_gather_flat
-from ..comm.where import at, done
+from ..comm.where import at_work, done, issued
 from .gather_order import note_launch
 from .partition import ALIGN, BucketPlan, Entry, round_up
 
@@ -203,7 +203,7 @@ class PartitionedParam:
             self.full.copy_(self._src())
             return None
         note_launch([self])
-        return all_gather_flat(self.full, self._src(), group=self.group, async_op=True)
+        return issued(all_gather_flat(self.full, self._src(), group=self.group, async_op=True), ("gather", (self,)))
 
     def _publish(self):
         self.param.data = self.full[:self.numel].view(self.shape)
@@ -285,7 +285,7 @@ def gather(records, refresh=False):
         for r in todo:
             r._publish()
         return
-    at(("gather", todo))   # the hang watch's tag (where.py): only where a collective runs
+    at_work(("gather", todo))   # the hang watch's tag (where.py): only where a collective runs
     launched = []
     for recs in pending.values():
         if len(recs) == 1:
@@ -311,7 +311,7 @@ def launch_coalesced(recs):
     for r in recs:
         r._alloc_full()
     note_launch(recs)
-    return recs, all_gather_flat(out, src, group=recs[0].group, async_op=True), out, total
+    return recs, issued(all_gather_flat(out, src, group=recs[0].group, async_op=True), ("gather", recs)), out, total
 
 
 def unpack_coalesced(recs, out, total):

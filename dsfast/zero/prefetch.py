@@ -12,7 +12,7 @@ forward; every rank runs the same modules in the same order, so every rank launc
 Whatever was prefetched but not used is waited for and freed when the forward ends. Same-host ranks gathering out
 of shared memory (shared_params.py) have nothing to hide and do not prefetch.
 """
-from ..comm.where import at, done
+from ..comm.where import at_work, done
 from .partitioned_param import SHARDED, launch_coalesced, unpack_coalesced
 
 
@@ -95,7 +95,7 @@ class Prefetcher:
         self.trace, self.seen = self.seen, []
         waits = [f for f in self.flights if f.handle is not None]
         if waits:
-            at(("gather", [r for f in waits for r in f.recs]))
+            at_work(("gather", [r for f in waits for r in f.recs]))
         for f in self.flights:
             f.finish()
             for r in f.recs:

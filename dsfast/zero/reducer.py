@@ -22,8 +22,9 @@ Three transports (`transport` names the one in use):
                         only after a rendezvous: the step's publish (shared_params.py) or its own.
 """
 import torch
+import torch.distributed as dist
 
-from ..comm.where import at, done
+from ..comm.where import WHERE, at_work, done, forget, issued
 from .shared_params import rendezvous
 
 MAX_IN_FLIGHT = 2
@@ -138,7 +139,8 @@ class GlooReducer(Reducer):
 
     def __init__(self, buckets, world, rank, group):
         super().__init__(buckets, world, rank, group)
-        self._in_flight = []   # (bucket, handle, out, staging)
+        self._in_flight = []   # (bucket, handle, out, staging, its number in where.issued())
+        self._host_waits = dist.get_backend(group) == "gloo"   # a returned wait means finished (where.forget)
 
     def _staging_of(self, b):
         return self._private(b)
@@ -147,17 +149,19 @@ class GlooReducer(Reducer):
         staging = self._staging.pop(b.index) if b.staged else b.flat
         b.seal(staging)
         handle, out = b.launch_collective(staging, self.rank, self.group)
-        self._in_flight.append((b, handle, out, staging))
+        self._in_flight.append((b, issued(handle, ("reduce", b)), out, staging, WHERE.issued - 1))
         self.collectives_launched += 1
         self._next += 1
         while len(self._in_flight) > MAX_IN_FLIGHT:
             self._finish_oldest()
 
     def _finish_oldest(self):
-        b, handle, out, _ = self._in_flight.pop(0)
-        at(("reduce", b))
+        b, handle, out, _, number = self._in_flight.pop(0)
+        at_work(("reduce", b))
         handle.wait()
         done()
+        if self._host_waits:
+            forget(number)
         b.land(out)
         self._reduced(b)
 
@@ -167,15 +171,19 @@ class GlooReducer(Reducer):
 
     def _reduce_late(self, b, buf):
         handle, out = b.launch_collective(buf, self.rank, self.group)
-        at(("reduce", b))
+        issued(handle, ("reduce", b))
+        number = WHERE.issued - 1
+        at_work(("reduce", b))
         handle.wait()
         done()
+        if self._host_waits:
+            forget(number)
         b.land(out)
         self.collectives_launched += 1
         self._reduced(b)
 
     def in_flight_buffers(self):
-        return super().in_flight_buffers() + [t for b, _, out, staging in self._in_flight if b.staged
+        return super().in_flight_buffers() + [t for b, _, out, staging, _ in self._in_flight if b.staged
                                               for t in (out, staging)]
 
 
@@ -214,9 +222,8 @@ class ShmReducer(Reducer):
     def begin(self):
         super().begin()
         if self._epoch is not None and (self.shared is None or self.shared.epoch == self._epoch):
-            at(("reduce", None))
-            rendezvous(self.group)   # no publish (a step) since the last backward: its slot reads may go on
-            done()
+            # no publish (a step) since the last backward: its slot reads may go on
+            rendezvous(self.group, ("reduce", None))
         self._epoch = None
 
     def _slot_free(self, b):
@@ -233,9 +240,7 @@ class ShmReducer(Reducer):
         if early is not None:   # arrived before its slot was free
             self._rows(b)[self.rank].copy_(early)
         b.seal(self._rows(b)[self.rank])
-        at(("reduce", b))
-        rendezvous(self.group)   # every rank wrote this bucket (and reduced the one before)
-        done()
+        rendezvous(self.group, ("reduce", b))   # every rank wrote this bucket (and reduced the one before)
         b.reduce_rows(self._rows(b), self.rank)
         self.collectives_launched += 1
         self._next += 1
@@ -245,20 +250,16 @@ class ShmReducer(Reducer):
         if self.resident:
             # resident rows are written by other ranks (stage 0) and read by them (both): no one may use its row
             # again (the step reads it, zero_grads zeroes it) until every rank is done with every row
-            at(("reduce", None))
-            rendezvous(self.group)
-            done()
+            rendezvous(self.group, ("reduce", None))
             return
         # no rank may write a slot again while another still reads it: the next backward's begin() waits for
         # every rank unless a publish (the step's, a collective with two rendezvous) came in between
         self._epoch = self.shared.epoch if self.shared is not None else -1
 
     def _reduce_late(self, b, buf):
-        at(("reduce", b))
-        rendezvous(self.group)   # no one still reads the slots
+        rendezvous(self.group, ("reduce", b))   # no one still reads the slots
         self._rows(b)[self.rank].copy_(buf)
-        rendezvous(self.group)
-        done()
+        rendezvous(self.group, ("reduce", b))
         b.reduce_rows(self._rows(b), self.rank)
         self.collectives_launched += 1
         self._reduced(b)

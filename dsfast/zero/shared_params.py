@@ -17,18 +17,19 @@ and DSFAST_SHM_ALLREDUCE is not "0" (shm_reduce.shm_allocator decides, for every
 import torch
 import torch.distributed as dist
 
-from ..comm.where import at, done
+from ..comm.where import wait_now
 
 _TOKENS = {}
 
 
-def rendezvous(group=None):
+def rendezvous(group, what):
     """Every rank arrives before any leaves: a one-element all-reduce (gloo's barrier costs about twice that: it
-    first waits for all earlier work of the group). What a rank wrote to shared memory before is visible after."""
+    first waits for all earlier work of the group). What a rank wrote to shared memory before is visible after.
+    `what`: the hang watch's tag (where.py)."""
     token = _TOKENS.get(group)
     if token is None:
         token = _TOKENS[group] = torch.zeros(1)
-    dist.all_reduce(token, group=group)
+    wait_now(dist.all_reduce(token, group=group, async_op=True), what)
 
 
 def shareable(records, device):
@@ -66,13 +67,11 @@ class SharedParams:
     @torch.no_grad()
     def publish(self, records=None):
         """A collective: every rank's current shards of `records` (all when None) into the table."""
-        at(("publish",))
-        rendezvous(self.group)
+        rendezvous(self.group, ("publish",))
         for r in (self.records if records is None else records):
             lo = r.shared_offset + self.rank * r.shard_numel
             self.flat[lo:lo + r.shard_numel].copy_(r.shard)
-        rendezvous(self.group)
-        done()
+        rendezvous(self.group, ("publish",))
         self.epoch += 1
 
     def memory(self):

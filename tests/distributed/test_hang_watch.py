@@ -4,6 +4,10 @@ which rank is where, instead of waiting for the process group's timeout; no alar
 One launch per case (a hang ends its processes), three at a time: each spends much of its time waiting for
 the threshold, so they overlap. The threshold is 1.5 s, far below the process group's timeout (the launch's 90 s):
 a message comes from the watch.
+
+Every case runs twice: as gloo is (a wait blocks the host inside a tagged collective), and in NCCL's shape
+(DSFAST_HANG_WATCH_NCCL_SHAPE=1: waits are untagged, as on NCCL where they return at once, so the watch knows where
+a rank waits only from the work handles dsfast recorded, where.issued); the messages must be the same.
 """
 import concurrent.futures
 import os
@@ -21,12 +25,12 @@ HANG = 87   # dsfast.comm.hang_watch.HANG_EXIT_CODE
 SHARED_MEMORY = {"uneven"}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+@pytest.fixture(scope="module", params=["blocking", "nccl_shape"])
+def runs(request, tmp_path_factory):
     def one(case):
-        out = tmp_path_factory.mktemp(f"hang_{case}")
+        out = tmp_path_factory.mktemp(f"hang_{case}_{request.param}")
         env = {"DSFAST_HANG_WATCH_S": "1.5", "DSFAST_SHM_ALLREDUCE": "1" if case in SHARED_MEMORY else "0",
-               "SLOW_S": "4"}
+               "SLOW_S": "4", "DSFAST_HANG_WATCH_NCCL_SHAPE": "1" if request.param == "nccl_shape" else "0"}
         results = launch(WORKER, [case, out], nprocs=2, timeout=90, check=False, extra_env=env)
         return case, (results, out)
     with concurrent.futures.ThreadPoolExecutor(3) as pool:

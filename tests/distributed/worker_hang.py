@@ -48,7 +48,7 @@ def main():
     model = Net()
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     rank = engine.global_rank
-    x = torch.randn(2, 8)
+    x = torch.randn(2, 8).to(engine.device)   # a GPU under NCCL (benchmarks/hang_nccl.py)
     steps = 3 if (CASE == "uneven" and rank == 0) else 2 if CASE == "uneven" else 3
 
     def train_step(i):
