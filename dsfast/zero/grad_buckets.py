@@ -32,6 +32,10 @@ class _Staged:
     def land(self, out):
         self.grad_flat.add_(out)
 
+    def late_buffer(self, world):
+        """Where gradients that come after the bucket's reduction wait: a staging buffer of their own."""
+        return torch.zeros(world * self.shard_numel, dtype=self.grad_flat.dtype, device=self.grad_flat.device)
+
     def reduce_rows(self, rows, rank):
         """Same-host ranks: rows [world, n] are every rank's staging buffer; this rank's chunk summed into its
         shard (row by row, in rank order)."""
@@ -130,20 +134,31 @@ def plan(records, bucket_elems, world, dtype, device):
 class ResidentBucket:
     """Stages 0-1: a grad_buffers.Bucket reduced where it is. `chunk` = (lo, hi): stage 1's slice of the plan
     (reduce-scatter: only this rank's slice gets the sum; the rest keeps what this rank sent), None for stage 0
-    (all-reduce; same-host ranks then sum a 1/world share each)."""
+    (all-reduce; same-host ranks then sum a 1/world share each). members: [(param index, (offset, numel))]."""
     staged = False
 
     def __init__(self, bucket, members, world, chunk=None):
         self.index = bucket.index
         self.flat = bucket.flat
         self.offset = bucket.offset   # where it starts in the shared table, when there is one
-        self.members = members        # [(param index, None)]
+        self.members = members
+        self.offsets = dict(members)
         self.scatter = chunk is not None
         self.world = world
         self.chunk = chunk
 
+    def late_buffer(self, world):
+        """Where gradients that come after the bucket's reduction wait (its shape: reduced like the bucket)."""
+        return torch.zeros_like(self.flat)
+
     def scatter_into(self, buf, i, rec, flat, accumulate=False):
-        """The gradient is in the bucket already (grad_buffers put it there)."""
+        """Into the bucket itself: nothing to do (grad_buffers put it there, flat is None); into a late buffer:
+        at the parameter's offset."""
+        if flat is None:
+            return
+        o, n = self.offsets[i]
+        dst = buf[o:o + n]
+        dst.add_(flat) if accumulate else dst.copy_(flat)
 
     def zero_missing(self, buf, arrived):
         """A parameter without a gradient this backward still sends what it accumulated before."""
@@ -158,13 +173,18 @@ class ResidentBucket:
         return n * rank // self.world, n * (rank + 1) // self.world
 
     def launch_collective(self, staging, rank, group):
+        """The bucket reduced in place (staging is the bucket), or a late buffer, whose sum land() adds in."""
+        out = None if staging is self.flat else staging
         if self.scatter:
             lo, hi = self.chunk
-            return reduce_scatter_flat(self.flat[lo:hi], self.flat, group=group, async_op=True), None
-        return dist.all_reduce(self.flat, group=group, async_op=True), None
+            return reduce_scatter_flat(staging[lo:hi], staging, group=group, async_op=True), out
+        return dist.all_reduce(staging, group=group, async_op=True), out
 
     def land(self, out):
-        """In place: nothing to add."""
+        """In place: nothing to add. A late buffer: reduced in our slice (all of it for stage 0), this rank's own
+        gradients elsewhere (what the bucket keeps there too)."""
+        if out is not None:
+            self.flat.add_(out)
 
     def reduce_rows(self, rows, rank):
         """Same-host ranks: the bucket is column range `rows` of the table; this rank sums its chunk over every

@@ -27,7 +27,8 @@ class BufferedGradSync:
         self.chunks = chunks
         self.post_reduce_factor = 1.0 / world
         self._index = {id(p): i for i, p in enumerate(buffers.params)}
-        buckets = [ResidentBucket(b, [(self._index[id(p)], None) for p in b.params], world,
+        buckets = [ResidentBucket(b, [(self._index[id(p)], (buffers.offset_of[id(p)], p.numel())) for p in b.params],
+                                  world,
                                   chunks[b.index] if chunks is not None else None) for b in buffers.buckets]
         self.reducer = reducer_for(buckets, world, rank, group, table=table)
         self._reduce = False
@@ -36,7 +37,7 @@ class BufferedGradSync:
         self._outside = {}  # id(param) -> param: gradients that arrived outside this engine's backward
         self._hooks = []
         for p in buffers.params:
-            self._hooks.append(p.register_hook(lambda grad, p=p: self.buffers.before_accumulate(p)))
+            self._hooks.append(p.register_hook(lambda grad, p=p: self._before_grad(p)))
             self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
 
     @torch.no_grad()
@@ -63,20 +64,29 @@ class BufferedGradSync:
             b.flat[:lo].zero_()
             b.flat[hi:].zero_()
 
+    def _late(self, param):
+        """Param's bucket was reduced in this backward already: a second gradient of it (a parameter used inside a
+        reentrant activation checkpoint and outside it) must not be added onto the bucket's sum."""
+        return self._reduce and self._in_backward and self.reducer.reduced(self._index[id(param)])
+
+    def _before_grad(self, param):
+        self.buffers.before_accumulate(param)
+        if self._late(param):
+            param.grad = None   # autograd hands the gradient over on its own instead of adding it into the slice
+
     def _on_grad(self, param):
+        if self._late(param):
+            grad = param.grad
+            self.reducer.add(self._index[id(param)], None, grad.reshape(-1))   # reduced on its own by end()
+            self.buffers.keep_late(param, grad)
+            return
         self.buffers.absorb(param)
         if not self._in_backward:
             self._outside[id(param)] = param
             return
         if not self._reduce:
             return
-        i = self._index[id(param)]
-        if self.reducer.reduced(i):
-            raise RuntimeError(
-                f"a gradient for a parameter of shape {tuple(param.shape)} arrived after its bucket was already "
-                "reduced in this backward (is the parameter used by a reentrant checkpoint twice?); use "
-                "non-reentrant activation checkpointing (torch.utils.checkpoint(..., use_reentrant=False))")
-        self.reducer.add(i, None, None)
+        self.reducer.add(self._index[id(param)], None, None)
 
     def end_backward(self):
         self._in_backward = False

@@ -58,14 +58,13 @@ class Reducer:
         launches every bucket that became complete.
 
         A parameter's gradient can come twice in one backward (reentrant activation checkpointing runs a nested
-        backward: a parameter used inside and outside the checkpoint accumulates in both). Before its staged
-        bucket was reduced the second one is added in; after, it waits in a private buffer that end() reduces on
-        its own. (Resident buckets cannot take it after their reduction: their owner refuses it first.)"""
+        backward: a parameter used inside and outside the checkpoint accumulates in both). Before its bucket was
+        reduced the second one is added in; after, it waits in a private buffer (`flat` given, also for a resident
+        bucket) that end() reduces on its own and adds into the bucket's sum."""
         b = self.bucket_of[i]
         if b.index < self._next:
             if b.index not in self._late:
-                self._late[b.index] = torch.zeros(self.world * b.shard_numel, dtype=b.grad_flat.dtype,
-                                                  device=b.grad_flat.device)
+                self._late[b.index] = b.late_buffer(self.world)
             b.scatter_into(self._late[b.index], i, rec, flat, accumulate=True)
             return
         got = self._arrived.setdefault(b.index, set())
@@ -125,7 +124,7 @@ class LocalReducer(Reducer):
         self._reduced(b)
 
     def _reduce_late(self, b, buf):
-        b.grad_flat.add_(buf)
+        b.land(buf)
         self._reduced(b)
 
 
@@ -162,13 +161,7 @@ class GlooReducer(Reducer):
             self._finish_oldest()
 
     def _reduce_late(self, b, buf):
-        handle, out = b.launch_collective(buf, self.rank, self.group)
-        at(("reduce", b))
-        handle.wait()
-        done()
-        b.land(out)
-        self.collectives_launched += 1
-        self._reduced(b)
+        _reduce_late_by_collective(self, b, buf)
 
     def in_flight_buffers(self):
         return super().in_flight_buffers() + [t for b, _, out, staging in self._in_flight if b.staged
@@ -250,6 +243,9 @@ class ShmReducer(Reducer):
         self._epoch = self.shared.epoch if self.shared is not None else -1
 
     def _reduce_late(self, b, buf):
+        if not b.staged:   # the table's columns of the bucket hold its sum already: the late part goes by c10d
+            _reduce_late_by_collective(self, b, buf)
+            return
         at(("reduce", b))
         rendezvous(self.group)   # no one still reads the slots
         self._rows(b)[self.rank].copy_(buf)
@@ -261,6 +257,17 @@ class ShmReducer(Reducer):
 
     def memory(self):
         return [] if self.resident else [self.table[self.rank]]
+
+
+def _reduce_late_by_collective(reducer, b, buf):
+    """A late buffer reduced by one blocking collective of the reducer's group and added into b's sum."""
+    handle, out = b.launch_collective(buf, reducer.rank, reducer.group)
+    at(("reduce", b))
+    handle.wait()
+    done()
+    b.land(out)
+    reducer.collectives_launched += 1
+    reducer._reduced(b)
 
 
 def reducer_for(buckets, world, rank, group, allocate=None, shared=None, table=None):
