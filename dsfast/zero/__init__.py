@@ -9,7 +9,9 @@ Files, one job each:
   replicated.py        stage 0's owner: every rank holds everything (precision strategy + all-reduce)
   mixed_precision.py   stage 0's fp32 / fp16 / bf16 strategy (fp32 masters, where the 16-bit copies go)
   grad_buffers.py      flat gradient buckets (param.grad are slices of them in fp32) of stages 0 and 1
-  grad_sync.py         stages 0-1: param.grad semantics over those buckets, each handed to the reducer when complete
+  grad_intake.py       every stage's one gradient intake: hooks, backward / boundary flags, late gradients (a layer
+                       reused inside a reentrant checkpoint), stray gradients, the offload copy as a bucket is reduced
+  grad_sync.py         stages 0-1: those buckets as resident buckets over the reducer, through the intake
   grad_buckets.py      every stage's gradient bucket layouts: resident (stages 0-1, reduced in place), staged
                        (stages 2-3, reduce-scattered into the units' gradient shards)
   reducer.py           the one gradient reduction: buckets in order as they complete, over one rank, gloo or /dev/shm

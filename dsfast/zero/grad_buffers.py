@@ -155,6 +155,11 @@ class GradBuffers:
         else:
             self._receipts[id(param)] = (grad, grad._version)
 
+    def version(self):
+        """Changes whenever any bucket is written in place (torch's version counter, shared by the slices): a
+        copy made of the buckets is still current while it stays the same."""
+        return sum(b.flat._version for b in self.buckets)
+
     def flats(self):
         return [b.flat for b in self.buckets]
 
