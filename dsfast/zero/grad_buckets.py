@@ -62,30 +62,36 @@ class Bucket(_Staged):
         o = self.offsets[i]
         return self.grad_flat[o:o + rec.shard_numel]
 
+    def _regions(self, buf, i, rec):
+        """Param i's region of every rank's chunk of `buf`: a strided [world, shard] view."""
+        o = self.offsets[i]
+        return buf.view(rec.world, self.shard_numel)[:, o:o + rec.shard_numel]
+
     def scatter_into(self, buf, i, rec, flat, accumulate=False):
         """Param i's gradient (flattened, numel elements) into the rank-major staging `buf` (added to what its
-        region holds when `accumulate`: padding stays as it is, zero)."""
-        o, s, n = self.offsets[i], rec.shard_numel, rec.numel
-        for r in range(rec.world):
-            dst = buf[r * self.shard_numel + o:r * self.shard_numel + o + s]
-            a, b = r * s, min((r + 1) * s, n)
-            if accumulate:
-                if a < b:
-                    dst[:b - a].add_(flat[a:b])
-            elif a < b:
-                dst[:b - a].copy_(flat[a:b])
-                if b - a < s:
-                    dst[b - a:].zero_()
-            else:
-                dst.zero_()
+        region holds when `accumulate`: padding stays as it is, zero), as one strided copy: rank r's region
+        takes elements [r * shard, (r + 1) * shard) of the gradient, padded with zeros."""
+        dst, s, n = self._regions(buf, i, rec), rec.shard_numel, rec.numel
+        if s == 0:
+            return
+        whole, rest = divmod(n, s)   # ranks whose region the gradient fills, and what the next one gets
+        head = flat[:whole * s].view(whole, s)
+        if accumulate:
+            dst[:whole].add_(head)
+            if rest:
+                dst[whole, :rest].add_(flat[whole * s:])
+            return
+        dst[:whole].copy_(head)
+        if rest:
+            dst[whole, :rest].copy_(flat[whole * s:])
+            dst[whole, rest:].zero_()
+        dst[whole + (1 if rest else 0):].zero_()
 
     def zero_missing(self, buf, arrived):
         """Regions of parameters whose gradient never came this backward (unused, frozen) add nothing."""
         for i, rec in self.members:
             if i not in arrived:
-                o = self.offsets[i]
-                for r in range(rec.world):
-                    buf[r * self.shard_numel + o:r * self.shard_numel + o + rec.shard_numel].zero_()
+                self._regions(buf, i, rec).zero_()
 
     def seal(self, buf):
         """Before the reduction: every region was written (copy_ zeroes each region's padding)."""
