@@ -6,9 +6,9 @@ this rank's accumulating gradient shard `grad_flat`):
   ContiguousBucket  stage 2: a partition.BucketPlan, its parameters back to back and padded; rank r owns elements
                     [r * shard, (r + 1) * shard) of the bucket (its flat_shards slice)
   Bucket            stage 3: every parameter partitioned on its own (cut into buckets in reverse model order up to
-                    `bucket_elems` by plan()); the staging buffer is rank-major: chunk r holds, back to back, rank
-                    r's slice of each parameter's padded gradient, the order of `grad_flat`, whose views are the
-                    owner's per-parameter gradient shards
+                    `bucket_elems` by plan(): partition.plan_buckets, as every stage's); the staging buffer is
+                    rank-major: chunk r holds, back to back, rank r's slice of each parameter's padded gradient, the
+                    order of `grad_flat`, whose views are the owner's per-parameter gradient shards
 Either way a plain reduce-scatter of the staging buffer hands rank r exactly its shard.
 Resident (stages 0-1: the gradients accumulate in the bucket itself, a grad_buffers.Bucket):
   ResidentBucket    reduced in place: all-reduced (stage 0: every rank gets the sum) or reduce-scattered into this
@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.flat_collectives import reduce_scatter_flat
+from .partition import plan_buckets
 
 
 class _Staged:
@@ -123,18 +124,11 @@ class ContiguousBucket(_Staged):
 
 
 def plan(records, bucket_elems, world, dtype, device):
-    """Buckets over `records` (the trained parameters' records, model order), filled in reverse order."""
-    out, pending, used = [], [], 0
-    for i in reversed(range(len(records))):
-        rec = records[i]
-        if pending and used + rec.padded > bucket_elems:
-            out.append(Bucket(len(out), pending, world, dtype, device))
-            pending, used = [], 0
-        pending.append((i, rec))
-        used += rec.padded
-    if pending:
-        out.append(Bucket(len(out), pending, world, dtype, device))
-    return out
+    """Buckets over `records` (the trained parameters' records, model order): partition.plan_buckets, the planner of
+    every stage, over each parameter's padded size (filled in reverse order up to `bucket_elems`)."""
+    n = len(records)
+    plans = plan_buckets([r.padded for r in records], [0] * n, [None] * n, bucket_elems, world)
+    return [Bucket(p.index, [(e.param, records[e.param]) for e in p.entries], world, dtype, device) for p in plans]
 
 
 class ResidentBucket:
