@@ -1,4 +1,4 @@
-"""grad_buckets' layout maths and the one reducer, in one process: stage 3's buckets in reverse order under the cap
+"""grad_buckets' layout maths, the one reducer and the /dev/shm transport's row sums, in one process: stage 3's buckets in reverse order under the cap
 with a rank-major staging buffer whose chunk r, summed over ranks, is exactly rank r's padded slice of each
 parameter's summed gradient; stage 2's contiguous buckets; stages 0-1's resident buckets reduced through the table."""
 import torch
@@ -6,6 +6,7 @@ import torch
 from dsfast.zero import grad_buckets
 from dsfast.zero.partitioned_param import PartitionedParam
 from dsfast.zero.reducer import reducer_for
+from dsfast.zero.transports import sum_rows
 
 
 def _records(sizes, world, rank=0):
@@ -154,7 +155,7 @@ def _resident(world, chunks=None, numel=37):
         buffers = GradBuffers(params, [(params, numel)], grads_are_views=True,
                               allocate=lambda n, d, dev, r=r: table[r, :n])
         b = buffers.buckets[0]
-        rows.append(grad_buckets.ResidentBucket(b, [(0, (0, numel - 12)), (1, (numel - 12, 12))], world,
+        rows.append(grad_buckets.ResidentBucket(b, [(0, (0, numel - 12)), (1, (numel - 12, 12))],
                                                 chunks[r] if chunks else None))
     return table, rows
 
@@ -165,7 +166,7 @@ def test_resident_bucket_all_reduce_through_the_table_leaves_the_sum_in_every_ro
         table, buckets = _resident(world)
         total = table.sum(dim=0)
         for r, b in enumerate(buckets):
-            b.reduce_rows(table, r)
+            sum_rows(b, table, r, world)
         for r in range(world):
             torch.testing.assert_close(table[r], total, rtol=0, atol=1e-6)
 
@@ -177,7 +178,7 @@ def test_resident_bucket_reduce_scatter_sums_only_this_ranks_slice_into_its_own_
     table, buckets = _resident(world, chunks, numel)
     before, total = table.clone(), table.sum(dim=0)
     for r, b in enumerate(buckets):
-        b.reduce_rows(table, r)
+        sum_rows(b, table, r, world)
     for r, (lo, hi) in enumerate(chunks):
         torch.testing.assert_close(table[r, lo:hi], total[lo:hi], rtol=0, atol=1e-6)
         outside = torch.ones(numel, dtype=torch.bool)

@@ -14,7 +14,8 @@ Files, one job each:
   grad_sync.py         stages 0-1: those buckets as resident buckets over the reducer, through the intake
   grad_buckets.py      every stage's gradient bucket layouts: resident (stages 0-1, reduced in place), staged
                        (stages 2-3, reduce-scattered into the units' gradient shards)
-  reducer.py           the one gradient reduction: buckets in order as they complete, over one rank, gloo or /dev/shm
+  reducer.py           the one gradient reduction: buckets in order as they complete, over one transport
+  transports.py        the transports: one rank, c10d collectives, or the same-host /dev/shm table
   shm_reduce.py        the same-host /dev/shm table the reductions and stage 3's gathers go through
   partition.py         pure partition maths (bucket plans, each rank's slices, the model-state memory formulas)
   flat_shards.py       parameter buckets and their shard units (the storage stages 1-2 share)

@@ -1,5 +1,5 @@
 """The gradient bucket layouts of every ZeRO stage: what a bucket holds, and where its reduced sum goes. The one
-reduction over them (bucket order, transports) is reducer.py's.
+reduction over them (bucket order) is reducer.py's, the collectives are the transports' (transports.py).
 
 Staged (stages 2-3: each backward's gradients are written into a staging buffer whose reduce-scatter is added into
 this rank's accumulating gradient shard `grad_flat`):
@@ -15,20 +15,14 @@ Resident (stages 0-1: the gradients accumulate in the bucket itself, a grad_buff
                     rank's slice of its partition.BucketPlan (stage 1)
 """
 import torch
-import torch.distributed as dist
 
-from ..comm.flat_collectives import reduce_scatter_flat
 from .partition import plan_buckets
 
 
 class _Staged:
-    """What the staged layouts share: the reduce-scatter of a staging buffer, added into grad_flat."""
+    """What the staged layouts share: their staging buffer is reduce-scattered (transports.py), this rank's chunk of
+    the sum added into grad_flat."""
     staged = True
-
-    def launch_collective(self, staging, rank, group):
-        """(handle, out): the async reduce-scatter of `staging`; land(out) after the handle's wait."""
-        out = torch.empty(self.shard_numel, dtype=staging.dtype, device=staging.device)
-        return reduce_scatter_flat(out, staging, group=group, async_op=True), out
 
     def land(self, out):
         self.grad_flat.add_(out)
@@ -36,13 +30,6 @@ class _Staged:
     def late_buffer(self, world):
         """Where gradients that come after the bucket's reduction wait: a staging buffer of their own."""
         return torch.zeros(world * self.shard_numel, dtype=self.grad_flat.dtype, device=self.grad_flat.device)
-
-    def reduce_rows(self, rows, rank):
-        """Same-host ranks: rows [world, n] are every rank's staging buffer; this rank's chunk summed into its
-        shard (row by row, in rank order)."""
-        lo, hi = rank * self.shard_numel, (rank + 1) * self.shard_numel
-        for q in range(rows.shape[0]):
-            self.grad_flat.add_(rows[q, lo:hi])
 
 
 class Bucket(_Staged):
@@ -137,14 +124,12 @@ class ResidentBucket:
     (all-reduce; same-host ranks then sum a 1/world share each). members: [(param index, (offset, numel))]."""
     staged = False
 
-    def __init__(self, bucket, members, world, chunk=None):
+    def __init__(self, bucket, members, chunk=None):
         self.index = bucket.index
         self.flat = bucket.flat
         self.offset = bucket.offset   # where it starts in the shared table, when there is one
         self.members = members
         self.offsets = dict(members)
-        self.scatter = chunk is not None
-        self.world = world
         self.chunk = chunk
 
     def late_buffer(self, world):
@@ -166,35 +151,8 @@ class ResidentBucket:
     def seal(self, buf):
         """The padding is zero for good."""
 
-    def _range(self, rank):
-        if self.scatter:
-            return self.chunk
-        n = self.flat.numel()
-        return n * rank // self.world, n * (rank + 1) // self.world
-
-    def launch_collective(self, staging, rank, group):
-        """The bucket reduced in place (staging is the bucket), or a late buffer, whose sum land() adds in."""
-        out = None if staging is self.flat else staging
-        if self.scatter:
-            lo, hi = self.chunk
-            return reduce_scatter_flat(staging[lo:hi], staging, group=group, async_op=True), out
-        return dist.all_reduce(staging, group=group, async_op=True), out
-
     def land(self, out):
         """In place: nothing to add. A late buffer: reduced in our slice (all of it for stage 0), this rank's own
         gradients elsewhere (what the bucket keeps there too)."""
         if out is not None:
             self.flat.add_(out)
-
-    def reduce_rows(self, rows, rank):
-        """Same-host ranks: the bucket is column range `rows` of the table; this rank sums its chunk over every
-        row, into every row (all-reduce) or only its own (reduce-scatter)."""
-        lo, hi = self._range(rank)
-        if hi <= lo:
-            return
-        cols = rows[:, lo:hi]
-        total = cols.sum(dim=0)   # (a sum into a row would alias its input)
-        if self.scatter:
-            rows[rank, lo:hi].copy_(total)
-        else:
-            cols.copy_(total.expand_as(cols))

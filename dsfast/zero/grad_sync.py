@@ -14,7 +14,7 @@ def build_grad_sync(buffers, world, rank, group=None, shared=None, chunks=None, 
     were allocated from (same-host CPU ranks), if any; to_host(bucket): the offload copy of a reduced bucket."""
     table = shared.table if shared is not None and buffers.storage is not None else None
     index = {id(p): i for i, p in enumerate(buffers.params)}
-    buckets = [ResidentBucket(b, [(index[id(p)], (buffers.offset_of[id(p)], p.numel())) for p in b.params], world,
+    buckets = [ResidentBucket(b, [(index[id(p)], (buffers.offset_of[id(p)], p.numel())) for p in b.params],
                               chunks[b.index] if chunks is not None else None) for b in buffers.buckets]
     reducer = reducer_for(buckets, world, rank, group, table=table)
     return GradIntake(buffers.params, reducer, world, buffers=buffers, chunks=chunks, to_host=to_host)
