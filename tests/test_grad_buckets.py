@@ -1,4 +1,4 @@
-"""grad_buckets' layout maths and the one reducer, in one process: stage 3's buckets in reverse order under the cap
+"""grad_buckets' layout maths, the one reducer and the /dev/shm transport's row sums, in one process: stage 3's buckets in reverse order under the cap
 with a rank-major staging buffer whose chunk r, summed over ranks, is exactly rank r's padded slice of each
 parameter's summed gradient; stage 2's contiguous buckets; stages 0-1's resident buckets reduced through the table."""
 import torch
@@ -6,6 +6,7 @@ import torch
 from dsfast.zero import grad_buckets
 from dsfast.zero.partitioned_param import PartitionedParam
 from dsfast.zero.reducer import reducer_for
+from dsfast.zero.transports import sum_rows
 
 
 def _records(sizes, world, rank=0):
@@ -40,6 +41,40 @@ def test_rank_major_staging_reduces_to_each_ranks_slices():
             total[:rec.numel] = sum(g[i] for g in grads)
             o = bucket.offsets[i]
             assert torch.equal(chunk[o:o + rec.shard_numel], total[r * rec.shard_numel:(r + 1) * rec.shard_numel])
+
+
+def test_a_second_gradient_is_added_into_every_ranks_region_and_the_padding_stays_zero():
+    world, sizes = 3, [50, 3, 97]   # 3: only rank 0's region holds gradient, the rest is padding
+    recs = _records(sizes, world)
+    bucket = grad_buckets.plan(recs, 10_000, world, torch.float32, torch.device("cpu"))[0]
+    gen = torch.Generator().manual_seed(1)
+    first, second = ([torch.randn(n, generator=gen) for n in sizes] for _ in range(2))
+    once, twice = (torch.full((world * bucket.shard_numel,), float("nan")) for _ in range(2))
+    for i, rec in bucket.members:
+        bucket.scatter_into(once, i, rec, first[i] + second[i])
+        bucket.scatter_into(twice, i, rec, first[i])
+        bucket.scatter_into(twice, i, rec, second[i], accumulate=True)
+    torch.testing.assert_close(twice, once, atol=1e-6, rtol=0)
+    assert not torch.isnan(twice).any()
+
+
+def test_one_rank_resident_bucket_adds_a_gradient_that_came_after_its_reduction():
+    # stages 0-1: a layer reused inside a reentrant checkpoint gives its bucket a gradient after the reduction
+    table, (b,) = _resident(1)
+    b.flat.zero_()
+    reducer = reducer_for([b], 1, 0, None)
+    done = []
+    reducer.on_reduced = lambda bucket: done.append(bucket.index)
+    reducer.begin()
+    b.flat.fill_(1.0)                                  # both gradients are in the bucket (grad_buffers put them)
+    reducer.add(0, None, None)
+    reducer.add(1, None, None)
+    assert reducer.reduced(1) and done == [0]
+    reducer.add(1, None, torch.full((12,), 2.0))      # late: not onto the reduced sum now, but at end()
+    assert torch.equal(b.flat, torch.ones(37))
+    reducer.end()
+    assert done == [0, 0]
+    assert torch.equal(b.flat[:25], torch.ones(25)) and torch.equal(b.flat[25:], torch.full((12,), 3.0))
 
 
 def test_parameters_without_a_gradient_add_zeros():
@@ -120,7 +155,7 @@ def _resident(world, chunks=None, numel=37):
         buffers = GradBuffers(params, [(params, numel)], grads_are_views=True,
                               allocate=lambda n, d, dev, r=r: table[r, :n])
         b = buffers.buckets[0]
-        rows.append(grad_buckets.ResidentBucket(b, [(0, None), (1, None)], world,
+        rows.append(grad_buckets.ResidentBucket(b, [(0, (0, numel - 12)), (1, (numel - 12, 12))],
                                                 chunks[r] if chunks else None))
     return table, rows
 
@@ -131,7 +166,7 @@ def test_resident_bucket_all_reduce_through_the_table_leaves_the_sum_in_every_ro
         table, buckets = _resident(world)
         total = table.sum(dim=0)
         for r, b in enumerate(buckets):
-            b.reduce_rows(table, r)
+            sum_rows(b, table, r, world)
         for r in range(world):
             torch.testing.assert_close(table[r], total, rtol=0, atol=1e-6)
 
@@ -143,7 +178,7 @@ def test_resident_bucket_reduce_scatter_sums_only_this_ranks_slice_into_its_own_
     table, buckets = _resident(world, chunks, numel)
     before, total = table.clone(), table.sum(dim=0)
     for r, b in enumerate(buckets):
-        b.reduce_rows(table, r)
+        sum_rows(b, table, r, world)
     for r, (lo, hi) in enumerate(chunks):
         torch.testing.assert_close(table[r, lo:hi], total[lo:hi], rtol=0, atol=1e-6)
         outside = torch.ones(numel, dtype=torch.bool)

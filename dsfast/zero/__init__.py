@@ -11,10 +11,13 @@ Files, one job each:
   replicated.py        stage 0's owner: every rank holds everything (master copies + all-reduce)
   mixed_precision.py   stage 0's master copies for fp32 / fp16 / bf16 (fp32 masters, where the 16-bit copies go)
   grad_buffers.py      flat gradient buckets (param.grad are slices of them in fp32) of stages 0 and 1
-  grad_sync.py         stages 0-1: param.grad semantics over those buckets, each handed to the reducer when complete
+  grad_intake.py       every stage's one gradient intake: hooks, backward / boundary flags, late gradients (a layer
+                       reused inside a reentrant checkpoint), stray gradients, the offload copy as a bucket is reduced
+  grad_sync.py         stages 0-1: those buckets as resident buckets over the reducer, through the intake
   grad_buckets.py      every stage's gradient bucket layouts: resident (stages 0-1, reduced in place), staged
                        (stages 2-3, reduce-scattered into the units' gradient shards)
-  reducer.py           the one gradient reduction: buckets in order as they complete, over one rank, gloo or /dev/shm
+  reducer.py           the one gradient reduction: buckets in order as they complete, over one transport
+  transports.py        the transports: one rank, c10d collectives, or the same-host /dev/shm table
   shm_reduce.py        the same-host /dev/shm table the reductions and stage 3's gathers go through
   partition.py         pure partition maths (bucket plans, each rank's slices, the model-state memory formulas)
   flat_shards.py       parameter buckets and their shard units (the storage stages 1-2 share)

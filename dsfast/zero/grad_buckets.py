@@ -1,43 +1,35 @@
 """The gradient bucket layouts of every ZeRO stage: what a bucket holds, and where its reduced sum goes. The one
-reduction over them (bucket order, transports) is reducer.py's.
+reduction over them (bucket order) is reducer.py's, the collectives are the transports' (transports.py).
 
 Staged (stages 2-3: each backward's gradients are written into a staging buffer whose reduce-scatter is added into
 this rank's accumulating gradient shard `grad_flat`):
   ContiguousBucket  stage 2: a partition.BucketPlan, its parameters back to back and padded; rank r owns elements
                     [r * shard, (r + 1) * shard) of the bucket (its flat_shards slice)
   Bucket            stage 3: every parameter partitioned on its own (cut into buckets in reverse model order up to
-                    `bucket_elems` by plan()); the staging buffer is rank-major: chunk r holds, back to back, rank
-                    r's slice of each parameter's padded gradient, the order of `grad_flat`, whose views are the
-                    owner's per-parameter gradient shards
+                    `bucket_elems` by plan(): partition.plan_buckets, as every stage's); the staging buffer is
+                    rank-major: chunk r holds, back to back, rank r's slice of each parameter's padded gradient, the
+                    order of `grad_flat`, whose views are the owner's per-parameter gradient shards
 Either way a plain reduce-scatter of the staging buffer hands rank r exactly its shard.
 Resident (stages 0-1: the gradients accumulate in the bucket itself, a grad_buffers.Bucket):
   ResidentBucket    reduced in place: all-reduced (stage 0: every rank gets the sum) or reduce-scattered into this
                     rank's slice of its partition.BucketPlan (stage 1)
 """
 import torch
-import torch.distributed as dist
 
-from ..comm.flat_collectives import reduce_scatter_flat
+from .partition import plan_buckets
 
 
 class _Staged:
-    """What the staged layouts share: the reduce-scatter of a staging buffer, added into grad_flat."""
+    """What the staged layouts share: their staging buffer is reduce-scattered (transports.py), this rank's chunk of
+    the sum added into grad_flat."""
     staged = True
-
-    def launch_collective(self, staging, rank, group):
-        """(handle, out): the async reduce-scatter of `staging`; land(out) after the handle's wait."""
-        out = torch.empty(self.shard_numel, dtype=staging.dtype, device=staging.device)
-        return reduce_scatter_flat(out, staging, group=group, async_op=True), out
 
     def land(self, out):
         self.grad_flat.add_(out)
 
-    def reduce_rows(self, rows, rank):
-        """Same-host ranks: rows [world, n] are every rank's staging buffer; this rank's chunk summed into its
-        shard (row by row, in rank order)."""
-        lo, hi = rank * self.shard_numel, (rank + 1) * self.shard_numel
-        for q in range(rows.shape[0]):
-            self.grad_flat.add_(rows[q, lo:hi])
+    def late_buffer(self, world):
+        """Where gradients that come after the bucket's reduction wait: a staging buffer of their own."""
+        return torch.zeros(world * self.shard_numel, dtype=self.grad_flat.dtype, device=self.grad_flat.device)
 
 
 class Bucket(_Staged):
@@ -58,30 +50,36 @@ class Bucket(_Staged):
         o = self.offsets[i]
         return self.grad_flat[o:o + rec.shard_numel]
 
+    def _regions(self, buf, i, rec):
+        """Param i's region of every rank's chunk of `buf`: a strided [world, shard] view."""
+        o = self.offsets[i]
+        return buf.view(rec.world, self.shard_numel)[:, o:o + rec.shard_numel]
+
     def scatter_into(self, buf, i, rec, flat, accumulate=False):
         """Param i's gradient (flattened, numel elements) into the rank-major staging `buf` (added to what its
-        region holds when `accumulate`: padding stays as it is, zero)."""
-        o, s, n = self.offsets[i], rec.shard_numel, rec.numel
-        for r in range(rec.world):
-            dst = buf[r * self.shard_numel + o:r * self.shard_numel + o + s]
-            a, b = r * s, min((r + 1) * s, n)
-            if accumulate:
-                if a < b:
-                    dst[:b - a].add_(flat[a:b])
-            elif a < b:
-                dst[:b - a].copy_(flat[a:b])
-                if b - a < s:
-                    dst[b - a:].zero_()
-            else:
-                dst.zero_()
+        region holds when `accumulate`: padding stays as it is, zero), as one strided copy: rank r's region
+        takes elements [r * shard, (r + 1) * shard) of the gradient, padded with zeros."""
+        dst, s, n = self._regions(buf, i, rec), rec.shard_numel, rec.numel
+        if s == 0:
+            return
+        whole, rest = divmod(n, s)   # ranks whose region the gradient fills, and what the next one gets
+        head = flat[:whole * s].view(whole, s)
+        if accumulate:
+            dst[:whole].add_(head)
+            if rest:
+                dst[whole, :rest].add_(flat[whole * s:])
+            return
+        dst[:whole].copy_(head)
+        if rest:
+            dst[whole, :rest].copy_(flat[whole * s:])
+            dst[whole, rest:].zero_()
+        dst[whole + (1 if rest else 0):].zero_()
 
     def zero_missing(self, buf, arrived):
         """Regions of parameters whose gradient never came this backward (unused, frozen) add nothing."""
         for i, rec in self.members:
             if i not in arrived:
-                o = self.offsets[i]
-                for r in range(rec.world):
-                    buf[r * self.shard_numel + o:r * self.shard_numel + o + rec.shard_numel].zero_()
+                self._regions(buf, i, rec).zero_()
 
     def seal(self, buf):
         """Before the reduction: every region was written (copy_ zeroes each region's padding)."""
@@ -113,37 +111,39 @@ class ContiguousBucket(_Staged):
 
 
 def plan(records, bucket_elems, world, dtype, device):
-    """Buckets over `records` (the trained parameters' records, model order), filled in reverse order."""
-    out, pending, used = [], [], 0
-    for i in reversed(range(len(records))):
-        rec = records[i]
-        if pending and used + rec.padded > bucket_elems:
-            out.append(Bucket(len(out), pending, world, dtype, device))
-            pending, used = [], 0
-        pending.append((i, rec))
-        used += rec.padded
-    if pending:
-        out.append(Bucket(len(out), pending, world, dtype, device))
-    return out
+    """Buckets over `records` (the trained parameters' records, model order): partition.plan_buckets, the planner of
+    every stage, over each parameter's padded size (filled in reverse order up to `bucket_elems`)."""
+    n = len(records)
+    plans = plan_buckets([r.padded for r in records], [0] * n, [None] * n, bucket_elems, world)
+    return [Bucket(p.index, [(e.param, records[e.param]) for e in p.entries], world, dtype, device) for p in plans]
 
 
 class ResidentBucket:
     """Stages 0-1: a grad_buffers.Bucket reduced where it is. `chunk` = (lo, hi): stage 1's slice of the plan
     (reduce-scatter: only this rank's slice gets the sum; the rest keeps what this rank sent), None for stage 0
-    (all-reduce; same-host ranks then sum a 1/world share each)."""
+    (all-reduce; same-host ranks then sum a 1/world share each). members: [(param index, (offset, numel))]."""
     staged = False
 
-    def __init__(self, bucket, members, world, chunk=None):
+    def __init__(self, bucket, members, chunk=None):
         self.index = bucket.index
         self.flat = bucket.flat
         self.offset = bucket.offset   # where it starts in the shared table, when there is one
-        self.members = members        # [(param index, None)]
-        self.scatter = chunk is not None
-        self.world = world
+        self.members = members
+        self.offsets = dict(members)
         self.chunk = chunk
 
+    def late_buffer(self, world):
+        """Where gradients that come after the bucket's reduction wait (its shape: reduced like the bucket)."""
+        return torch.zeros_like(self.flat)
+
     def scatter_into(self, buf, i, rec, flat, accumulate=False):
-        """The gradient is in the bucket already (grad_buffers put it there)."""
+        """Into the bucket itself: nothing to do (grad_buffers put it there, flat is None); into a late buffer:
+        at the parameter's offset."""
+        if flat is None:
+            return
+        o, n = self.offsets[i]
+        dst = buf[o:o + n]
+        dst.add_(flat) if accumulate else dst.copy_(flat)
 
     def zero_missing(self, buf, arrived):
         """A parameter without a gradient this backward still sends what it accumulated before."""
@@ -151,30 +151,8 @@ class ResidentBucket:
     def seal(self, buf):
         """The padding is zero for good."""
 
-    def _range(self, rank):
-        if self.scatter:
-            return self.chunk
-        n = self.flat.numel()
-        return n * rank // self.world, n * (rank + 1) // self.world
-
-    def launch_collective(self, staging, rank, group):
-        if self.scatter:
-            lo, hi = self.chunk
-            return reduce_scatter_flat(self.flat[lo:hi], self.flat, group=group, async_op=True), None
-        return dist.all_reduce(self.flat, group=group, async_op=True), None
-
     def land(self, out):
-        """In place: nothing to add."""
-
-    def reduce_rows(self, rows, rank):
-        """Same-host ranks: the bucket is column range `rows` of the table; this rank sums its chunk over every
-        row, into every row (all-reduce) or only its own (reduce-scatter)."""
-        lo, hi = self._range(rank)
-        if hi <= lo:
-            return
-        cols = rows[:, lo:hi]
-        total = cols.sum(dim=0)   # (a sum into a row would alias its input)
-        if self.scatter:
-            rows[rank, lo:hi].copy_(total)
-        else:
-            cols.copy_(total.expand_as(cols))
+        """In place: nothing to add. A late buffer: reduced in our slice (all of it for stage 0), this rank's own
+        gradients elsewhere (what the bucket keeps there too)."""
+        if out is not None:
+            self.flat.add_(out)

@@ -46,6 +46,7 @@ class GradBuffers:
         self.grads_are_views = grads_are_views
         self.buckets: List[Bucket] = []
         self.bucket_of = {}  # id(param) -> (bucket, position)
+        self.offset_of = {}  # id(param) -> where its slice starts in its bucket
         self.storage = None
         self.masters = {}    # id(param) -> fp32 master whose .grad is the param's slice (half precision)
         self._receipts = {}  # id(param) -> (16-bit grad last absorbed, its version counter), half precision
@@ -66,6 +67,7 @@ class GradBuffers:
         views, offset = [], 0
         for p in params:
             views.append(flat[offset:offset + p.numel()].view(p.shape))
+            self.offset_of[id(p)] = offset   # within its bucket
             offset += p.numel()
         bucket = Bucket(len(self.buckets), flat, params, views, storage_offset)
         for pos, p in enumerate(params):
@@ -144,6 +146,19 @@ class GradBuffers:
         view.add_(grad)  # view is zero unless accumulating across micro-steps
         self._receipts[id(param)] = (grad, grad._version)
         return bucket
+
+    def keep_late(self, param, grad):
+        """A gradient taken elsewhere (its bucket was reduced already: reducer.py sums it on its own) leaves
+        `param.grad` as torch's rules would: the slice (fp32), or the 16-bit gradient just produced."""
+        if self.grads_are_views:
+            param.grad = self.view_of(param)
+        else:
+            self._receipts[id(param)] = (grad, grad._version)
+
+    def version(self):
+        """Changes whenever any bucket is written in place (torch's version counter, shared by the slices): a
+        copy made of the buckets is still current while it stays the same."""
+        return sum(b.flat._version for b in self.buckets)
 
     def flats(self):
         return [b.flat for b in self.buckets]

@@ -1,5 +1,6 @@
 """The one gradient reduction of every ZeRO stage: buckets reduced in bucket order as soon as they are complete,
-over one of three transports. What a bucket holds and where its sum goes is the bucket layout's (grad_buckets.py):
+over one transport (transports.py: one rank, c10d collectives, or the same-host /dev/shm table). What a bucket
+holds and where its sum goes is the bucket layout's (grad_buckets.py):
 
   staged buckets    stages 2-3: each backward's gradients are written into a staging buffer that is reduce-scattered
                     and added into this rank's accumulating gradient shards
@@ -9,46 +10,35 @@ over one of three transports. What a bucket holds and where its sum goes is the 
 A bucket is reduced when every one of its parameters' gradients arrived and every earlier bucket was (in bucket
 order on every rank, whatever the arrival order: the same buckets meet in every collective); then
 `on_reduced(bucket)` runs (the offload copy to the host, where the placement asks for it).
-
-Three transports (`transport` names the one in use):
-  LocalReducer "local"  one rank: staged gradients are added straight into the shards, nothing is sent
-  GlooReducer  "gloo"   an async collective per bucket (at most MAX_IN_FLIGHT running), any backend
-  ShmReducer   "shm"    same-host CPU ranks: the buffers are columns of a /dev/shm table [world, n] (row q = what
-                        rank q wrote). Reducing a bucket is a rendezvous, then rank r sums its chunk over every row.
-                        Resident buckets live in the table for good (the gradient buffers were allocated there);
-                        staged ones use two reused slots: a slot is reused two buckets later, by when every rank
-                        passed the next bucket's rendezvous, so no one still reads it; a gradient that arrives
-                        before its slot is free waits in a private buffer. The next backward writes slots again
-                        only after a rendezvous: the step's publish (shared_params.py) or its own.
 """
-import torch
-import torch.distributed as dist
-
-from ..comm.where import WHERE, at_work, done, forget, issued
-from .shared_params import rendezvous
-
-MAX_IN_FLIGHT = 2
+from .transports import comm_for
 
 
 class Reducer:
-    in_place = False   # LocalReducer: the staging buffer is the accumulating shard itself
-    transport = None
-
-    def __init__(self, buckets, world, rank, group):
+    def __init__(self, buckets, comm):
         self.buckets = buckets
-        self.world, self.rank, self.group = world, rank, group
+        self.comm = comm
+        comm.reduced = self._reduced
         self.bucket_of = {i: b for b in buckets for i, _ in b.members}
-        self.collectives_launched = 0
         self._next = 0
         self._arrived = {}    # bucket index -> set of param indices whose gradient arrived
-        self._staging = {}    # bucket index -> private staging buffer
         self._late = {}       # bucket index -> gradients that came after the bucket was reduced (see add)
         self.on_reduced = None   # called with a bucket once it holds this backward's reduced sum
+
+    @property
+    def transport(self):
+        """The transport's name: "local", "gloo" or "shm"."""
+        return self.comm.name
+
+    @property
+    def collectives_launched(self):
+        return self.comm.collectives
 
     def begin(self):
         self._next = 0
         self._arrived.clear()
         self._late.clear()
+        self.comm.begin()
 
     def reduced(self, i):
         """Param i's bucket was reduced in this backward already."""
@@ -59,19 +49,18 @@ class Reducer:
         launches every bucket that became complete.
 
         A parameter's gradient can come twice in one backward (reentrant activation checkpointing runs a nested
-        backward: a parameter used inside and outside the checkpoint accumulates in both). Before its staged
-        bucket was reduced the second one is added in; after, it waits in a private buffer that end() reduces on
-        its own. (Resident buckets cannot take it after their reduction: their owner refuses it first.)"""
+        backward: a parameter used inside and outside the checkpoint accumulates in both). Before its bucket was
+        reduced the second one is added in; after, it waits in a private buffer (`flat` given, also for a resident
+        bucket) that end() reduces on its own and adds into the bucket's sum."""
         b = self.bucket_of[i]
         if b.index < self._next:
             if b.index not in self._late:
-                self._late[b.index] = torch.zeros(self.world * b.shard_numel, dtype=b.grad_flat.dtype,
-                                                  device=b.grad_flat.device)
+                self._late[b.index] = b.late_buffer(self.comm.world)
             b.scatter_into(self._late[b.index], i, rec, flat, accumulate=True)
             return
         got = self._arrived.setdefault(b.index, set())
         again = i in got
-        b.scatter_into(self._buffer(b), i, rec, flat, accumulate=again or self.in_place)
+        b.scatter_into(self._buffer(b), i, rec, flat, accumulate=again or self.comm.in_place)
         if again:
             return
         got.add(i)
@@ -84,199 +73,34 @@ class Reducer:
         collectives, whatever reached it), then wait for everything."""
         while self._next < len(self.buckets):
             b = self.buckets[self._next]
-            if not self.in_place:
+            if not self.comm.in_place:
                 b.zero_missing(self._buffer(b), self._arrived.get(b.index, ()))
             self._launch(b)
-        self._drain()
+        self.comm.drain()
         for index in sorted(self._late):   # the same on every rank: every rank runs the same backward graph
-            self._reduce_late(self.buckets[index], self._late.pop(index))
+            self.comm.reduce_late(self.buckets[index], self._late.pop(index))
+
+    def _launch(self, b):
+        self.comm.launch(b)
+        self._next += 1
 
     def _buffer(self, b):
         """Where b's gradients of this backward go: a resident bucket holds them already."""
-        return self._staging_of(b) if b.staged else b.flat
-
-    def _private(self, b):
-        buf = self._staging.get(b.index)
-        if buf is None:
-            buf = self._staging[b.index] = torch.zeros(self.world * b.shard_numel, dtype=b.grad_flat.dtype,
-                                                       device=b.grad_flat.device)
-        return buf
-
-    def _drain(self):
-        pass
+        return self.comm.staging(b, self._next) if b.staged else b.flat
 
     def _reduced(self, b):
         if self.on_reduced is not None:
             self.on_reduced(b)
 
     def in_flight_buffers(self):
-        return list(self._staging.values()) + list(self._late.values())
+        return self.comm.in_flight_buffers() + list(self._late.values())
 
     def memory(self):
-        """The transport's own standing buffers (ShmReducer's /dev/shm row); none here."""
-        return []
-
-
-class LocalReducer(Reducer):
-    """One rank: each gradient is added straight into its shard (the whole bucket); nothing to send."""
-    in_place = True
-    transport = "local"
-
-    def _staging_of(self, b):
-        return b.grad_flat
-
-    def _launch(self, b):
-        self._next += 1
-        self._reduced(b)
-
-    def _reduce_late(self, b, buf):
-        b.grad_flat.add_(buf)
-        self._reduced(b)
-
-
-class GlooReducer(Reducer):
-    transport = "gloo"
-
-    def __init__(self, buckets, world, rank, group):
-        super().__init__(buckets, world, rank, group)
-        self._in_flight = []   # (bucket, handle, out, staging, its number in where.issued())
-        self._host_waits = dist.get_backend(group) == "gloo"   # a returned wait means finished (where.forget)
-
-    def _staging_of(self, b):
-        return self._private(b)
-
-    def _launch(self, b):
-        staging = self._staging.pop(b.index) if b.staged else b.flat
-        b.seal(staging)
-        handle, out = b.launch_collective(staging, self.rank, self.group)
-        self._in_flight.append((b, issued(handle, ("reduce", b)), out, staging, WHERE.issued - 1))
-        self.collectives_launched += 1
-        self._next += 1
-        while len(self._in_flight) > MAX_IN_FLIGHT:
-            self._finish_oldest()
-
-    def _finish_oldest(self):
-        b, handle, out, _, number = self._in_flight.pop(0)
-        at_work(("reduce", b))
-        handle.wait()
-        done()
-        if self._host_waits:
-            forget(number)
-        b.land(out)
-        self._reduced(b)
-
-    def _drain(self):
-        while self._in_flight:
-            self._finish_oldest()
-
-    def _reduce_late(self, b, buf):
-        handle, out = b.launch_collective(buf, self.rank, self.group)
-        issued(handle, ("reduce", b))
-        number = WHERE.issued - 1
-        at_work(("reduce", b))
-        handle.wait()
-        done()
-        if self._host_waits:
-            forget(number)
-        b.land(out)
-        self.collectives_launched += 1
-        self._reduced(b)
-
-    def in_flight_buffers(self):
-        return super().in_flight_buffers() + [t for b, _, out, staging, _ in self._in_flight if b.staged
-                                              for t in (out, staging)]
-
-
-class ShmReducer(Reducer):
-    SLOTS = 2
-    transport = "shm"
-
-    def __init__(self, buckets, world, rank, group, allocate=None, shared=None, table=None):
-        """Staged buckets: allocate is a shm_reduce.SharedTable for the slots; `ok` is False when the table could
-        not be made (use GlooReducer). shared: the parameters' SharedParams, if any (its publishes are rendezvous
-        between two backwards). Resident buckets: `table` is the one their gradient buffers live in."""
-        super().__init__(buckets, world, rank, group)
-        self.shared = shared
-        self._epoch = None   # shared.epoch when the last backward ended with slots still being read
-        self.resident = table is not None
-        if self.resident:
-            self.table, self.ok, self.slots = table, True, 0
-            return
-        self.slots = min(self.SLOTS, len(buckets))
-        sizes = [0] * self.slots   # each slot as large as the largest bucket that uses it
-        for b in buckets:
-            sizes[b.index % self.slots] = max(sizes[b.index % self.slots], world * b.shard_numel)
-        self.slot_offsets = [sum(sizes[:j]) for j in range(self.slots)]
-        # the table only exists for fp32 CPU gradients (SharedTable says no to anything else: then use gloo)
-        row = allocate(sum(sizes), buckets[0].grad_flat.dtype if buckets else torch.float32, torch.device("cpu"))
-        self.table = allocate.table
-        self.ok = self.table is not None and row.data_ptr() == self.table[rank].data_ptr()
-
-    def _rows(self, b):
-        """The bucket's columns of the table: [world, its length]."""
-        if not b.staged:
-            return self.table[:, b.offset:b.offset + b.flat.numel()]
-        lo = self.slot_offsets[b.index % self.slots]
-        return self.table[:, lo:lo + self.world * b.shard_numel]
-
-    def begin(self):
-        super().begin()
-        if self._epoch is not None and (self.shared is None or self.shared.epoch == self._epoch):
-            # no publish (a step) since the last backward: its slot reads may go on
-            rendezvous(self.group, ("reduce", None))
-        self._epoch = None
-
-    def _slot_free(self, b):
-        # slot reused by bucket index - slots: every rank read it before arriving at that bucket's next rendezvous
-        return b.index < self.slots or self._next >= b.index - self.slots + 2
-
-    def _staging_of(self, b):
-        if b.index in self._staging or not self._slot_free(b):
-            return self._private(b)
-        return self._rows(b)[self.rank]
-
-    def _launch(self, b):
-        early = self._staging.pop(b.index, None)
-        if early is not None:   # arrived before its slot was free
-            self._rows(b)[self.rank].copy_(early)
-        b.seal(self._rows(b)[self.rank])
-        rendezvous(self.group, ("reduce", b))   # every rank wrote this bucket (and reduced the one before)
-        b.reduce_rows(self._rows(b), self.rank)
-        self.collectives_launched += 1
-        self._next += 1
-        self._reduced(b)
-
-    def _drain(self):
-        if self.resident:
-            # resident rows are written by other ranks (stage 0) and read by them (both): no one may use its row
-            # again (the step reads it, zero_grads zeroes it) until every rank is done with every row
-            rendezvous(self.group, ("reduce", None))
-            return
-        # no rank may write a slot again while another still reads it: the next backward's begin() waits for
-        # every rank unless a publish (the step's, a collective with two rendezvous) came in between
-        self._epoch = self.shared.epoch if self.shared is not None else -1
-
-    def _reduce_late(self, b, buf):
-        rendezvous(self.group, ("reduce", b))   # no one still reads the slots
-        self._rows(b)[self.rank].copy_(buf)
-        rendezvous(self.group, ("reduce", b))
-        b.reduce_rows(self._rows(b), self.rank)
-        self.collectives_launched += 1
-        self._reduced(b)
-
-    def memory(self):
-        return [] if self.resident else [self.table[self.rank]]
+        """Transport memory held for good (the /dev/shm slots of staged buckets)."""
+        return self.comm.memory()
 
 
 def reducer_for(buckets, world, rank, group, allocate=None, shared=None, table=None):
-    """The transport for these buckets: LocalReducer on one rank; ShmReducer where same-host ranks share a table
-    (staged buckets: `allocate`, a shm_reduce.SharedTable, makes one; resident buckets: `table`, the one their
-    buffers live in); else GlooReducer. Every rank must call it alike (a shared table is agreed on by a
-    collective)."""
-    if world == 1:
-        return LocalReducer(buckets, world, rank, group)
-    if table is not None or (allocate is not None and buckets):
-        reducer = ShmReducer(buckets, world, rank, group, allocate, shared=shared, table=table)
-        if reducer.ok:
-            return reducer
-    return GlooReducer(buckets, world, rank, group)
+    """The reduction of these buckets over the transport transports.comm_for picks (every rank must call it
+    alike)."""
+    return Reducer(buckets, comm_for(buckets, world, rank, group, allocate, shared=shared, table=table))

@@ -20,6 +20,7 @@ from . import grad_buckets
 from .decide import decide
 from .flat_shards import FlatShards
 from .grad_buffers import GradBuffers
+from .grad_intake import GradIntake
 from .grad_sync import build_grad_sync
 from .nvme_checks import check_host_states
 from .nvme_states import agreed_swap_errors, check_unit_by_unit
@@ -51,7 +52,9 @@ class ShardedBase(ShardOwner):
             p._dsfast_owner = self
 
     # ---- the optimizer step -------------------------------------------------------------------------------
-    copies_on_reduce = False   # stages 2-3: the reduction's completion copies gradients to the host (offload)
+    def host_grads_current(self):
+        """Stages 2-3: the reduction's completion copied the gradients to the host already (offload)."""
+        return True
 
     def grad_shards(self):
         return [u.grad for u in self.store.units]
@@ -83,9 +86,10 @@ class ShardedBase(ShardOwner):
         return applied, decision.norm
 
     def host_copies(self):
-        """Offload to a distinct host: stage 1's gradient shards copied for the CPU optimizer, at step time."""
+        """Offload to a distinct host: stage 1's gradient shards copied for the CPU optimizer at step time, where
+        its reduction did not copy them (one rank, or gradients the user changed since)."""
         placement = self.store.placement
-        if not placement.copies_states or self.copies_on_reduce:
+        if not placement.copies_states or self.host_grads_current():
             return
         for u in self.store.units:
             if u.host_grad is None:
@@ -181,17 +185,18 @@ class ShardedBase(ShardOwner):
         optimizer.zero_grad = zero_grad
         optimizer._dsfast_clears = self
 
-    def refuse_stray_grads(self, names):
-        """Stages 2 and 3 take gradients only inside engine.backward; a param.grad left at the step came from a
-        plain loss.backward() (never reduce-scattered): refuse it, naming the parameters."""
-        stray = [p for p in self.store.params if p.grad is not None]
-        if stray:
-            picked = [names.get(id(p), "?") for p in stray][:3]
-            raise RuntimeError(
-                f"engine.step(): {len(stray)} parameter(s) ({', '.join(picked)}) got gradients from a "
-                "backward that was not this engine's backward (a plain loss.backward()) after its last "
-                f"engine.backward(); under ZeRO stage {self.stage} they were never reduce-scattered into the "
-                "partitions. Call engine.backward(loss) instead of loss.backward()")
+    # ---- gradients: the one intake (grad_intake.py) ----------------------------------------------------------
+    def begin_backward(self, reduce):
+        self.intake.begin_backward(reduce)
+
+    def end_backward(self):
+        self.intake.end_backward()
+
+    def prepare_step(self, names):
+        self.intake.prepare_step(names)
+
+    def detach(self):
+        self.intake.detach()
 
     def clear_grads(self):
         """Every gradient this rank holds for the model, gone (accumulated partitions and any param.grad)."""
@@ -247,29 +252,35 @@ class ShardedOptimizerState(ShardedBase):
         self.buffers = GradBuffers(store.params, layout, grads_are_views=views, accum_dtype=precision.reduce_dtype,
                                    allocate=allocate)
         chunks = [plan.shard_range(self.rank) for plan in store.plans]
-        self.sync = build_grad_sync(self.buffers, self.world, self.rank, group, allocate, chunks)
-        self.reducer = self.sync.reducer
         for u, b in zip(store.units, self.buffers.buckets):   # a unit's gradient: its slice of the full bucket
             u.grad = b.flat[slice(*u.plan.shard_range(self.rank))]
+            if store.placement.copies_states:
+                u.host_grad = store.placement.host_empty(u.grad.numel(), u.grad.dtype)
+        # offload, distinct host: each bucket's slice is copied to the host as soon as its reduction lands, while
+        # the rest of backward runs (as at stages 2-3)
+        to_host = self._to_host if store.placement.copies_states else None
+        self.intake = build_grad_sync(self.buffers, self.world, self.rank, group, allocate, chunks, to_host)
+        self.reducer = self.intake.reducer
+        self._copied_at = None   # buffers.version() when the host copies were last made whole (None: not since)
 
-    def begin_backward(self, reduce):
-        self.sync.begin_backward(reduce)
+    def _to_host(self, bucket):
+        u = self.store.units[bucket.index]
+        u.host_grad.copy_(u.grad, non_blocking=True)
 
     def end_backward(self):
-        self.sync.end_backward()
+        if self.intake.end_backward():   # every bucket was reduced, so copied
+            self._copied_at = self.buffers.version()
 
-    def prepare_step(self, names):
-        self.sync.prepare_step(names)
+    def host_grads_current(self):
+        return self._copied_at is not None and self._copied_at == self.buffers.version()
 
     def zero_grads(self):
         self.buffers.zero()
-        self.sync.reset()
+        self.intake.reset()
+        self._copied_at = None
 
     def clear_grads(self):
         self.zero_grads()   # param.grad are views of the zeroed buckets again
-
-    def detach(self):
-        self.sync.detach()
 
     def memory_tensors(self):
         cats = super().memory_tensors()
@@ -293,52 +304,18 @@ class ShardedGradients(ShardedBase):
                 u.host_grad = store.placement.host_empty(u.plan.shard, dt)
         buckets = [grad_buckets.ContiguousBucket(u.plan, u.grad) for u in store.units]
         self.reducer = reducer_for(buckets, self.world, self.rank, group, allocate)
-        self.reducer.on_reduced = self._to_host
-        self._boundary = True
-        self._in_backward = False
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in store.params]
-
-    def begin_backward(self, reduce):
         # stage 2 reduces at every micro-step, boundary or not: the partition accumulates (as DeepSpeed's)
-        self._boundary = reduce
-        self._in_backward = True
-        self.reducer.begin()
-
-    @torch.no_grad()
-    def _on_grad(self, param):
-        # Outside engine.backward (another engine's backward through this model) param.grad is left to torch's
-        # rules: the user's zero_grad() clears it; one not cleared joins this engine's next backward (autograd
-        # adds onto it) or is refused at step.
-        grad = param.grad
-        if grad is None or not self._in_backward:
-            return
-        plan, e = self.store.bucket_of[id(param)]
-        self.reducer.add(e.param, e, grad.reshape(-1))
-        param.grad = None
-
-    copies_on_reduce = True
+        entries = [store.bucket_of[id(p)][1] for p in store.params]   # (entry.param: the position in params)
+        self.intake = GradIntake(store.params, self.reducer, self.world, entries=entries, stage=self.stage,
+                                 to_host=self._to_host if store.placement.copies_states else None)
 
     def _to_host(self, bucket):
         u = self.store.units[bucket.index]
-        if u.host_grad is not None and self._boundary:
-            u.host_grad.copy_(u.grad, non_blocking=True)
-
-    @torch.no_grad()
-    def end_backward(self):
-        self._in_backward = False
-        self.reducer.end()   # buckets some of whose params got no gradient, then everything in flight
-
-    def prepare_step(self, names):
-        self.refuse_stray_grads(names)
+        u.host_grad.copy_(u.grad, non_blocking=True)
 
     def zero_grads(self):
         for u in self.store.units:
             u.grad.zero_()
-
-    def detach(self):
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
 
     def memory_tensors(self):
         cats = super().memory_tensors()

@@ -3,11 +3,11 @@ gloo, every rank on one machine).
 
 gloo reduces over TCP even between processes on one host: every byte crosses the kernel twice and a gloo thread per
 rank spends ~10 ms of CPU per step on the benchmark GPT. A SharedTable is one /dev/shm tensor of shape [world, numel]
-(row r = rank r's buffers), mapped by every rank; a reduction through it (reducer.ShmReducer) is a rendezvous, then
+(row r = rank r's buffers), mapped by every rank; a reduction through it (transports.ShmComm) is a rendezvous, then
 each rank sums its own column chunk over all rows. Only one-element collectives cross process boundaries.
 
 Used when: gloo backend, every rank on this host, fp32 CPU buffers, /dev/shm has room, and DSFAST_SHM_ALLREDUCE is
-not "0". Anything else keeps gloo's collectives (reducer.GlooReducer).
+not "0". Anything else keeps gloo's collectives (transports.C10dComm).
 """
 import os
 import socket

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from ..comm.where import waiting
 from .shm_reduce import shm_allocator
 from . import grad_buckets
+from .grad_intake import GradIntake
 from .param_hooks import ParamCoordinator
 from .nvme_params import nvme_params
 from .nvme_states import nvme_states
@@ -110,12 +111,11 @@ class Stage3(ShardedBase):
         super().__init__(store, precision, group)
         self.coordinator = coordinator
         self.reducer = reducer
-        self._in_backward = False
-        self._boundary = True
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in store.params]
         self._index = {id(p): i for i, p in enumerate(store.params)}
-        if store.bucket_host is not None:
-            reducer.on_reduced = self._bucket_to_host
+        # stage 3 reduces at every micro-step; the host copies are made in the boundary's backward only
+        self.intake = GradIntake(store.params, reducer, self.world, entries=store.records, stage=self.stage,
+                                 to_host=self._bucket_to_host if store.bucket_host is not None else None,
+                                 taken=self._release)
 
     @property
     def gathers_through(self):
@@ -126,30 +126,19 @@ class Stage3(ShardedBase):
         return record_of(param).shape   # the parameter itself is empty while released
 
     def begin_backward(self, reduce):
-        # stage 3 reduces at every micro-step; the host copies are made in the boundary's backward only
-        self._boundary = reduce
-        self._in_backward = True
         self.coordinator.begin_backward()
-        self.reducer.begin()
+        self.intake.begin_backward(reduce)
 
-    @torch.no_grad()
-    def _on_grad(self, param):
-        grad = param.grad
-        if grad is None or not self._in_backward:
-            return
-        i = self._index[id(param)]
+    def _release(self, i):
+        """Param i's gradient was taken: the whole parameter is no longer needed by this backward."""
         rec = self.store.records[i]
-        flat = grad.reshape(-1)
-        self.reducer.add(i, rec, flat)
-        param.grad = None
         rec.backward_hold = False
         rec.release()
 
     @torch.no_grad()
     def end_backward(self):
-        self._in_backward = False
         self.coordinator.end_backward()
-        self.reducer.end()
+        self.intake.end_backward()
         for r in self.store.all_records:   # frozen parameters, ones whose gradient never came
             r.backward_hold = False
             r.release()
@@ -168,9 +157,7 @@ class Stage3(ShardedBase):
 
     def _bucket_to_host(self, bucket):
         """A bucket's reduced gradient shards to the host as soon as they are final (offload, distinct host)."""
-        if self._boundary:
-            self.store.bucket_host[bucket.index].copy_(bucket.grad_flat, non_blocking=True)
-
+        self.store.bucket_host[bucket.index].copy_(bucket.grad_flat, non_blocking=True)
 
     def module_slices(self, names, exclude_frozen=False, values=True):
         """SliceRecords of this rank's slice of every partitioned parameter's model-dtype values (trained or
@@ -187,14 +174,9 @@ class Stage3(ShardedBase):
                 out.append(SliceRecord(names[id(r.param)], r.shape, a, b, shard, 0))
         return out
 
-    def prepare_step(self, names):
-        self.refuse_stray_grads(names)
-
     def empty_partition_cache(self):
         for r in self.store.all_records:
             r.release()
-
-    copies_on_reduce = True   # offload: gradient buckets go to the host as their reduction completes
 
     def zero_grads(self):
         for g in self.store.grads:
@@ -203,9 +185,7 @@ class Stage3(ShardedBase):
     @torch.no_grad()
     def detach(self):
         """Hooks off and every parameter whole again (a collective), so the module is an ordinary one."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        self.intake.detach()
         self.coordinator.detach()
         recs = self.store.all_records
         gather(recs)

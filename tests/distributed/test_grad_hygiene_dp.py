@@ -64,3 +64,12 @@ def test_plain_backward_then_step_is_refused_on_every_rank(ranks):
         message, unchanged = r["plain"]
         assert "engine.backward(loss) instead of loss.backward()" in message
         assert unchanged
+
+
+def test_gradients_edited_after_backward_reach_the_offloaded_step(ranks):
+    # the edits (a gradient cleared, two zeroed in place) change the result; with and without offload alike
+    plain, unedited = ranks[0]["edited_offload0"], ranks[0]["unedited"]
+    assert max(float((a - b).abs().max()) for a, b in zip(plain, unedited)) > 1e-4
+    for r in ranks:
+        for a, b in zip(r["edited_offload1"], plain):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)

@@ -1,8 +1,8 @@
 """ZeRO stage 3's two multi-rank paths: same-host CPU ranks through /dev/shm, and the gloo fallback.
 
 Same-host fp32 CPU ranks gather parameters out of a shared snapshot and reduce gradient buckets in a shared table
-(shared_params.py, reducer.ShmReducer); DSFAST_SHM_ALLREDUCE=0 or a 16-bit model takes gloo collectives
-(reducer.GlooReducer, coalesced all-gathers). Both must train exactly as one process at stage 0 does, with
+(shared_params.py, transports.ShmComm); DSFAST_SHM_ALLREDUCE=0 or a 16-bit model takes gloo collectives
+(transports.C10dComm, coalesced all-gathers). Both must train exactly as one process at stage 0 does, with
 small buckets (many buckets, shared slots reused, gradients arriving out of bucket order: the awkward model's
 external weight, tied weights; a gradient arriving twice in one backward) and with the default one.
 """

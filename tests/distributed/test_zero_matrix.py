@@ -45,6 +45,18 @@ COMM32 = {(s, o): f"comm{s}{int(o)}:{s}:bf16:{int(o)}:2:0.05:{STEPS}:plain:confi
 PLAIN = {(s, prec): f"plain{s}{prec}:{s}:{prec}:0:2:0.05:{STEPS}:plain:config:-1:inf:plain"
          for s in (1, 2, 3) for prec in PRECISIONS}
 
+# Gradients that do not arrive once each in bucket order: Reuse (a layer inside a reentrant checkpoint and again
+# outside it: two gradients in one backward, the second after its bucket may be reduced) with hidden size 1024 and
+# the default bucket (several buckets), and with hidden size 32 and a 64-element bucket (one bucket per tensor);
+# Swapped (buckets complete in the reverse of their order); two engine.backward calls per micro-step.
+ODD_GRADS = {**{(s, o, prec, model): f"odd{s}{int(o)}{prec}{model}:{s}:{prec}:{int(o)}:2:0.05:{STEPS}:{model}:config:-1:"
+                f"inf:engine:-:{bucket}"
+                for s, o in PLACEMENTS for prec in ("fp32", "bf16") for model, bucket in (("reuse", 0), ("reuse32", 64))},
+             **{(s, o, "fp32", "swapped"): f"odd{s}{int(o)}swapped:{s}:fp32:{int(o)}:2:0.05:{STEPS}:swapped:config:-1:"
+                "inf:engine:-:64" for s, o in PLACEMENTS},
+             **{(s, o, "fp32", "twice"): f"odd{s}{int(o)}twice:{s}:fp32:{int(o)}:2:0.05:{STEPS}:plain:config:-1:"
+                "inf:twice" for s, o in PLACEMENTS}}
+
 
 @pytest.fixture(scope="module")
 def distinct(tmp_path_factory):
@@ -57,7 +69,7 @@ def distinct(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("matrix") / "out.pt"
-    texts = list(MATRIX.values()) + list(SKIP.values()) + list(HUGE.values()) + list(PLAIN.values()) + list(COMM32.values())
+    texts = list(MATRIX.values()) + list(SKIP.values()) + list(HUGE.values()) + list(PLAIN.values()) + list(COMM32.values()) + list(ODD_GRADS.values())
     launch(os.path.join(HERE, "worker_zero.py"), [out, *texts], nprocs=2, timeout=600)
     return torch.load(out)
 
@@ -72,6 +84,19 @@ def reference(optimizer, precision):
     return losses, full_params(engine)
 
 
+def reference_of(text, stage=0, offload=False):
+    """`text` trained in one process at `stage` (default: stage 0 without offload) on the same global batches."""
+    import dsfast
+    spec = parse(text)
+    spec.update(gas=4, stage=stage, offload=offload, backward="engine")
+    losses, engine = train(dsfast.initialize, spec, 0, 1, dist_init_required=False)
+    return losses, full_params(engine)
+
+
+_odd_reference = functools.lru_cache(maxsize=None)(
+    lambda precision, model: reference_of(ODD_GRADS[(0, False, precision, model)]))
+
+
 def _distance(ranks_, want):
     got = torch.cat([ranks_[0]["params"][n].flatten() for n in want])
     ref = torch.cat([want[n].flatten() for n in want])
@@ -82,8 +107,13 @@ def _distance(ranks_, want):
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 @pytest.mark.parametrize("stage,offload", PLACEMENTS)
 def test_two_ranks_equal_one_process_at_stage0(ranks, stage, offload, optimizer, precision):
-    got = ranks[MATRIX[(stage, offload, optimizer, precision)]]
-    want_losses, want = reference(optimizer, precision)
+    _assert_equals_one_process(ranks[MATRIX[(stage, offload, optimizer, precision)]], *reference(optimizer, precision),
+                               precision)
+
+
+def _assert_equals_one_process(got, want_losses, want, precision):
+    """fp32: within float32 rounding of another summation order; 16-bit: identical on every rank and within the
+    precision's relative distance of the reference."""
     assert all(r["skipped"] == 0 for r in got)
     if precision == "fp32":
         mean_losses, ref_losses = compare_to_reference(got, want, want_losses, atol=1e-5, rtol=1e-5)
@@ -169,3 +199,45 @@ def test_bf16_reduced_in_fp32_is_much_closer_to_stage0(ranks, stage, offload):
             assert torch.equal(r["params"][n], got[0]["params"][n]), n
     bf16_reduced = _distance(ranks[MATRIX[(stage, offload, "config", "bf16")]], want)
     assert _distance(got, want) < min(1e-3, bf16_reduced / 2), (_distance(got, want), bf16_reduced)
+
+
+@pytest.mark.parametrize("stage,offload,precision,model", sorted(ODD_GRADS))
+def test_gradients_out_of_bucket_order_train_as_one_process(ranks, stage, offload, precision, model):
+    _assert_equals_one_process(ranks[ODD_GRADS[(stage, offload, precision, model)]], *_odd_reference(precision, model),
+                               precision)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("stage,offload", PLACEMENTS[1:])
+def test_reused_layer_trains_alike_at_every_stage_on_one_rank(stage, offload, precision, model="reuse32"):
+    # (one bucket per tensor: the checkpoint's gradient comes after its bucket was reduced at stages 2-3; stages
+    # 0-1 reduce nothing on one rank)
+    want_losses, want = _odd_reference(precision, model)
+    losses, got = reference_of(ODD_GRADS[(stage, offload, precision, model)], stage, offload)
+    if precision == "fp32":
+        assert losses == pytest.approx(want_losses, rel=1e-5, abs=1e-6)
+        for n in want:
+            torch.testing.assert_close(got[n], want[n], atol=1e-5, rtol=1e-5, msg=n)
+        return
+    assert _distance([{"params": got}], want) < 2e-2
+
+
+@pytest.mark.parametrize("model", ["reuse", "reuse32"])
+def test_reused_layer_reference_is_plain_torch(model):
+    """The one-process reference of the reused layer equals plain PyTorch (AdamW, clip_grad_norm_) on the global
+    batch, the checkpoint's two gradients summed by autograd."""
+    from dp_common import MICRO, global_batch
+    from zero_common import MODELS
+    _, want = _odd_reference("fp32", model)
+    net = MODELS[model]()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.1)
+    for step in range(STEPS):
+        x, y = global_batch(step, MICRO * 4)
+        opt.zero_grad()
+        for i in range(4):   # the reference's micro-steps (GAS 4), each loss / 4
+            sl = slice(i * MICRO, (i + 1) * MICRO)
+            (torch.nn.functional.mse_loss(net(x[sl]), y[sl]) / 4).backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 0.05)
+        opt.step()
+    for n, p in net.named_parameters():
+        torch.testing.assert_close(want[n], p.detach(), atol=1e-5, rtol=1e-5, msg=n)

@@ -35,6 +35,36 @@ def double_backward(precision, gas, steps=3, stage=0):
     return [safe_get_full_fp32_param(p).clone() for p in model.parameters()]
 
 
+def edited_after_backward(offload, edit=True, steps=3):
+    """Stage 1, GAS 2: a gradient cleared (step 0) or zeroed in place (steps 1, 2) between the boundary's backward
+    and the step. Offloaded to a distinct host (the gradient shards are copied to the host as their reduction
+    lands, during backward), the step must still apply the edited gradients, as without offload."""
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    model = build_model()
+    cfg = ds_config("fp32", 2, world, clip=0.0)
+    cfg["zero_optimization"] = {"stage": 1}
+    if offload:
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+        os.environ["DSFAST_TEST_PLACEMENT"] = "distinct-host"
+    try:
+        engine = dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0]
+    finally:
+        os.environ.pop("DSFAST_TEST_PLACEMENT", None)
+    for step in range(steps):
+        x, y = global_batch(step, MICRO * 2 * world)
+        for i in range(2):
+            lo = (i * world + rank) * MICRO
+            engine.backward(torch.nn.functional.mse_loss(engine(x[lo:lo + MICRO]), y[lo:lo + MICRO]))
+            if edit and engine.is_gradient_accumulation_boundary():
+                if step == 0:
+                    model[0].bias.grad = None
+                else:
+                    model[3 if step == 1 else 5].weight.grad.zero_()
+            engine.step()
+    from dsfast.utils import safe_get_full_fp32_param
+    return [safe_get_full_fp32_param(p).clone() for p in model.parameters()]
+
+
 def plain_backward_refused():
     model = build_model()
     engine = dsfast.initialize(model=model, model_parameters=model.parameters(),
@@ -58,7 +88,9 @@ def main():
     record = {"gan": engine_gan(dsfast.initialize, 6, part=slice(rank * share, (rank + 1) * share), micro=share),
               "double_fp32_gas1": double_backward("fp32", 1), "double_fp32_gas2": double_backward("fp32", 2),
               "double_bf16_gas2": double_backward("bf16", 2), "plain": plain_backward_refused(),
-              **{f"double_fp32_gas2_s{z}": double_backward("fp32", 2, stage=z) for z in (1, 2, 3)}}
+              **{f"double_fp32_gas2_s{z}": double_backward("fp32", 2, stage=z) for z in (1, 2, 3)},
+              **{f"edited_offload{int(o)}": edited_after_backward(o) for o in (False, True)},
+              "unedited": edited_after_backward(False, edit=False)}
     gathered = gather_records(record)
     if rank == 0:
         torch.save(gathered, sys.argv[1])

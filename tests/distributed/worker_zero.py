@@ -1,4 +1,5 @@
 """One rank of ZeRO runs (see zero_common.py for the run format); rank 0 saves every rank's records."""
+import contextlib
 import os
 import sys
 
@@ -14,10 +15,15 @@ def run(text):
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     spec = parse(text)
     losses, engine = train(dsfast.initialize, spec, rank, world)
+    # (stage 3: parameters above the persistence threshold are placeholders until gathered)
+    gathered = dsfast.zero.GatheredParameters(list(engine.module.parameters())) if spec["stage"] == 3 else \
+        contextlib.nullcontext()
+    with gathered:
+        module_sd = {k: v.float().clone() for k, v in engine.module.state_dict().items()}
     record = {"losses": losses, "params": full_params(engine), "skipped": engine.skipped_steps,
               "memory": engine.memory_breakdown(), "norm": engine.get_global_grad_norm(),
               "numel": sum(p.numel() for p in engine.module.parameters() if p.requires_grad),
-              "module_sd": {k: v.float().clone() for k, v in engine.module.state_dict().items()},
+              "module_sd": module_sd,
               "lrs": engine.get_lr(),
               # which reduction ran: every stage's owner reduces through reducer.py
               "reduction": (type(engine.state_owner.reducer).__module__, engine.state_owner.reducer.transport,

@@ -1,22 +1,61 @@
 """Runs shared by the ZeRO workers (2 and 4 gloo ranks) and their one-process stage-0 references.
 
-A run is "name:stage:precision:offload:gas:clip:steps:model:optimizer:inject_rank[:inject[:backward[:comm]]]", model "plain" (dp_common's
+A run is "name:stage:precision:offload:gas:clip:steps:model:optimizer:inject_rank[:inject[:backward[:comm[:bucket]]]]",
+model "plain" (dp_common's
 MLP: 1928 parameters, not divisible by 4 x 16, so partitions are padded and parameters straddle shards) or
 "fancy" (a frozen first layer, a tied weight, two param groups: weight decay 0.1 on matrices, 0 on biases and
-norms, and a larger lr on the second group); optimizer "config" (AdamW from the config: CPUAdam) or "adam" (the
+norms, and a larger lr on the second group) or "reuse" / "reuse32" (Reuse: a layer of hidden size 1024 / 32 used
+inside a reentrant activation checkpoint and again outside it: two gradients in one backward, the second after
+its bucket may have been reduced) or "swapped" (layers registered in the reverse of the order forward uses them:
+gradients arrive in the reverse of bucket order); optimizer "config" (AdamW from the config: CPUAdam) or "adam" (the
 config's "Adam" with adam_w_mode false) or "sgd" (SGD with momentum from the config: CPUSGD) or "nesterov" (the
 same with nesterov) or "client" (a torch.optim.AdamW instance) or "torch_adam" (a torch.optim.Adam instance) or
 "fused_adam" (a dsfast FusedAdam(adam_w_mode=False) instance: on CPU tensors its reference kernel, through the
 same step call a GPU makes). inject: "inf" (default: the loss times inf on inject_rank at step 1) or "huge" (times
 1e22: finite gradients whose squares overflow fp32). backward: "engine" (default: engine.backward(loss)) or "plain"
-(loss.backward(), DeepSpeed 0.19.8's hooks on the engine's outputs). comm: the config's communication_data_type
-("-" or absent: not set). precision "bf16m": bf16 with bf16 masters and optimizer states
+(loss.backward(), DeepSpeed 0.19.8's hooks on the engine's outputs) or "twice" (two engine.backward calls per
+micro-step, on the two halves of the micro-batch's loss: DeepSpeed accumulates both). comm: the config's communication_data_type
+("-" or absent: not set). bucket: zero_optimization.reduce_bucket_size (absent: the default). precision "bf16m": bf16 with bf16 masters and optimizer states
 (bf16_master_weights_and_grads + bf16_optimizer_states), "bf16mo": bf16 masters with fp32 states (offload only),
 "fp16mo": fp16 with fp16 masters (fp16_master_weights_and_grads; offload only).
 """
 import torch
 
 from dp_common import D_HID, D_IN, D_OUT, MICRO, build_model, global_batch
+
+
+class Reuse(torch.nn.Module):
+    """`shared` runs inside a reentrant checkpoint and again after it: its gradient comes in two parts, the one
+    from outside first, the checkpoint's (a nested backward) after `out`'s and possibly other buckets'."""
+
+    def __init__(self, hidden):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.shared, self.out = (torch.nn.Linear(D_IN, hidden), torch.nn.Linear(hidden, hidden),
+                                             torch.nn.Linear(hidden, D_OUT))
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+        h = torch.tanh(self.embed(x))
+        h = checkpoint(lambda t: torch.tanh(self.shared(t)), h, use_reentrant=True)
+        return self.out(torch.tanh(self.shared(h)))
+
+
+class Swapped(torch.nn.Module):
+    """Registered last-used first: buckets (reverse registration order) complete in the reverse of their order."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.head = torch.nn.Linear(D_HID, D_OUT)
+        self.mid = torch.nn.Linear(D_HID, D_HID)
+        self.first = torch.nn.Linear(D_IN, D_HID)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.mid(torch.tanh(self.first(x)))))
+
+
+MODELS = {"plain": build_model, "reuse": lambda: Reuse(1024), "reuse32": lambda: Reuse(32), "swapped": Swapped}
 
 
 class Fancy(torch.nn.Module):
@@ -43,11 +82,11 @@ def parse(run):
     return dict(name=f[0], stage=int(f[1]), precision=f[2], offload=f[3] == "1", gas=int(f[4]), clip=float(f[5]),
                 steps=int(f[6]), model=f[7], optimizer=f[8], inject_rank=int(f[9]),
                 inject=f[10] if len(f) > 10 else "inf", backward=f[11] if len(f) > 11 else "engine",
-                comm=f[12] if len(f) > 12 and f[12] != "-" else None)
+                comm=f[12] if len(f) > 12 and f[12] != "-" else None, bucket=int(f[13]) if len(f) > 13 else None)
 
 
 def build(spec):
-    model = build_model() if spec["model"] == "plain" else Fancy()
+    model = Fancy() if spec["model"] == "fancy" else MODELS[spec["model"]]()
     if spec["model"] == "fancy":
         decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() > 1]
         rest = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() <= 1]
@@ -72,6 +111,8 @@ def config(spec, world):
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         # a client optimizer under offload: allowed explicitly, as DeepSpeed requires
         cfg["zero_force_ds_cpu_optimizer"] = spec["optimizer"] not in ("client", "torch_adam", "fused_adam")
+    if spec.get("bucket"):
+        cfg["zero_optimization"]["reduce_bucket_size"] = spec["bucket"]
     if spec.get("comm"):
         cfg["communication_data_type"] = spec["comm"]
     if spec["precision"] in ("bf16", "bf16m", "bf16mo"):
@@ -122,6 +163,15 @@ def run_steps(engine, spec, rank, world, first=0, after_step=None):
         total = 0.0
         for i in range(gas):
             lo = (i * world + rank) * MICRO
+            if spec.get("backward") == "twice":   # mean over the micro-batch = half + half
+                half = MICRO // 2
+                parts = [torch.nn.functional.mse_loss(engine(x[a:a + half]).float(), y[a:a + half]) / 2
+                         for a in (lo, lo + half)]
+                for part in parts:
+                    engine.backward(part)
+                engine.step()
+                total += float(sum(p.detach() for p in parts))
+                continue
             loss = torch.nn.functional.mse_loss(engine(x[lo:lo + MICRO]).float(), y[lo:lo + MICRO])
             if step == 1 and rank == spec["inject_rank"]:
                 loss = loss * (1e22 if spec.get("inject") == "huge" else float("inf"))
