@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dsfast
-from dsfast.utils import (safe_get_full_grad, safe_get_full_fp32_param, safe_set_full_fp32_param,
+from dsfast.utils import (safe_get_full_grad, safe_get_full_fp32_param, safe_get_local_grad, safe_set_full_fp32_param,
                           safe_set_full_grad, safe_set_full_optimizer_state, safe_set_local_grad,
                           safe_update_full_grad_vectorized)
 
@@ -102,3 +102,24 @@ def test_an_8bit_moment_is_refused_by_the_setter():
     engine.step()
     with pytest.raises(ValueError, match="'exp_avg' is held as 8-bit blocks"):
         safe_set_full_optimizer_state(model[0].weight, torch.zeros(33, 16), "exp_avg")
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_the_step_clips_by_the_norm_of_the_gradients_set_locally(stage):
+    # DeepSpeed's test_zero_grad_clip shape: clamp each local gradient, then the step's global norm is theirs
+    cfg = C.config(stage, "bf16", True)
+    cfg["gradient_clipping"] = 1.0
+    model = C.model()
+    engine = dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg,
+                               dist_init_required=False)[0]
+    C._backward(engine, 0)
+    clamped = []
+    for p in engine.module.parameters():
+        g = torch.clamp(safe_get_local_grad(p).float(), -0.05, 0.05)
+        safe_set_local_grad(p, g)
+        held = safe_get_local_grad(p).float()   # as the gradients are held (bf16 here: 0.05 is rounded)
+        torch.testing.assert_close(held, g, atol=2e-4, rtol=0)
+        clamped.append(held.flatten())
+    engine.step()
+    want = torch.linalg.vector_norm(torch.cat(clamped)).item()
+    assert engine.get_global_grad_norm() == pytest.approx(want, rel=1e-5)
