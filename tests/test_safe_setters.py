@@ -123,3 +123,17 @@ def test_the_step_clips_by_the_norm_of_the_gradients_set_locally(stage):
     engine.step()
     want = torch.linalg.vector_norm(torch.cat(clamped)).item()
     assert engine.get_global_grad_norm() == pytest.approx(want, rel=1e-5)
+
+
+def test_at_stage3_fp32_a_persistent_parameter_takes_the_set_value_at_once():
+    # the shard is the fp32 master; a parameter kept whole (under param_persistence_threshold) must not go stale
+    cfg = C.config(3, "fp32", False)
+    cfg["zero_optimization"]["param_persistence_threshold"] = 10 ** 6
+    model = C.model()
+    engine = dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg,
+                               dist_init_required=False)[0]
+    bias = engine.module[2].bias
+    assert bias.ds_status.name == "AVAILABLE"
+    safe_set_full_fp32_param(bias, torch.arange(8.0))
+    assert torch.equal(bias.data, torch.arange(8.0))
+    assert torch.equal(safe_get_full_fp32_param(bias), torch.arange(8.0))

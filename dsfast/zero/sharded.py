@@ -283,6 +283,10 @@ class _ShardedBase(ShardOptimizer):
                 param.data.copy_(value.view(param.shape))
             return
         self._set_piece(param, self._targets("param"), value, False, "safe_set_full_fp32_param")
+        if self.store.masters_are_params and param.ds_status.name == "AVAILABLE":
+            # stage 3, fp32: the shard is the master; a parameter whole right now (persistent) takes the value too
+            with torch.no_grad():
+                param.data.copy_(value.reshape(param.shape))
 
     def set_full_grad(self, param, value):
         # the shards hold the sum over ranks; the getters scale by post_reduce_factor
