@@ -21,6 +21,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from ..comm.env import discover
 from ..comm.where import waiting
 from ..precision.keep_fp32 import upcast_kept
 from . import param_hooks
@@ -108,7 +109,9 @@ class Init:
 
     # ---- where partitions live ----------------------------------------------------------------------------
     def _setup(self):
-        if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # as DeepSpeed's Init: join the process group a launcher describes (torchrun / MPI / Slurm variables), a
+        # world of one included; without launcher variables there is no group to join (a world of one process)
+        if not dist.is_initialized() and discover(os.environ).source != "single":
             from dsfast.comm import init_distributed
             init_distributed(verbose=False)
         self.world = dist.get_world_size(self.group) if dist.is_initialized() else 1
