@@ -36,7 +36,7 @@ def test_defaults_match_deepspeed():
     assert z.stage == 0 and c.zero_stage == 0
     assert z.contiguous_gradients is True and z.reduce_scatter is True
     assert z.reduce_bucket_size == 500_000_000 and z.allgather_bucket_size == 500_000_000
-    assert z.overlap_comm is None and z.overlap_comm_resolved is False
+    assert z.overlap_comm is False and z.overlap_comm_resolved is False   # resolved on the object, as DeepSpeed
     assert z.prefetch_bucket_size == 50_000_000 and z.param_persistence_threshold == 100_000
     assert z.max_live_parameters == 1_000_000_000 and z.max_reuse_distance == 1_000_000_000
     assert z.sub_group_size == 1_000_000_000 and z.load_from_fp32_weights is True

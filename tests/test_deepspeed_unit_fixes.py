@@ -351,3 +351,23 @@ def test_no_sync_reentry_is_refused_as_deepspeed():
         engine.backward(engine(torch.randn(2, 4)).square().mean())    # the outer block still holds
         assert engine._no_sync
     assert not engine._no_sync
+
+
+# ------------------------------------------------------------------------------------------------ DeepSpeedZeroConfig
+def test_zero_config_object_maps_deprecated_keys_at_any_stage_and_resolves_overlap_comm(caplog):
+    from dsfast.runtime.zero.config import (DeepSpeedZeroConfig, DeepSpeedZeroOffloadOptimizerConfig,
+                                            DeepSpeedZeroOffloadParamConfig)
+    # DeepSpeed builds these on the config object at its default stage 0; initialize is where stage 0 refuses
+    z = DeepSpeedZeroConfig(**{"cpu_offload": True})
+    assert isinstance(z.offload_optimizer, DeepSpeedZeroOffloadOptimizerConfig) and z.offload_optimizer.device == "cpu"
+    assert "cpu_offload is deprecated" in caplog.text
+    z = DeepSpeedZeroConfig(**{"cpu_offload_param": True})
+    assert isinstance(z.offload_param, DeepSpeedZeroOffloadParamConfig) and z.offload_param.device == "cpu"
+    assert DeepSpeedZeroConfig(**{"stage3_gather_fp16_weights_on_model_save": True}).gather_16bit_weights_on_model_save
+    assert [DeepSpeedZeroConfig(stage=s).overlap_comm for s in (0, 1, 2, 3)] == [False, False, False, True]
+    assert DeepSpeedZeroConfig(stage=1, overlap_comm=True).overlap_comm is True
+    assert DeepSpeedZeroConfig(stage=3, overlap_comm=False).overlap_comm is False
+    with pytest.raises(DsConfigError, match=r"zero_optimization.offload_optimizer.*needs ZeRO stage 1, 2 or 3"):
+        init({**BASE, "zero_optimization": {"cpu_offload": True}})
+    with pytest.raises(DsConfigError, match=r"zero_optimization.offload_optimizer.device.*\"auto\" picks"):
+        init({**BASE, "zero_optimization": {"offload_optimizer": {"device": "auto"}}})

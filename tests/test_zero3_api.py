@@ -159,3 +159,25 @@ def test_partitioned_parameters_carry_deepspeed_s_attributes_as_their_state_chan
     cfg["zero_optimization"]["param_persistence_threshold"] = 10 ** 9        # every parameter persistent
     small = _train(cfg, steps=1)
     assert all(p.ds_persist and p.ds_status is ZeroParamStatus.AVAILABLE for p in small.module.parameters())
+
+
+def test_zero_init_joins_the_process_group_a_launcher_describes_even_of_one_rank():
+    # DeepSpeed's Init calls init_distributed() (its test_scattered_init_dist: a serial torchrun-style environment);
+    # without launcher variables there is no group to join and none is made
+    import os
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import torch, torch.distributed as dist, dsfast\n"
+            "assert not dist.is_initialized()\n"
+            "with dsfast.zero.Init():\n"
+            "    m = torch.nn.Linear(4, 4)\n"
+            "print(dist.is_initialized(), m.weight.ds_numel)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "SLURM_")) and k not in
+           ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    launched = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=dict(
+        env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+    assert launched.stdout.split() == ["True", "16"], launched.stderr[-2000:]
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert plain.stdout.split() == ["False", "16"], plain.stderr[-2000:]

@@ -210,6 +210,13 @@ class DsConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _offload_needs_stage(self):
+        errors = self.zero_optimization.offload_stage_errors()
+        if errors:
+            raise nested_error(errors)
+        return self
+
+    @model_validator(mode="after")
     def _unmanaged_accumulation(self):
         # DeepSpeed 0.19.8 refuses the pair: below stage 2 the reduction runs in step(), not during backward
         if not self.managed_gradient_accumulation and self.zero_stage < 2 and \

@@ -134,7 +134,7 @@ class ZeroConfig(StrictModel):
     use_multi_rank_bucket_allreduce: bool = True
     allgather_partitions: bool = True
     allgather_bucket_size: int = Field(500_000_000, ge=0)
-    overlap_comm: Optional[bool] = None          # None -> True for stage 3, False otherwise (see resolved below)
+    overlap_comm: Optional[bool] = None          # None -> True for stage 3, False otherwise (_overlap_comm_default)
     load_from_fp32_weights: bool = True
     elastic_checkpoint: bool = False
     sub_group_size: int = Field(1_000_000_000, ge=0)
@@ -229,14 +229,27 @@ class ZeroConfig(StrictModel):
         return data
 
     @model_validator(mode="after")
-    def _offload_needs_stage(self):
-        if self.offload_optimizer_device == "auto" and self.stage == 0:
-            raise nested_error([(("offload_optimizer", "device"), '"auto" picks where the optimizer states of ZeRO '
-                                                                  'stage 1, 2 or 3 go (stage is 0); set a stage or '
-                                                                  'remove the section')])
-        if self.offload_optimizer is not None and self.offload_optimizer.device != "none" and self.stage == 0:
-            raise nested_error([(("offload_optimizer",), "offloading optimizer states needs ZeRO stage 1, 2 or 3 "
-                                                         "(stage is 0)")])
+    def _overlap_comm_default(self):
+        # DeepSpeed's DeepSpeedZeroConfig resolves the unset key on the object itself: True at stage 3 only
+        if self.overlap_comm is None:
+            self.overlap_comm = self.stage == 3
+        return self
+
+    def offload_stage_errors(self):
+        """The offload sections that need a ZeRO stage, at stage 0: checked by the whole config (DsConfig), not
+        here, since DeepSpeed's DeepSpeedZeroConfig builds them at any stage (its default is stage 0)."""
+        if self.stage != 0:
+            return []
+        if self.offload_optimizer_device == "auto":
+            return [(("zero_optimization", "offload_optimizer", "device"), '"auto" picks where the optimizer states '
+                     "of ZeRO stage 1, 2 or 3 go (stage is 0); set a stage or remove the section")]
+        if self.offload_optimizer is not None and self.offload_optimizer.device != "none":
+            return [(("zero_optimization", "offload_optimizer"), "offloading optimizer states needs ZeRO stage 1, "
+                     "2 or 3 (stage is 0)")]
+        return []
+
+    @model_validator(mode="after")
+    def _offload_sections(self):
         # NVMe runs for the optimizer's states at stages 1-3 (zero/nvme_states.py), for stage 3's parameter
         # shards (zero/nvme_params.py)
         if self.offload_optimizer_device == "nvme" and self.offload_optimizer.buffer_count < 1:

@@ -21,10 +21,12 @@ import os
 import torch
 import torch.distributed as dist
 
+from ..comm.env import discover
 from ..comm.where import waiting
 from ..precision.keep_fp32 import upcast_kept
 from . import param_hooks
 from .param_hooks import ZeroParamDict
+from .param_methods import attach as attach_ds_methods
 from .partitioned_param import PartitionedParam, gather, record_of
 
 
@@ -108,7 +110,9 @@ class Init:
 
     # ---- where partitions live ----------------------------------------------------------------------------
     def _setup(self):
-        if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # as DeepSpeed's Init: join the process group a launcher describes (torchrun / MPI / Slurm variables), a
+        # world of one included; without launcher variables there is no group to join (a world of one process)
+        if not dist.is_initialized() and discover(os.environ).source != "single":
             from dsfast.comm import init_distributed
             init_distributed(verbose=False)
         self.world = dist.get_world_size(self.group) if dist.is_initialized() else 1
@@ -130,6 +134,7 @@ class Init:
                     dist.broadcast(p.data, src=0, group=self.group)
             rec = PartitionedParam(p, self.world, self.rank, self.group, self.device, self.shard_device,
                                    pin=self.pin and self.nvme is None)
+            attach_ds_methods(p)   # DeepSpeed's param.all_gather / partition / all_gather_coalesced
             if self.nvme is not None:
                 if self.swap is None:
                     from .nvme_params import construction_swap

@@ -62,6 +62,18 @@ def _add_external(module, rec):
     gather([rec])
 
 
+def _keep_returned_parameters(outputs):
+    """A forward that returns a parameter (a layer handing back its bias for the caller to add, as DeepSpeed's
+    test_ext_param_return and Megatron's skip_bias_add do): the caller uses it after this module's forward ends, so
+    it becomes an external parameter of the calling module, whole until that module's forward ends and gathered
+    with it from then on (DeepSpeed registers it the same way)."""
+    for t in outputs:
+        rec = record_of(t)
+        if rec is not None and not any(any(r is rec for r in m.__dict__.get("_dsfast_external", ()))
+                                       for m in _ACTIVE):
+            _add_external(_ACTIVE[-1], rec)
+
+
 def _check_parameter(what, parameter):
     if not isinstance(parameter, torch.nn.Parameter):
         raise RuntimeError(f"{what}: the parameter must be a torch.nn.Parameter, got {type(parameter).__name__}")
@@ -150,8 +162,11 @@ class ParamCoordinator:
         if _ACTIVE and _ACTIVE[-1] is module:
             _ACTIVE.pop()
         recs = _records(module)
+        outputs = list(nested_tensors(output))
+        if _ACTIVE:
+            _keep_returned_parameters(outputs)
         if torch.is_grad_enabled():
-            for t in nested_tensors(output):
+            for t in outputs:
                 if t.requires_grad and t.grad_fn is not None:
                     t.register_hook(lambda grad, m=module: self._pre_backward(m))
         for r in recs:

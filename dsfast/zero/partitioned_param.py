@@ -69,7 +69,8 @@ DS_STATUS = {SHARDED: ZeroParamStatus.NOT_AVAILABLE, GATHERING: ZeroParamStatus.
 
 _ids = itertools.count()
 # what a partitioned parameter carries (stage3.detach() takes them off again)
-DS_PARAM_ATTRS = ("_dsfast_z3", "ds_id", "ds_shape", "ds_numel", "ds_status", "ds_tensor", "ds_persist")
+DS_PARAM_ATTRS = ("_dsfast_z3", "ds_id", "ds_shape", "ds_numel", "ds_status", "ds_tensor", "ds_persist",
+                  "all_gather_coalesced", "all_gather", "partition")   # (param_methods.py)
 
 
 def whole_numel(param):

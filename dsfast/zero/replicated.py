@@ -8,7 +8,12 @@ import torch
 
 from ..optim.amp_step import amp_step
 from .decide import decide
+from .set_values import checked_value
 from .state_owner import OwnerDefaults, SliceRecord
+
+
+def _what(param):
+    return f"parameter of shape {tuple(param.shape)}"
 
 
 class Replicated(OwnerDefaults):
@@ -96,16 +101,45 @@ class Replicated(OwnerDefaults):
     def full_grad(self, param):
         return self.buffers.view_of(param).float() * self.post_reduce_factor
 
-    def full_optimizer_state(self, param, key):
+    def _state(self, param, key):
         state = self._optimizer.state.get(self.copies.master_of(param), {}) if self._optimizer else {}
         if key not in state:
             raise KeyError(f"optimizer state {key!r} does not exist (yet): available keys {sorted(state)}; "
                            "states appear after the first optimizer step")
-        return state[key].float().clone()
+        return state[key]
+
+    def full_optimizer_state(self, param, key):
+        return self._state(param, key).float().clone()
 
     local_fp32_param = full_fp32_param
     local_grad = full_grad
     local_optimizer_state = full_optimizer_state
+
+    # ---- dsfast.utils' setters: every rank holds everything, so "local" is "full" ---------------------------
+    @torch.no_grad()
+    def set_full_fp32_param(self, param, value, api="safe_set_full_fp32_param"):
+        master = self.copies.master_of(param)
+        master.copy_(checked_value(value, master.numel(), api, _what(param)).view(master.shape))
+
+    @torch.no_grad()
+    def set_full_grad(self, param, value, api="safe_set_full_grad"):
+        grad = self.buffers.view_of(param)   # the sum over ranks: the getters scale by post_reduce_factor
+        value = checked_value(value, grad.numel(), api, _what(param))
+        grad.copy_((value / self.post_reduce_factor).view(grad.shape))
+
+    @torch.no_grad()
+    def set_full_optimizer_state(self, param, value, key, api="safe_set_full_optimizer_state"):
+        state = self._state(param, key)
+        state.copy_(checked_value(value, state.numel(), api, _what(param)).view(state.shape))
+
+    def set_local_fp32_param(self, param, value):
+        self.set_full_fp32_param(param, value, "safe_set_local_fp32_param")
+
+    def set_local_grad(self, param, value):
+        self.set_full_grad(param, value, "safe_set_local_grad")
+
+    def set_local_optimizer_state(self, param, value, key):
+        self.set_full_optimizer_state(param, value, key, "safe_set_local_optimizer_state")
 
     def memory_tensors(self):
         prec = self.copies

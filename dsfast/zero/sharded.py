@@ -28,6 +28,7 @@ from .precision import PrecisionPolicy
 from .reducer import reducer_for
 from .shard_owner import ShardOwner
 from .shard_step import step_shards
+from .set_values import checked_value
 from .state_owner import SliceRecord
 
 
@@ -37,6 +38,11 @@ def local_ranks():
         return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     except ValueError:
         return 1
+
+
+def _unscaled(value, post_reduce_factor):
+    """A gradient as the getters return it, back to what the owners hold (the sum over ranks)."""
+    return value / post_reduce_factor if torch.is_tensor(value) and post_reduce_factor != 1 else value
 
 
 class ShardedBase(ShardOwner):
@@ -144,16 +150,30 @@ class ShardedBase(ShardOwner):
             use(self.store.units[plan.index].shard)
             return source(plan.index)[max(a - lo, 0):max(b - lo, 0)].clone()
 
+    def _state_dict(self, i, key):
+        """The optimizer's state of shard i, or a KeyError naming the keys it has."""
+        state = self._optimizer.state.get(self.store.shards[i], {}) if self._optimizer is not None else {}
+        if key not in state and not (key in FLOAT_KEYS and is_quantized(state)):
+            raise KeyError(f"optimizer state {key!r} does not exist (yet): available keys "
+                           f"{sorted(state)}; states appear after the first optimizer step")
+        return state
+
     def _state_of(self, key):
         def source(i):
-            state = self._optimizer.state.get(self.store.shards[i], {}) if self._optimizer is not None else {}
-            if key not in state and key in FLOAT_KEYS and is_quantized(state):   # 8-bit moments, as fp32 values
+            state = self._state_dict(i, key)
+            if key not in state:   # 8-bit moments, as fp32 values
                 return dequantize_moments(state)[key]
-            if key not in state:
-                raise KeyError(f"optimizer state {key!r} does not exist (yet): available keys "
-                               f"{sorted(state)}; states appear after the first optimizer step")
             return state[key].float()
         return source
+
+    def _state_tensor(self, i, key):
+        """The tensor a setter writes: the state itself (8-bit moments cannot be written element by element)."""
+        state = self._state_dict(i, key)
+        if key not in state:
+            raise ValueError(f"optimizer state {key!r} is held as 8-bit blocks here (a quantized optimizer): it "
+                             "cannot be set element by element; set it before quantizing, or use a 32-bit "
+                             "optimizer")
+        return state[key]
 
     def _grad_source(self, i):
         return self.grad_shards()[i].float() * self.post_reduce_factor
@@ -221,6 +241,70 @@ class ShardedBase(ShardOwner):
 
     def local_optimizer_state(self, param, key):
         return self._local(param, self._state_of(key))
+
+    # ---- what dsfast.utils' setters write: each rank its own piece, no collective (as DeepSpeed's) ------------
+    def _targets(self, kind, key=None):
+        """targets(bucket_index) -> the tensors holding this rank's shard of `kind` (a host copy of a gradient
+        shard too, where offload keeps one, since the optimizer steps from it)."""
+        if kind == "param":
+            return lambda i: [self.store.masters[i]]
+        if kind == "grad":
+            return lambda i: [t for t in (self.grad_shards()[i], self.store.units[i].host_grad) if t is not None]
+        return lambda i: [self._state_tensor(i, key)]
+
+    @torch.no_grad()
+    def _set_piece(self, param, targets, value, local, api):
+        """Write this rank's piece of `param` from `value`: the whole parameter's values, or (local) exactly
+        this rank's piece, as the local getters return it."""
+        plan, e = self.store.bucket_of[id(param)]
+        lo, _ = plan.shard_range(self.rank)
+        a, b = max(lo, e.offset), min(lo + plan.shard, e.offset + e.numel)
+        if local:
+            value = checked_value(value, max(b - a, 0), api, "local piece of this parameter on this rank")
+            piece = value
+        else:
+            shape = tuple(self._shape_of(param))
+            value = checked_value(value, e.numel, api, f"parameter of shape {shape}")
+            piece = value[max(a - e.offset, 0):max(b - e.offset, 0)]
+        if a >= b:
+            return
+        with self.visiting(writes=True) as use:
+            use(self.store.units[plan.index].shard)
+            for t in targets(plan.index):
+                t[a - lo:b - lo].copy_(piece)
+
+    def set_full_fp32_param(self, param, value):
+        if self.store.masters_are_params and not self.partitions_params:
+            # the master is this rank's slice of the parameter itself: write the whole parameter, so that every
+            # rank's copy of it stays the same
+            value = checked_value(value, param.numel(), "safe_set_full_fp32_param",
+                                  f"parameter of shape {tuple(param.shape)}")
+            with torch.no_grad():
+                param.data.copy_(value.view(param.shape))
+            return
+        self._set_piece(param, self._targets("param"), value, False, "safe_set_full_fp32_param")
+        if self.store.masters_are_params and param.ds_status.name == "AVAILABLE":
+            # stage 3, fp32: the shard is the master; a parameter whole right now (persistent) takes the value too
+            with torch.no_grad():
+                param.data.copy_(value.reshape(param.shape))
+
+    def set_full_grad(self, param, value):
+        # the shards hold the sum over ranks; the getters scale by post_reduce_factor
+        self._set_piece(param, self._targets("grad"), _unscaled(value, self.post_reduce_factor), False,
+                        "safe_set_full_grad")
+
+    def set_full_optimizer_state(self, param, value, key):
+        self._set_piece(param, self._targets("state", key), value, False, "safe_set_full_optimizer_state")
+
+    def set_local_fp32_param(self, param, value):
+        self._set_piece(param, self._targets("param"), value, True, "safe_set_local_fp32_param")
+
+    def set_local_grad(self, param, value):
+        self._set_piece(param, self._targets("grad"), _unscaled(value, self.post_reduce_factor), True,
+                        "safe_set_local_grad")
+
+    def set_local_optimizer_state(self, param, value, key):
+        self._set_piece(param, self._targets("state", key), value, True, "safe_set_local_optimizer_state")
 
     # ---- memory -------------------------------------------------------------------------------------------
     def memory_tensors(self):

@@ -25,6 +25,7 @@ from .nvme_states import nvme_states
 from .reducer import reducer_for
 from .gather_order import check_same_gathers
 from .leaf_granularity import set_leaves_by_granularity
+from .param_methods import attach as attach_ds_methods
 from .partitioned_param import DS_PARAM_ATTRS, PartitionedParam, gather, record_of
 from .shard_unit import ShardUnit, UnitStore
 from .shared_params import SharedParams, shareable
@@ -229,6 +230,7 @@ def build_stage3_owner(model, params, group_of, policy, world, rank, placement, 
         rec = record_of(p)
         if rec is None:
             rec = PartitionedParam(p, world, rank, group, device, shard_device, pin=pin_param)
+            attach_ds_methods(p)
         else:
             if rec.swap is not None and placement.nvme_params is None:
                 _bring_back(rec)   # zero.Init put it on NVMe; this run keeps parameters in memory

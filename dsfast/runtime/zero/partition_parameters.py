@@ -1,12 +1,15 @@
 """deepspeed.runtime.zero.partition_parameters: the names programs import from it (ZeroParamStatus to test
 `param.ds_status`, Init, GatheredParameters, register / unregister_external_parameter, is_zero_param,
-ZeroParamType)."""
+ZeroParamType, the gather handles)."""
 from ...zero import GatheredParameters, Init, ZeroParamStatus, register_external_parameter  # noqa: F401
 from ...zero.param_hooks import unregister_external_parameter  # noqa: F401
+from ...zero.param_methods import AllGatherCoalescedHandle, MultipleAllGatherHandles  # noqa: F401
 from ...zero.partitioned_param import ZeroParamType  # noqa: F401
 from .utils import is_zero_param  # noqa: F401
 
 import torch as _torch
+
+partitioned_param_data_shape = [0]   # what a released parameter's .data holds (DeepSpeed's name)
 
 # DeepSpeed's zero.Init wraps torch's tensor constructors through zero_wrapper_for_fp_tensor_constructor and keeps the
 # originals as _orig_torch_*. dsfast's Init wraps no constructor (it partitions each module as it is registered), so
