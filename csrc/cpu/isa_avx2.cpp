@@ -23,6 +23,7 @@
 #include "simd_avx2.h"
 #define DSFAST_ISA_NS avx2_isa
 #include "kernel_body.h"
+#define DSFAST_8BIT_AVX2 1     // kernel_8bit.h's AVX2 decode / absmax helpers
 #include "kernel_8bit.h"
 
 namespace dsfast {

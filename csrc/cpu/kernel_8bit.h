@@ -95,28 +95,143 @@ inline void encode_moments(const float* m, const float* v, int64_t n, float m_ab
   }
 }
 
-inline void adam8bit_range(const Adam8bitTensor& t, int64_t begin, int64_t end) {
-  // the fp32-state span of this (param, grad, out) combination: validated by the dispatcher
-  AdamSpanFn fn = kAdamTable[int(t.param_dtype)][kF32][int(t.grad_dtype)][int(t.out_dtype)];
-  const int64_t pb = dtype_bytes(t.param_dtype), gb = dtype_bytes(t.grad_dtype);
+// One vector of decoded moments straight from the codes (the same integer ops and the one fp32 multiply of
+// decode_moments, so the same bits), and the running max of |x|'s bits (block_absmax's integer max), per ISA.
+#if defined(DSFAST_8BIT_AVX512)
+inline Vec decode_m_vec(const uint8_t* mc, const Vec& ms) {
+  const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mc)));
+  const __m512i mag = _mm512_and_si512(c, splat(127));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(c, splat(128)), 24);
+  const __m512i mb = _mm512_maskz_mov_epi32(
+      _mm512_test_epi32_mask(mag, mag),
+      _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(mag, splat(kMomentBias)), 20), sign));
+  return Vec(_mm512_mul_ps(_mm512_castsi512_ps(mb), ms.v));
+}
+inline Vec decode_v_vec(const uint8_t* vc, const Vec& vs) {
+  const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vc)));
+  const __m512i vb = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(d, d),
+                                            _mm512_slli_epi32(_mm512_add_epi32(d, splat(kSquareBias)), 20));
+  return Vec(_mm512_mul_ps(_mm512_castsi512_ps(vb), vs.v));
+}
+struct AbsMax {
+  __m512i a;
+  AbsMax() : a(_mm512_setzero_si512()) {}   // user-written: an implicit one would miss this TU's target
+  void add(const Vec& x) { a = _mm512_max_epi32(a, _mm512_and_si512(_mm512_castps_si512(x.v), splat(0x7FFFFFFFu))); }
+  int32_t get() const { return _mm512_reduce_max_epi32(a); }
+};
+#elif defined(DSFAST_8BIT_AVX2)
+inline __m256i splat8(uint32_t x) { return _mm256_set1_epi32(int(x)); }
+inline __m256i load8_codes(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+inline Vec decode_m_vec(const uint8_t* mc, const Vec& ms) {
+  const __m256i c = load8_codes(mc);
+  const __m256i mag = _mm256_and_si256(c, splat8(127));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, splat8(128)), 24);
+  const __m256i bits = _mm256_or_si256(_mm256_slli_epi32(_mm256_add_epi32(mag, splat8(kMomentBias)), 20), sign);
+  const __m256i mb = _mm256_andnot_si256(_mm256_cmpeq_epi32(mag, _mm256_setzero_si256()), bits);
+  return Vec(_mm256_mul_ps(_mm256_castsi256_ps(mb), ms.v));
+}
+inline Vec decode_v_vec(const uint8_t* vc, const Vec& vs) {
+  const __m256i d = load8_codes(vc);
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(d, splat8(kSquareBias)), 20);
+  const __m256i vb = _mm256_andnot_si256(_mm256_cmpeq_epi32(d, _mm256_setzero_si256()), bits);
+  return Vec(_mm256_mul_ps(_mm256_castsi256_ps(vb), vs.v));
+}
+struct AbsMax {
+  __m256i a;
+  AbsMax() : a(_mm256_setzero_si256()) {}   // user-written: an implicit one would miss this TU's target
+  void add(const Vec& x) {
+    a = _mm256_max_epi32(a, _mm256_and_si256(_mm256_castps_si256(x.v), splat8(0x7FFFFFFFu)));
+  }
+  int32_t get() const {
+    __m128i r = _mm_max_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    r = _mm_max_epi32(r, _mm_shuffle_epi32(r, 0x4E));
+    r = _mm_max_epi32(r, _mm_shuffle_epi32(r, 0xB1));
+    return _mm_cvtsi128_si32(r);
+  }
+};
+#else
+inline Vec decode_m_vec(const uint8_t* mc, const Vec& ms) {
+  const uint32_t c = *mc, mag = c & 127u;
+  return Vec(bits_float(mag ? magnitude_bits(mag, kMomentBias) | ((c & 128u) << 24) : 0u)) * ms;
+}
+inline Vec decode_v_vec(const uint8_t* vc, const Vec& vs) { return Vec(bits_float(magnitude_bits(*vc, kSquareBias))) * vs; }
+struct AbsMax {
+  int32_t a = 0;
+  void add(const Vec& x) {
+    const int32_t u = int32_t(float_bits(x.v) & 0x7FFFFFFFu);
+    a = u > a ? u : a;
+  }
+  int32_t get() const { return a; }
+};
+#endif
+
+// The fused pass over whole blocks of one (grad, out, param) combination with fp32 moments: per vector of W
+// elements, decode both moments from their codes, the Adam update of kernel_body.h's adam_vec (the same
+// adam_update on the same Vec, so the fp32-state kernel's bits), store the param / output, keep the fresh moments
+// in a 2 KB L1 buffer and their |max| in registers; then encode the block from the buffer with that absmax.
+// A block whose length is not a multiple of W (the tensor's last, short one) takes the unfused path below.
+template <int G, int O, int P>
+void adam8bit_fused(const Adam8bitTensor& t, int64_t begin, int64_t end) {
   const AdamCoeffs c = t.coeffs;
+  const uint32_t seed = t.round_seed;
+  constexpr int W = Vec::W;
   alignas(64) float m[kQuantBlock], v[kQuantBlock];
   for (int64_t b0 = begin; b0 < end; b0 += kQuantBlock) {   // begin is a block start (dispatch.cpp)
     const int64_t n = end - b0 < kQuantBlock ? end - b0 : kQuantBlock;
     const int64_t blk = b0 / kQuantBlock;
     uint8_t* mc = t.exp_avg_codes + b0;
     uint8_t* vc = t.exp_avg_sq_codes + b0;
-    decode_moments(mc, vc, t.exp_avg_scales[blk], t.exp_avg_sq_scales[blk], n, m, v);
-    void* out = t.out16 ? static_cast<uint16_t*>(t.out16) + b0 : nullptr;
-    fn(static_cast<unsigned char*>(t.param) + b0 * pb, static_cast<const unsigned char*>(t.grad) + b0 * gb, m, v,
-       out, n, c, t.round_seed, b0);
+    void* p = static_cast<unsigned char*>(t.param) + b0 * bytes_of(P);
+    const void* g = static_cast<const unsigned char*>(t.grad) + b0 * bytes_of(G);
+    void* o = t.out16 ? static_cast<uint16_t*>(t.out16) + b0 : nullptr;
     float m_abs, v_abs;
-    block_absmax(m, v, n, &m_abs, &v_abs);
+    if (n % W == 0) {
+      const Vec ms(t.exp_avg_scales[blk]), vs(t.exp_avg_sq_scales[blk]);
+      AbsMax am, av;
+      for (int64_t i = 0; i < n; i += W) {
+        Vec mv = decode_m_vec(mc + i, ms), vv = decode_v_vec(vc + i, vs);
+        Vec pv = load_as<P>(p, i);
+        adam_update(pv, load_as<G>(g, i), mv, vv, c);
+        store_param<P>(p, i, pv, seed, b0 + i);
+        store_as<O>(o, i, pv);
+        mv.store(m + i);
+        vv.store(v + i);
+        am.add(mv);
+        av.add(vv);
+      }
+      m_abs = bits_float(uint32_t(am.get()));
+      v_abs = bits_float(uint32_t(av.get()));
+    } else {
+      decode_moments(mc, vc, t.exp_avg_scales[blk], t.exp_avg_sq_scales[blk], n, m, v);
+      adam_span<G, O, P, kF32>(p, g, m, v, o, n, c, seed, b0);
+      block_absmax(m, v, n, &m_abs, &v_abs);
+    }
     encode_moments(m, v, n, m_abs, v_abs, mc, vc);
     // the scale is the value of the top code (kCodeTop), so decoding multiplies once
     t.exp_avg_scales[blk] = m_abs / kCodeTop;
     t.exp_avg_sq_scales[blk] = v_abs / kCodeTop;
   }
+}
+
+using Adam8bitFn = void (*)(const Adam8bitTensor&, int64_t, int64_t);
+template <int G, int O, int P>
+constexpr Adam8bitFn adam8bit_entry() {
+  if constexpr (implemented(O, P, kF32)) return &adam8bit_fused<G, O, P>;
+  else return nullptr;
+}
+// [param][grad][out]; params F32 / BF16 (the F16 plane unused), outputs BF16/F16/None (the F32 slot unused)
+#define DSFAST_ROW(P, G) {adam8bit_entry<G, kF32, P>(), adam8bit_entry<G, kBF16, P>(), \
+                          adam8bit_entry<G, kF16, P>(), adam8bit_entry<G, kNone, P>()}
+#define DSFAST_GRID(P) {DSFAST_ROW(P, kF32), DSFAST_ROW(P, kBF16), DSFAST_ROW(P, kF16)}
+constexpr Adam8bitFn kAdam8bitTable[3][3][4] = {DSFAST_GRID(kF32), DSFAST_GRID(kBF16), DSFAST_GRID(kF16)};
+#undef DSFAST_ROW
+#undef DSFAST_GRID
+
+// Dtypes were validated by the dispatcher (dispatch.cpp) before any thread started.
+inline void adam8bit_range(const Adam8bitTensor& t, int64_t begin, int64_t end) {
+  kAdam8bitTable[int(t.param_dtype)][int(t.grad_dtype)][int(t.out_dtype)](t, begin, end);
 }
 
 }  // namespace DSFAST_ISA_NS
