@@ -58,43 +58,6 @@ inline int32_t rounded_code(int32_t u, int32_t bias) {
 #include "kernel_8bit_avx512.h"
 #endif
 
-inline void decode_moments(const uint8_t* mc, const uint8_t* vc, float ms, float vs, int64_t n, float* m, float* v) {
-  int64_t k = 0;
-#ifdef DSFAST_8BIT_WIDE
-  k = decode_wide(mc, vc, ms, vs, n, m, v);   // kernel_8bit_avx512.h: whole 16s; the rest below
-#endif
-  for (; k < n; ++k) {
-    const uint32_t c = mc[k];
-    const uint32_t mag = c & 127u;
-    m[k] = bits_float(mag ? magnitude_bits(mag, kMomentBias) | ((c & 128u) << 24) : 0u) * ms;
-    v[k] = bits_float(magnitude_bits(vc[k], kSquareBias)) * vs;
-  }
-}
-
-// Both moments' codes, in one loop. exp_avg: sign in bit 7, magnitude rounded to nearest (below half the smallest
-// code: 0; zero is code 0). exp_avg_sq: unsigned, rounded to nearest, except that a positive value never becomes 0
-// (code 1 at least): m / (sqrt(v) + eps) must not blow up where v is tiny but m is not.
-inline void encode_moments(const float* m, const float* v, int64_t n, float m_abs, float v_abs, uint8_t* mc,
-                           uint8_t* vc) {
-  const float m_inv = m_abs > 0.0f ? kCodeTop / m_abs : 0.0f;
-  const float v_inv = v_abs > 0.0f ? kCodeTop / v_abs : 0.0f;
-  const int32_t half_smallest = int32_t(float_bits(kMomentHalfSmallest));
-  int64_t k = 0;
-#ifdef DSFAST_8BIT_WIDE
-  k = encode_wide(m, v, n, m_inv, v_inv, mc, vc);
-#endif
-  for (; k < n; ++k) {
-    const uint32_t ux = float_bits(m[k]);
-    const int32_t u = int32_t(float_bits(bits_float(ux & 0x7FFFFFFFu) * m_inv));
-    int32_t q = rounded_code(u, int32_t(kMomentBias));
-    q = q < 1 ? int32_t(u >= half_smallest) : q;
-    mc[k] = uint8_t(q | (q ? int32_t((ux >> 24) & 128u) : 0));
-    const int32_t w = int32_t(float_bits(bits_float(float_bits(v[k]) & 0x7FFFFFFFu) * v_inv));
-    const int32_t r = rounded_code(w, int32_t(kSquareBias));
-    vc[k] = uint8_t(r < 1 ? int32_t(w > 0) : r);
-  }
-}
-
 // One vector of decoded moments straight from the codes (the same integer ops and the one fp32 multiply of
 // decode_moments, so the same bits), and the running max of |x|'s bits (block_absmax's integer max), per ISA.
 #if defined(DSFAST_8BIT_AVX512)
@@ -166,6 +129,95 @@ struct AbsMax {
   int32_t get() const { return a; }
 };
 #endif
+
+
+#if defined(DSFAST_8BIT_AVX2)
+#define DSFAST_8BIT_WIDE 1
+// AVX2 forms of decode_moments' and encode_moments' loops, 8 elements at a time (the same integer operations and
+// fp32 multiplies, so the same bits); the rest below. Encode: rounded_code with the bias folded into the rounding
+// add (a multiple of 2^20, so the arithmetic shift gives the same result), "q < 1 ? b : q" as max(q, b) for b in
+// {0, 1} (q < 1 means q <= 0), and the exp_avg sign kept only where q >= 1, i.e. where bit 7 of q + 127 is set.
+inline int64_t decode_wide(const uint8_t* mc, const uint8_t* vc, float ms, float vs, int64_t n, float* m, float* v) {
+  const Vec msv(ms), vsv(vs);
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    decode_m_vec(mc + k, msv).store(m + k);
+    decode_v_vec(vc + k, vsv).store(v + k);
+  }
+  return k;
+}
+
+inline __m256i rounded_codes8(__m256i u, uint32_t bias) {
+  u = _mm256_min_epi32(u, splat8(0x3FF00000u));   // kCodeTop's bits (1.875f)
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 20), splat8(1));
+  return _mm256_srai_epi32(_mm256_add_epi32(_mm256_add_epi32(u, splat8(0x7FFFFu - (bias << 20))), odd), 20);
+}
+
+inline int64_t encode_wide(const float* m, const float* v, int64_t n, float m_inv, float v_inv, uint8_t* mc,
+                           uint8_t* vc) {
+  const __m256 miv = _mm256_set1_ps(m_inv), viv = _mm256_set1_ps(v_inv);
+  const __m256i abs_mask = splat8(0x7FFFFFFFu), below_half = splat8(float_bits(kMomentHalfSmallest) - 1u);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m256i ux = _mm256_castps_si256(_mm256_loadu_ps(m + k));
+    const __m256i u = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(ux, abs_mask)), miv));
+    __m256i q = _mm256_max_epi32(rounded_codes8(u, kMomentBias),
+                                 _mm256_srli_epi32(_mm256_cmpgt_epi32(u, below_half), 31));
+    const __m256i sign = _mm256_and_si256(_mm256_and_si256(_mm256_srli_epi32(ux, 24), splat8(128)),
+                                          _mm256_add_epi32(q, splat8(127)));
+    q = _mm256_or_si256(q, sign);
+    const __m256i w = _mm256_castps_si256(_mm256_mul_ps(
+        _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(v + k)), abs_mask)), viv));
+    const __m256i r = _mm256_max_epi32(rounded_codes8(w, kSquareBias),
+                                       _mm256_srli_epi32(_mm256_cmpgt_epi32(w, _mm256_setzero_si256()), 31));
+    // dwords per 128-bit lane after the two packs: (m0-3, v0-3, ..) | (m4-7, v4-7, ..); reorder to m0-7, v0-7
+    const __m256i w16 = _mm256_packus_epi32(q, r);
+    const __m256i b8 = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(w16, w16), order);
+    const __m128i lo = _mm256_castsi256_si128(b8);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(mc + k), lo);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(vc + k), _mm_unpackhi_epi64(lo, lo));
+  }
+  return k;
+}
+#endif
+
+inline void decode_moments(const uint8_t* mc, const uint8_t* vc, float ms, float vs, int64_t n, float* m, float* v) {
+  int64_t k = 0;
+#ifdef DSFAST_8BIT_WIDE
+  k = decode_wide(mc, vc, ms, vs, n, m, v);   // kernel_8bit_avx512.h: whole 16s; the rest below
+#endif
+  for (; k < n; ++k) {
+    const uint32_t c = mc[k];
+    const uint32_t mag = c & 127u;
+    m[k] = bits_float(mag ? magnitude_bits(mag, kMomentBias) | ((c & 128u) << 24) : 0u) * ms;
+    v[k] = bits_float(magnitude_bits(vc[k], kSquareBias)) * vs;
+  }
+}
+
+// Both moments' codes, in one loop. exp_avg: sign in bit 7, magnitude rounded to nearest (below half the smallest
+// code: 0; zero is code 0). exp_avg_sq: unsigned, rounded to nearest, except that a positive value never becomes 0
+// (code 1 at least): m / (sqrt(v) + eps) must not blow up where v is tiny but m is not.
+inline void encode_moments(const float* m, const float* v, int64_t n, float m_abs, float v_abs, uint8_t* mc,
+                           uint8_t* vc) {
+  const float m_inv = m_abs > 0.0f ? kCodeTop / m_abs : 0.0f;
+  const float v_inv = v_abs > 0.0f ? kCodeTop / v_abs : 0.0f;
+  const int32_t half_smallest = int32_t(float_bits(kMomentHalfSmallest));
+  int64_t k = 0;
+#ifdef DSFAST_8BIT_WIDE
+  k = encode_wide(m, v, n, m_inv, v_inv, mc, vc);
+#endif
+  for (; k < n; ++k) {
+    const uint32_t ux = float_bits(m[k]);
+    const int32_t u = int32_t(float_bits(bits_float(ux & 0x7FFFFFFFu) * m_inv));
+    int32_t q = rounded_code(u, int32_t(kMomentBias));
+    q = q < 1 ? int32_t(u >= half_smallest) : q;
+    mc[k] = uint8_t(q | (q ? int32_t((ux >> 24) & 128u) : 0));
+    const int32_t w = int32_t(float_bits(bits_float(float_bits(v[k]) & 0x7FFFFFFFu) * v_inv));
+    const int32_t r = rounded_code(w, int32_t(kSquareBias));
+    vc[k] = uint8_t(r < 1 ? int32_t(w > 0) : r);
+  }
+}
 
 // The fused pass over whole blocks of one (grad, out, param) combination with fp32 moments: per vector of W
 // elements, decode both moments from their codes, the Adam update of kernel_body.h's adam_vec (the same
