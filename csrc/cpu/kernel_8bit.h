@@ -61,21 +61,8 @@ inline int32_t rounded_code(int32_t u, int32_t bias) {
 // One vector of decoded moments straight from the codes (the same integer ops and the one fp32 multiply of
 // decode_moments, so the same bits), and the running max of |x|'s bits (block_absmax's integer max), per ISA.
 #if defined(DSFAST_8BIT_AVX512)
-inline Vec decode_m_vec(const uint8_t* mc, const Vec& ms) {
-  const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mc)));
-  const __m512i mag = _mm512_and_si512(c, splat(127));
-  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(c, splat(128)), 24);
-  const __m512i mb = _mm512_maskz_mov_epi32(
-      _mm512_test_epi32_mask(mag, mag),
-      _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(mag, splat(kMomentBias)), 20), sign));
-  return Vec(_mm512_mul_ps(_mm512_castsi512_ps(mb), ms.v));
-}
-inline Vec decode_v_vec(const uint8_t* vc, const Vec& vs) {
-  const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vc)));
-  const __m512i vb = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(d, d),
-                                            _mm512_slli_epi32(_mm512_add_epi32(d, splat(kSquareBias)), 20));
-  return Vec(_mm512_mul_ps(_mm512_castsi512_ps(vb), vs.v));
-}
+inline Vec decode_m_vec(const uint8_t* mc, const Vec& ms) { return Vec(decode_m16(mc, ms.v)); }
+inline Vec decode_v_vec(const uint8_t* vc, const Vec& vs) { return Vec(decode_v16(vc, vs.v)); }
 struct AbsMax {
   __m512i a;
   AbsMax() : a(_mm512_setzero_si512()) {}   // user-written: an implicit one would miss this TU's target
