@@ -210,7 +210,8 @@ inline void encode_moments(const float* m, const float* v, int64_t n, float m_ab
 // elements, decode both moments from their codes, the Adam update of kernel_body.h's adam_vec (the same
 // adam_update on the same Vec, so the fp32-state kernel's bits), store the param / output, keep the fresh moments
 // in a 2 KB L1 buffer and their |max| in registers; then encode the block from the buffer with that absmax.
-// A block whose length is not a multiple of W (the tensor's last, short one) takes the unfused path below.
+// A block whose length is not a multiple of W (the tensor's last, short one) takes the unfused path below, and so
+// does every block of the scalar body (W = 1), whose decode / absmax / encode loops the compiler vectorizes for SSE2.
 template <int G, int O, int P>
 void adam8bit_fused(const Adam8bitTensor& t, int64_t begin, int64_t end) {
   const AdamCoeffs c = t.coeffs;
@@ -226,7 +227,7 @@ void adam8bit_fused(const Adam8bitTensor& t, int64_t begin, int64_t end) {
     const void* g = static_cast<const unsigned char*>(t.grad) + b0 * bytes_of(G);
     void* o = t.out16 ? static_cast<uint16_t*>(t.out16) + b0 : nullptr;
     float m_abs, v_abs;
-    if (n % W == 0) {
+    if (W > 1 && n % W == 0) {   // the scalar body keeps the separate loops: the compiler vectorizes them
       const Vec ms(t.exp_avg_scales[blk]), vs(t.exp_avg_sq_scales[blk]);
       AbsMax am, av;
       for (int64_t i = 0; i < n; i += W) {
