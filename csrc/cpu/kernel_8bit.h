@@ -123,7 +123,8 @@ struct AbsMax {
 // AVX2 forms of decode_moments' and encode_moments' loops, 8 elements at a time (the same integer operations and
 // fp32 multiplies, so the same bits); the rest below. Encode: rounded_code with the bias folded into the rounding
 // add (a multiple of 2^20, so the arithmetic shift gives the same result), "q < 1 ? b : q" as max(q, b) for b in
-// {0, 1} (q < 1 means q <= 0), and the exp_avg sign kept only where q >= 1, i.e. where bit 7 of q + 127 is set.
+// {0, 1} (q < 1 means q <= 0), and the exp_avg sign kept only where q >= 1, i.e. where u >= half_smallest (below
+// it the value is under half of code 1, itself a 3-bit value, so q <= 0 there and b = 0).
 inline int64_t decode_wide(const uint8_t* mc, const uint8_t* vc, float ms, float vs, int64_t n, float* m, float* v) {
   const Vec msv(ms), vsv(vs);
   int64_t k = 0;
@@ -149,11 +150,9 @@ inline int64_t encode_wide(const float* m, const float* v, int64_t n, float m_in
   for (; k + 8 <= n; k += 8) {
     const __m256i ux = _mm256_castps_si256(_mm256_loadu_ps(m + k));
     const __m256i u = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(ux, abs_mask)), miv));
-    __m256i q = _mm256_max_epi32(rounded_codes8(u, kMomentBias),
-                                 _mm256_srli_epi32(_mm256_cmpgt_epi32(u, below_half), 31));
-    const __m256i sign = _mm256_and_si256(_mm256_and_si256(_mm256_srli_epi32(ux, 24), splat8(128)),
-                                          _mm256_add_epi32(q, splat8(127)));
-    q = _mm256_or_si256(q, sign);
+    const __m256i nonzero = _mm256_cmpgt_epi32(u, below_half);   // all ones where q != 0 (max(q, 1) there)
+    __m256i q = _mm256_max_epi32(rounded_codes8(u, kMomentBias), _mm256_srli_epi32(nonzero, 31));
+    q = _mm256_or_si256(q, _mm256_srli_epi32(_mm256_and_si256(_mm256_and_si256(ux, nonzero), splat8(0x80000000u)), 24));
     const __m256i w = _mm256_castps_si256(_mm256_mul_ps(
         _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(v + k)), abs_mask)), viv));
     const __m256i r = _mm256_max_epi32(rounded_codes8(w, kSquareBias),

@@ -54,8 +54,9 @@ inline int64_t encode_wide(const float* m, const float* v, int64_t n, float m_in
   for (; k + 16 <= n; k += 16) {
     const __m512i ux = _mm512_castps_si512(_mm512_loadu_ps(m + k));
     const __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(ux, abs_mask)), miv));
-    __m512i q = _mm512_maskz_max_epi32(_mm512_cmpge_epi32_mask(u, half_smallest), rounded_codes16(u, kMomentBias), one);
-    const __mmask16 neg = _mm512_mask_test_epi32_mask(_mm512_cmplt_epi32_mask(ux, zero), q, q);
+    const __mmask16 nonzero = _mm512_cmpge_epi32_mask(u, half_smallest);   // q != 0 exactly there
+    __m512i q = _mm512_maskz_max_epi32(nonzero, rounded_codes16(u, kMomentBias), one);
+    const __mmask16 neg = _mm512_mask_cmplt_epi32_mask(nonzero, ux, zero);
     q = _mm512_mask_or_epi32(q, neg, q, splat(128));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(mc + k), _mm512_cvtepi32_epi8(q));
     const __m512i w = _mm512_castps_si512(
