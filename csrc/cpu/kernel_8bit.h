@@ -1,12 +1,15 @@
 // Adam with 8-bit block-wise moments (cpu_optim.h's Adam8bitTensor), included by each isa_*.cpp after
-// kernel_body.h, inside the same DSFAST_ISA_NS. Per block of kQuantBlock elements, in one pass that stays in L1:
-//   1. decode: m[k] = value(code) * scale, the value computed from the code's bits (no table);
-//   2. the fp32 Adam update of kernel_body.h's adam_span, vectorized with this ISA's Vec, reading and writing
-//      those buffers as fp32 states (so the update is bit for bit the fp32-state kernel's);
-//   3. encode with the block's fresh absmax: the nearest minifloat code of |x| * (kCodeTop / absmax), computed by
-//      rounding the fp32 bit pattern to 3 mantissa bits (integer adds and shifts, no search, no division).
-// Steps 1 and 3 are branch-free integer / fp32 loops that the compiler vectorizes for this TU's target; every
-// operation in them is exact or a single correctly rounded fp32 op, so all ISAs give the same codes and scales.
+// kernel_body.h, inside the same DSFAST_ISA_NS. Per block of kQuantBlock elements, in two passes that stay in L1
+// (adam8bit_fused, AVX2 / AVX-512):
+//   1. per vector: decode m and v from their codes (value(code) * scale, the value from the code's bits, no table),
+//      the fp32 Adam update of kernel_body.h's adam_vec (the same adam_update on the same Vec, so bit for bit the
+//      fp32-state kernel's), param / output stores, the fresh moments into a small L1 buffer, |max| in registers;
+//   2. encode from the buffer with the block's fresh absmax: the nearest minifloat code of |x| * (kCodeTop /
+//      absmax), computed by rounding the fp32 bit pattern to 3 mantissa bits (integer adds and shifts, no search,
+//      no division).
+// The scalar body, and a block whose length is not a multiple of the vector width, run the same steps as separate
+// loops (decode_moments, adam_span, block_absmax, encode_moments). Every operation is exact or a single correctly
+// rounded fp32 op, so all ISAs give the same codes and scales.
 // The formats are cpu_optim.h's (kMomentBias / kSquareBias); dsfast/ops/reference/adam8bit.py computes the same bits.
 #pragma once
 
