@@ -3,7 +3,7 @@
 import statistics
 import time
 
-from dsfast.zero.host_figures import CEILING_BYTES, Ceiling  # noqa: F401  (the one ceiling; re-exported)
+from dsfast.zero.planning.host_figures import CEILING_BYTES, Ceiling  # noqa: F401  (the one ceiling; re-exported)
 
 
 def run_interleaved(impls, rounds, ceiling, warmup=1, slow_keep=2):

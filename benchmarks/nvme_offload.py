@@ -1,4 +1,4 @@
-"""NVMe swap throughput: the swap engine (zero/nvme_io.py + nvme_window.py) against the disk's own sequential
+"""NVMe swap throughput: the swap engine (zero/nvme/io.py + nvme_window.py) against the disk's own sequential
 O_DIRECT bandwidth, measured in the same run on the same directory.
 
     python benchmarks/nvme_offload.py --dir /var/tmp --total-mib 1024 --unit-mib 64
@@ -31,10 +31,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from dsfast.zero.host_figures import DISK_CHUNK as CHUNK, disk_bandwidth  # noqa: E402
-from dsfast.zero.nvme_files import SwapDir  # noqa: E402
-from dsfast.zero.nvme_io import SwapIO  # noqa: E402
-from dsfast.zero.nvme_window import UnitWindow  # noqa: E402
+from dsfast.zero.planning.host_figures import DISK_CHUNK as CHUNK, disk_bandwidth  # noqa: E402
+from dsfast.zero.nvme.files import SwapDir  # noqa: E402
+from dsfast.zero.nvme.io import SwapIO  # noqa: E402
+from dsfast.zero.nvme.window import UnitWindow  # noqa: E402
 
 MIB = 1 << 20
 

@@ -1,5 +1,6 @@
 """The offload plan's predictions against real runs on this machine: for four configurations, the predicted
-optimizer-step floor and host bytes per rank (dsfast.zero.plan, from this machine's measured figures) beside the
+optimizer-step floor and host bytes per rank (dsfast.zero.planning.plan, from this machine's measured figures) beside
+the
 measured median optimizer time within engine.step(), the whole engine.step(), and memory_breakdown() host bytes of
 one process training a bf16 MLP.
 
@@ -11,7 +12,7 @@ and moments; "cpu" with fp32 masters and 8-bit moments (state_precision "int8");
 lower bound from the bandwidth measured in the same run, so the ratio measured / predicted is what the plan's
 ranking rests on.
 What is compared: the floor counts the optimizer's bytes (and with NVMe the swap's), so the ratio is taken against
-the optimizer's own time (the torch step pre/post hooks of the host optimizer, summed over the NVMe units) and,
+the optimizer's own time (the owner's walk of the shard units through the optimizer, step_shards) and,
 for NVMe, against engine.step() (the disk is the floor there; the swap bytes the step read and wrote are printed
 beside the plan's count: the first units are read ahead during forward and backward). engine.step() is printed for
 every row: what it spends beyond the optimizer (the gradient-norm / overflow pass, the 16-bit copy back) is not in
@@ -27,8 +28,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dsfast.zero.host_figures import measure_host  # noqa: E402
-from dsfast.zero.plan import host_bytes, make_plan  # noqa: E402
+from dsfast.zero.planning.host_figures import measure_host  # noqa: E402
+from dsfast.zero.planning.plan import host_bytes, make_plan  # noqa: E402
 
 CHILD = r"""
 import json, statistics, sys, time
@@ -45,10 +46,22 @@ cfg = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "para
 engine = dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg, dist_init_required=False)[0]
 x = torch.randn(4, width, device=engine.device, dtype=torch.bfloat16)
 opt_time = [0.0]
-started = []
-engine.optimizer.register_step_pre_hook(lambda *a: started.append(time.perf_counter()))
-engine.optimizer.register_step_post_hook(lambda *a: opt_time.__setitem__(0, opt_time[0] + time.perf_counter()
-                                                                         - started.pop()))
+# the optimizer's part of engine.step(): the owner's walk of the shard units (step_shards, which steps through the
+# optimizer's per-unit entry, not optimizer.step(), so step hooks never fire)
+owner_base = next(c for c in type(engine.state_owner).__mro__ if c.__name__ == "ShardedBase")
+owner_module = sys.modules[owner_base.__module__]
+walk = owner_module.step_shards
+
+
+def timed_walk(*args, **kwargs):
+    t0 = time.perf_counter()
+    try:
+        return walk(*args, **kwargs)
+    finally:
+        opt_time[0] += time.perf_counter() - t0
+
+
+owner_module.step_shards = timed_walk
 times, opt_times, swapped = [], [], []
 for _ in range(steps):
     loss = engine(x).float().pow(2).mean()

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from dsfast.zero import nvme_io
+from dsfast.zero.nvme import io as nvme_io
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""The clip coefficient in DeepSpeed 0.19.8's own arithmetic (zero/clip_arith.py), so that a clipped run is
+"""The clip coefficient in DeepSpeed 0.19.8's own arithmetic (zero/step/clip_arith.py), so that a clipped run is
 bit-identical to DeepSpeed's.
 
 Compared with DeepSpeed's recorded runs (tests/data/deepspeed_clipping.json, tests/_deepspeed_cases.py CLIP_CASES:
@@ -16,8 +16,8 @@ import torch
 
 import dsfast
 from _deepspeed_cases import CLIP_CASES, clip_case_id, clip_trace, compare_bitwise, load_golden
-from dsfast.zero import clip_arith
-from dsfast.zero.decide import decide
+from dsfast.zero.step import clip_arith
+from dsfast.zero.step.decide import decide
 
 
 def _init(**kw):

@@ -450,7 +450,7 @@ def test_io_tuning_sections_are_ignored_with_a_note():
 
 
 def test_aio_is_acted_on_with_nvme_offload_and_the_rest_noted():
-    from dsfast.zero.placement import placement_of
+    from dsfast.zero.policy.placement import placement_of
     zero = {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 3}}
     c = cfg(zero_optimization=zero, aio={"block_size": 262144, "thread_count": 4, "queue_depth": 8,
                                          "single_submit": False, "overlap_events": True, "nonsense": 1})

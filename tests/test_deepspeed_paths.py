@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dsfast
-from dsfast.zero.partitioned_param import record_of
+from dsfast.zero.params.partitioned_param import record_of
 
 
 def test_ops_adam_is_dsfast_s_optimizers():

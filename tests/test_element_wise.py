@@ -6,7 +6,7 @@ import torch
 
 from dsfast.optim import CPUAdagrad, CPUAdam, CPUAdam8bit, CPUAdamW, CPULion, CPUSGD, FusedAdam, FusedSGD
 from dsfast.optim.element_wise import element_wise_names, is_element_wise, states_per_element
-from dsfast.zero.nvme_states import check_unit_by_unit
+from dsfast.zero.nvme.states import check_unit_by_unit
 
 
 def _params():

@@ -9,8 +9,8 @@ from dsfast.config.loader import parse_config
 from dsfast.ops.reference import adam8bit as Q
 from dsfast.optim.cpu_adam8bit import CPUAdam8bit
 from dsfast.utils import safe_get_full_optimizer_state
-from dsfast.zero.estimate import estimate_model_states, main as estimate_main
-from dsfast.zero.partition import model_state_bytes
+from dsfast.zero.planning.estimate import estimate_model_states, main as estimate_main
+from dsfast.zero.policy.partition import model_state_bytes
 
 
 def _model():
@@ -76,7 +76,7 @@ def test_int8_states_train_at_every_stage_and_track_fp32(stage):
     for x, y in zip(a, b):
         assert abs(x - y) <= 0.05 * y
     # host bytes: 2 code bytes a parameter plus 2 fp32 scales a block: memory_breakdown() and the estimator's
-    # formula (python -m dsfast.zero.estimate) agree up to the last block of each flat shard (8 bytes each)
+    # formula (python -m dsfast.zero.planning.estimate) agree up to the last block of each flat shard (8 bytes each)
     n = sum(p.numel() for p in q8.module.parameters())
     states = q8.memory_breakdown()["optimizer_states"]["host"]
     want = model_state_bytes(n, 1, stage, mixed=False, offload=True, states8=True)["host"]

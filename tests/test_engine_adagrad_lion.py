@@ -157,7 +157,7 @@ def test_bad_config_params_name_the_key(kind, params, path, text):
 
 def test_both_step_one_nvme_unit_at_a_time_and_budget_one_state():
     from dsfast.optim.element_wise import states_per_element
-    from dsfast.zero.nvme_states import check_unit_by_unit
+    from dsfast.zero.nvme.states import check_unit_by_unit
     for opt in (CPUAdagrad(_groups()), CPULion(_groups())):
         check_unit_by_unit(opt)   # element-wise: accepted
         assert states_per_element(opt) == 1

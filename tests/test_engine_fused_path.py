@@ -1,4 +1,4 @@
-"""The engine's step through the optimizer contract (zero/decide.py + optim/amp_step.py), FusedAdam/FusedSGD on CPU
+"""The engine's step through the optimizer contract (zero/step/decide.py + optim/amp_step.py), FusedAdam/FusedSGD on CPU
 tensors (torch reference kernels) against torch's own optimizers.
 
 Each case trains two engines built alike from the same seed: one with FusedAdam/FusedSGD, whose kernel applies the
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import dsfast
-import dsfast.zero.decide as decide_module
+import dsfast.zero.step.decide as decide_module
 from dsfast.optim import FusedAdam, FusedSGD
 
 MICRO = 4

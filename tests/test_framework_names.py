@@ -136,7 +136,7 @@ def _stage3_engine():
 
 def test_stage3_state_dict_gives_placeholders_on_every_rank_that_save_with_a_warning_into_a_file_that_refuses_to_load(
         tmp_path):
-    from dsfast.zero.placeholders import PartitionedPlaceholder, zero3_placeholder_without_weights
+    from dsfast.zero.params.placeholders import PartitionedPlaceholder, zero3_placeholder_without_weights
     engine = _stage3_engine()
     sd = engine.module.state_dict()         # DeepSpeed's answer on every rank: DeepSpeed-Chat's save_hf_format
     assert list(sd) == ["0.weight", "0.bias", "1.weight", "1.bias"]

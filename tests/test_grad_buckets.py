@@ -3,10 +3,10 @@ with a rank-major staging buffer whose chunk r, summed over ranks, is exactly ra
 parameter's summed gradient; stage 2's contiguous buckets; stages 0-1's resident buckets reduced through the table."""
 import torch
 
-from dsfast.zero import grad_buckets
-from dsfast.zero.partitioned_param import PartitionedParam
-from dsfast.zero.reducer import reducer_for
-from dsfast.zero.transports import sum_rows
+from dsfast.zero.grads import buckets as grad_buckets
+from dsfast.zero.params.partitioned_param import PartitionedParam
+from dsfast.zero.grads.reducer import reducer_for
+from dsfast.zero.grads.transports import sum_rows
 
 
 def _records(sizes, world, rank=0):
@@ -102,7 +102,7 @@ def test_gradient_shards_are_views_of_the_bucket():
 
 def test_contiguous_buckets_reduce_to_each_ranks_slice_and_seal_their_padding():
     # stage 2's layout: the plan's parameters back to back, padded; rank r's shard is its slice of the sum
-    from dsfast.zero.partition import plan_buckets
+    from dsfast.zero.policy.partition import plan_buckets
     world, sizes = 3, [50, 3, 97]
     plan = plan_buckets(sizes, [0] * 3, [("cpu",)] * 3, 10_000, world)[0]
     bucket = grad_buckets.ContiguousBucket(plan, torch.zeros(plan.shard))
@@ -147,7 +147,7 @@ def test_one_rank_adds_gradients_straight_into_the_shards():
 
 def _resident(world, chunks=None, numel=37):
     """One resident bucket per rank over the same parameters (grad_buffers' layout), rows of one table."""
-    from dsfast.zero.grad_buffers import GradBuffers
+    from dsfast.zero.grads.buffers import GradBuffers
     params = [torch.nn.Parameter(torch.zeros(n)) for n in (numel - 12, 12)]
     table = torch.stack([torch.randn(numel) for _ in range(world)])
     rows, out = [], []

@@ -7,6 +7,17 @@
    `x._name` are refused anywhere in dsfast when x is another dsfast module. A name two files need is public
    (no leading underscore) in the file that owns it. Dunder names (__version__, __all__) are not private.
 3. Nothing in dsfast.zero imports dsfast.engine or dsfast.checkpoint (they sit above it: tests/test_layers.py).
+4. dsfast.zero is laid out as its architecture, in layers (ZERO_LAYERS, lowest first): a zero module imports zero
+   modules of its own folder or of a lower layer only; folders of one layer do not import each other.
+     policy                   partition maths, placement, precision: pure data
+     nvme, step               the swap files and their window; the step's decision and its application
+     units, params, grads     the shard unit and its storage; stage 3's parameters; the gradient intake, buckets,
+                              reducer and transports
+     owner.py                 the protocol every owner answers
+     owners                   the owners, composing the layers below (one file per owner)
+     build.py                 the one place that names a stage and builds its owner
+     planning                 memory estimates and the offload plan (they build owners' layouts to count them)
+   zero/__init__.py (the public names) may load from any of them.
 
 Imports inside functions count as module-level ones do: both run. Each violation names the file and line.
 """
@@ -142,6 +153,39 @@ def zero_upward(scans):
             for line, target in imports if target.split(".")[:2] in (["dsfast", "engine"], ["dsfast", "checkpoint"])]
 
 
+ZERO_LAYERS = [("policy",), ("nvme", "step"), ("units", "params", "grads"), ("owner",), ("owners",), ("build",),
+               ("planning",)]
+
+
+def _zero_place(name):
+    """(layer index, folder) of a dsfast.zero module; None for the package itself."""
+    parts = name.split(".")
+    if len(parts) < 3:
+        return None
+    for i, layer in enumerate(ZERO_LAYERS):
+        if parts[2] in layer:
+            return i, parts[2]
+    raise AssertionError(f"{name}: dsfast/zero/{parts[2]} is in no layer of ZERO_LAYERS: put it where it belongs")
+
+
+def zero_layer_violations(scans):
+    out = []
+    for name, (path, imports, _) in sorted(scans.items()):
+        here = _zero_place(name) if name.startswith("dsfast.zero.") else None
+        if here is None:
+            continue
+        for line, target in imports:
+            there = _zero_place(target) if target.startswith("dsfast.zero.") else None
+            if there is not None and there[1] != here[1] and there[0] >= here[0]:
+                out.append(f"{path}:{line}: {here[1]} imports {target} ({there[1]} is not below it)")
+    return out
+
+
+def test_zero_folders_import_only_lower_layers():
+    bad = zero_layer_violations(_all_scans())
+    assert bad == [], "dsfast.zero's layers (ZERO_LAYERS):\n" + "\n".join(bad)
+
+
 def test_no_import_cycle_among_zero_modules():
     cycles = zero_cycles(_all_scans())
     assert cycles == [], "import cycles in dsfast.zero:\n" + "\n".join(cycles)
@@ -186,3 +230,16 @@ def test_the_rules_see_planted_violations(tmp_path):
         "zero/c.py:2: from dsfast.zero.a import _secret",
         "zero/d.py:2: dsfast.zero.b._hidden"]
     assert zero_upward(scans) == ["zero/c.py:1: imports dsfast.engine.engine"]
+
+
+def test_the_layer_rule_sees_planted_violations(tmp_path):
+    scans = _plant(tmp_path, {
+        "zero/policy/p.py": "from ..owners.o import thing\n",
+        "zero/owners/o.py": "from ..policy import p\nfrom ..grads import g\nthing = 1\n",
+        "zero/grads/g.py": "from ..units.u import x\nfrom ..policy.p import y\n",
+        "zero/units/u.py": "x = 1\n",
+        "zero/build.py": "from .owners import o\n",
+    })
+    assert sorted(zero_layer_violations(scans)) == [
+        "zero/grads/g.py:1: grads imports dsfast.zero.units.u (units is not below it)",
+        "zero/policy/p.py:1: policy imports dsfast.zero.owners.o (owners is not below it)"]

@@ -1,4 +1,4 @@
-"""Swap-file ownership (zero/nvme_files.py) and the start checks (zero/nvme_checks.py): each job and rank writes
+"""Swap-file ownership (zero/nvme/files.py) and the start checks (zero/nvme/checks.py): each job and rank writes
 only under its own directory, which goes when the job ends (normally or by an exception); a SIGKILLed job's
 directory is removed by the next start, never while its owner lives; a bad nvme_path or too little host memory is
 refused with the numbers and what to change."""
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from dsfast.zero.nvme_checks import check_host_memory, check_nvme_path
-from dsfast.zero.nvme_files import LOCK_SUFFIX, SWAP_ROOT, SwapDir
+from dsfast.zero.nvme.checks import check_host_memory, check_nvme_path
+from dsfast.zero.nvme.files import LOCK_SUFFIX, SWAP_ROOT, SwapDir
 from _nvme_helpers import mounted_tmpfs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,7 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _owner(nvme_path, then):
     """A child process that owns a SwapDir with one file, prints its path, then runs `then`."""
-    code = ("import sys, time; from dsfast.zero.nvme_files import SwapDir\n"
+    code = ("import sys, time; from dsfast.zero.nvme.files import SwapDir\n"
             f"d = SwapDir({str(nvme_path)!r}, rank=1); open(d.file('unit0.swap'), 'w').write('x')\n"
             "print(d.path, flush=True)\n" + then)
     env = dict(os.environ, PYTHONPATH=REPO)

@@ -1,4 +1,4 @@
-"""The NVMe swap I/O layer (zero/nvme_buffers.py, nvme_io.py): aligned buffers, O_DIRECT and buffered reads and
+"""The NVMe swap I/O layer (zero/nvme/buffers.py, nvme_io.py): aligned buffers, O_DIRECT and buffered reads and
 writes from the pool, bit-exact round trips, and the faults: a refused O_DIRECT, a full disk, a failed or short
 transfer, each an error naming the file (and the step) with the previous file intact."""
 import errno
@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-from dsfast.zero import nvme_io
-from dsfast.zero.nvme_buffers import ALIGN, HostBuffer, aligned_size
-from dsfast.zero.nvme_io import SwapError, SwapIO
+from dsfast.zero.nvme import io as nvme_io
+from dsfast.zero.nvme.buffers import ALIGN, HostBuffer, aligned_size
+from dsfast.zero.nvme.io import SwapError, SwapIO
 from _nvme_helpers import mounted_tmpfs, refuse_o_direct
 
 

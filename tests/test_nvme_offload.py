@@ -1,4 +1,4 @@
-"""offload_optimizer on NVMe at ZeRO stages 1-3, one process (zero/nvme_states.py through the engine): training
+"""offload_optimizer on NVMe at ZeRO stages 1-3, one process (zero/nvme/states.py through the engine): training
 is bitwise the CPU offload's, every unit's master and states really sit in their file between steps, checkpoints
 save and load (and cross to CPU offload), the bytes show in memory_breakdown and the progress line, and faults
 are clear errors that keep the previous step's files. (Two gloo ranks: tests/distributed/test_zero_nvme.py.)"""
@@ -12,11 +12,11 @@ import torch
 
 import dsfast
 from dsfast.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
-from dsfast.zero import nvme_io
-from dsfast.zero.nvme_files import SWAP_ROOT
-from dsfast.zero.nvme_buffers import aligned_size
-from dsfast.zero.nvme_io import SwapError
-from dsfast.zero.placement import TEST_PLACEMENT_ENV
+from dsfast.zero.nvme import io as nvme_io
+from dsfast.zero.nvme.files import SWAP_ROOT
+from dsfast.zero.nvme.buffers import aligned_size
+from dsfast.zero.nvme.io import SwapError
+from dsfast.zero.policy.placement import TEST_PLACEMENT_ENV
 from _nvme_helpers import mounted_tmpfs, refuse_o_direct
 
 
@@ -178,7 +178,7 @@ def test_a_failed_write_mid_run_names_file_and_step_and_keeps_the_previous_files
 
 
 def test_too_little_host_memory_for_the_window_is_refused_before_allocating(tmp_path, monkeypatch):
-    from dsfast.zero import nvme_checks
+    from dsfast.zero.nvme import checks as nvme_checks
     monkeypatch.setattr(nvme_checks, "meminfo_available", lambda: 1000)
     with pytest.raises(ValueError, match=r"the host swap buffers need 24576 bytes .* only 1000 bytes .* lower "
                                          r"offload_optimizer.buffer_count or zero_optimization.reduce_bucket_size"):
@@ -191,7 +191,7 @@ def test_the_estimate_adds_the_nvme_rows_and_column():
     import subprocess
     import sys
     from dsfast.zero import estimate_model_states
-    from dsfast.zero.nvme_states import window_bytes
+    from dsfast.zero.nvme.states import window_bytes
     rows = estimate_model_states(1e9, 4, nvme=True, buffer_count=3, bucket=1e8, largest_layer=4e7)
     by = {(r["stage"], r["offload_optimizer"], r["offload_param"]): r for r in rows}
     assert len(rows) == 15 and "nvme" not in by[(2, True, False)]
@@ -204,7 +204,7 @@ def test_the_estimate_adds_the_nvme_rows_and_column():
         assert nvme["nvme"] == 12 * 1e9 / 4 and nvme["device"] == cpu["device"]
         assert nvme["host"] == cpu["host"] - 12 * 1e9 / 4 + window_bytes(int(unit) // 4 + 1, 3)
     assert len(estimate_model_states(1e9, 4)) == 9   # without nvme=True: the rows as before
-    run = subprocess.run([sys.executable, "-m", "dsfast.zero.estimate", "--params", "1e9", "--world-size", "4",
+    run = subprocess.run([sys.executable, "-m", "dsfast.zero.planning.estimate", "--params", "1e9", "--world-size", "4",
                           "--nvme", "--bucket", "1e8", "--buffer-count", "3"], capture_output=True, text=True,
                          timeout=60)
     assert run.returncode == 0, run.stderr
@@ -366,7 +366,7 @@ def test_an_nvme_path_in_memory_warns_that_it_saves_nothing(tmp_path):
         e.destroy()
     finally:
         shutil.rmtree(where, ignore_errors=True)
-    from dsfast.zero.nvme_checks import MEMORY_FILESYSTEMS, filesystem_of
+    from dsfast.zero.nvme.checks import MEMORY_FILESYSTEMS, filesystem_of
     if filesystem_of(tmp_path) not in MEMORY_FILESYSTEMS:
         with warnings.catch_warnings():   # a directory on a disk: no such warning
             warnings.simplefilter("error", UserWarning)

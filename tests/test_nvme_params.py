@@ -1,4 +1,4 @@
-"""offload_param on NVMe at ZeRO stage 3, one process (zero/nvme_params.py through the engine): training is bitwise
+"""offload_param on NVMe at ZeRO stage 3, one process (zero/nvme/params.py through the engine): training is bitwise
 offload_param "cpu"'s, alone and with offload_optimizer on NVMe; between steps every shard is in its file only;
 the window stays within buffer_count and reads ahead in the last step's order; max_in_cpu keeps shards in memory;
 checkpoints and GatheredParameters' updates go through the files; faults are clear errors. (Two gloo ranks:
@@ -10,11 +10,12 @@ import pytest
 import torch
 
 import dsfast
-from dsfast.zero import GatheredParameters, nvme_io
-from dsfast.zero.nvme_buffers import aligned_size
-from dsfast.zero.nvme_files import SWAP_ROOT
-from dsfast.zero.nvme_io import SwapError
-from dsfast.zero.placement import TEST_PLACEMENT_ENV
+from dsfast.zero import GatheredParameters
+from dsfast.zero.nvme import io as nvme_io
+from dsfast.zero.nvme.buffers import aligned_size
+from dsfast.zero.nvme.files import SWAP_ROOT
+from dsfast.zero.nvme.io import SwapError
+from dsfast.zero.policy.placement import TEST_PLACEMENT_ENV
 
 
 def _model():
@@ -193,7 +194,7 @@ def test_a_missing_nvme_path_for_parameters_is_refused_at_initialize(tmp_path):
 
 
 def test_too_little_host_memory_for_the_parameter_window_is_refused(tmp_path, monkeypatch):
-    from dsfast.zero import nvme_checks
+    from dsfast.zero.nvme import checks as nvme_checks
     monkeypatch.setattr(nvme_checks, "meminfo_available", lambda: 100)
     with pytest.raises(ValueError, match=r"need 8192 bytes .* only 100 bytes .* lower offload_param.buffer_count"):
         _engine(_cfg(str(tmp_path)))   # 2 buffers of the largest shard (528 fp32: one page each)
@@ -231,7 +232,7 @@ def test_a_failed_parameter_write_names_file_and_step_and_keeps_the_previous_fil
 def test_states_that_cannot_fit_in_host_memory_are_refused_before_the_first_step(monkeypatch):
     """CPU offload of a model whose optimizer states exceed the host's memory: a clear error at initialize (it
     names the bytes and NVMe offload), not the OOM killer at the first step. 4 ranks share this host."""
-    from dsfast.zero import nvme_checks
+    from dsfast.zero.nvme import checks as nvme_checks
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     monkeypatch.setattr(nvme_checks, "meminfo_available", lambda: 20000)
     # 4 shards (528 + 48 + 272 + 16 = 864 fp32 elements) x 2 Adam moments x 4 bytes = 6912 bytes; x 4 ranks

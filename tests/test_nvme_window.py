@@ -1,4 +1,4 @@
-"""The window of units over their swap files (zero/nvme_window.py): every unit really goes to disk and back
+"""The window of units over their swap files (zero/nvme/window.py): every unit really goes to disk and back
 bit-exactly, the window never holds more than buffer_count units, reads and writes run in the pool while the
 caller computes, and an I/O error reaches the caller."""
 import errno
@@ -8,10 +8,10 @@ import time
 import pytest
 import torch
 
-from dsfast.zero import nvme_io
-from dsfast.zero.nvme_files import SwapDir
-from dsfast.zero.nvme_io import SwapError, SwapIO
-from dsfast.zero.nvme_window import HELD, UnitWindow, WRITING
+from dsfast.zero.nvme import io as nvme_io
+from dsfast.zero.nvme.files import SwapDir
+from dsfast.zero.nvme.io import SwapError, SwapIO
+from dsfast.zero.nvme.window import HELD, UnitWindow, WRITING
 
 SIZES = [4, 1000, 33, 4096, 7, 2500]   # fp32 elements per unit: sizes that do and do not fill an aligned block
 

@@ -1,4 +1,5 @@
-"""dsfast.zero.plan (`dsfast plan`) and offload_optimizer device "auto": with the host's figures fixed, the plan's
+"""dsfast.zero.planning.plan (`dsfast plan`) and offload_optimizer device "auto": with the host's figures fixed,
+the plan's
 rows, fit at the memory boundary, order and predicted step floors are exact; its JSON validates as a config;
 initialize() takes the plan's choice. Model counts against published parameter counts."""
 import json
@@ -11,12 +12,12 @@ import torch
 
 import dsfast
 from dsfast.config import parse_config
-from dsfast.zero import auto_offload
-from dsfast.zero.estimate import estimate_model_states
-from dsfast.zero.host_figures import HostFigures, measure_host
-from dsfast.zero import model_count
-from dsfast.zero.model_count import count_hf_config, count_model, parse_count
-from dsfast.zero.plan import config_section, main, make_plan
+from dsfast.zero.planning import auto_offload
+from dsfast.zero.planning.estimate import estimate_model_states
+from dsfast.zero.planning.host_figures import HostFigures, measure_host
+from dsfast.zero.planning import model_count
+from dsfast.zero.planning.model_count import count_hf_config, count_model, parse_count
+from dsfast.zero.planning.plan import config_section, main, make_plan
 
 GIB = 1 << 30
 PSI = 10 ** 9
@@ -159,7 +160,7 @@ def test_int8_rows_offload_only_with_their_bytes_and_floor_and_config(tmp_path):
     """8-bit moments (offload_optimizer.state_precision "int8"): cpu and nvme rows at stages 1-3 with fp32
     masters, host / disk bytes from the estimate with 8-bit moments (4 + 2 + 8/256 bytes a parameter on disk), and
     the floor from the 16 + 16/256 bytes the 8-bit step moves a parameter (benchmarks/cpu_optim.py's count)."""
-    from dsfast.zero.partition import INT8_MOMENT_BYTES
+    from dsfast.zero.policy.partition import INT8_MOMENT_BYTES
     fig = _fig(nvme_path=str(tmp_path), nvme_free=10 ** 13, nvme_read_gbs=2.0, nvme_write_gbs=1.0)
     rows = [r for r in make_plan(PSI, 2, fig, 2, headroom=1.0) if r["states"] == "int8"]
     assert {(r["stage"], r["offload_optimizer"]) for r in rows} >= {(s, o) for s in (1, 2, 3) for o in (True, "nvme")}
@@ -192,7 +193,7 @@ def test_int8_rows_offload_only_with_their_bytes_and_floor_and_config(tmp_path):
 def test_cpu_trained_bf16_masters_count_the_parameter_shard_once():
     """Where the CPU trains, offload's 16-bit host master copy is the parameter shard itself: host bytes are the
     row's host plus device bytes less that copy (a stage 2 bf16 run measures 8 bytes a parameter, not 10)."""
-    from dsfast.zero.plan import host_bytes
+    from dsfast.zero.planning.plan import host_bytes
     fig = _fig(device_memory=None)
     rows = make_plan(PSI, 1, fig, 1, headroom=1.0, only=lambda r: r["stage"] == 2 and r["offload_optimizer"] is True)
     by = {r["masters"] + "/" + r["states"]: r for r in rows}
@@ -398,7 +399,7 @@ def test_ranks_that_disagree_take_the_slowest_placement(monkeypatch):
 
 
 def test_the_measurements_run_short_and_refuse_a_memory_filesystem(tmp_path, monkeypatch):
-    from dsfast.zero import host_figures
+    from dsfast.zero.planning import host_figures
     assert 0 < host_figures.memory_bandwidth_gbs(0.01, 1 << 20) < 1e5
     fig = measure_host(str(tmp_path), bandwidth=False, host_available=GIB)
     assert fig.host_available == GIB and fig.nvme_free > 0 and fig.nvme_read_gbs is None

@@ -1,4 +1,4 @@
-"""Every state owner speaks the whole StateOwner protocol (dsfast/zero/state_owner.py), in one process.
+"""Every state owner speaks the whole StateOwner protocol (dsfast/zero/owner.py), in one process.
 
 Each owner (stages 0-3; the optimizer in memory, offloaded to the host, or on NVMe, where the stage allows; fp32
 and bf16) is built by initialize() on a tiny model with a frozen parameter, trained two steps, then every member
@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import dsfast
-from dsfast.zero.nvme_params import NvmeParams
-from dsfast.zero.nvme_states import NvmeStates
-from dsfast.zero.precision import PrecisionPolicy
-from dsfast.zero.state_owner import SliceRecord, StateOwner, memory_breakdown
+from dsfast.zero.nvme.params import NvmeParams
+from dsfast.zero.nvme.states import NvmeStates
+from dsfast.zero.policy.precision import PrecisionPolicy
+from dsfast.zero.owner import SliceRecord, StateOwner, memory_breakdown
 
 CASES = [(0, "none", p) for p in ("fp32", "bf16")] + \
     [(stage, offload, p) for stage in (1, 2, 3) for offload in ("none", "cpu", "nvme") for p in ("fp32", "bf16")]

@@ -1,4 +1,4 @@
-"""The placement policy (zero/placement.py) and the CPU test placement that runs every offload copy on CPU ranks.
+"""The placement policy (zero/policy/placement.py) and the CPU test placement that runs every offload copy on CPU ranks.
 
 With DSFAST_TEST_PLACEMENT=distinct-host the host is memory apart from the device even on CPU ranks, so an
 offloaded owner really keeps separate masters, copies gradient shards to the host and 16-bit values back, as it
@@ -10,7 +10,7 @@ import torch
 
 import dsfast
 from dsfast.config import load_config
-from dsfast.zero.placement import TEST_PLACEMENT_ENV, placement_of
+from dsfast.zero.policy.placement import TEST_PLACEMENT_ENV, placement_of
 
 
 def _zero(offload_opt, offload_param=False):

@@ -1,5 +1,5 @@
 """The shard unit knows its residency (memory or an NVMe file behind its states and its 16-bit slice) and readiness
-(its states in host memory now): what the NVMe placements set and the step's walk asks (zero/shard_unit.py)."""
+(its states in host memory now): what the NVMe placements set and the step's walk asks (zero/units/shard_unit.py)."""
 import torch
 
 import dsfast
@@ -62,7 +62,7 @@ def test_units_in_memory_are_resident_and_always_loaded():
 
 def _batches_and_checks(engine, monkeypatch):
     """(sizes of the batches the step's walk handed the optimizer, hyperparameter checks) over one step."""
-    from dsfast.zero import shard_step
+    from dsfast.zero.step import apply as shard_step
     sizes, checks = [], []
     real_prepare, opt = shard_step.prepare_step, engine.optimizer
     real_check = type(opt)._group_hyperparameters

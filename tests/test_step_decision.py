@@ -1,4 +1,4 @@
-"""Every stage's step decision (zero/decide.py) and the optimizer contract (optim/amp_step.py).
+"""Every stage's step decision (zero/step/decide.py) and the optimizer contract (optim/amp_step.py).
 
 The decision used to exist three times (stage 0's unscale pass, the device path, the ZeRO shards' squared-norm) and
 the copies disagreed: a finite bf16 gradient of 1e22 was applied at stage 0 and skipped as "non-finite" at stages
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import dsfast
-import dsfast.zero.decide as decide_module
+import dsfast.zero.step.decide as decide_module
 from dsfast.optim import CPUAdam, FusedAdam
 from dsfast.optim.amp_step import amp_step
-from dsfast.zero.decide import decide
+from dsfast.zero.step.decide import decide
 
 
 @pytest.mark.parametrize("exact", [False, True])

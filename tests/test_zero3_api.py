@@ -117,12 +117,13 @@ def test_estimate_is_the_formulas_the_memory_tests_check():
 
 
 def test_estimate_cli():
-    run = subprocess.run([sys.executable, "-m", "dsfast.zero.estimate", "--params", "7e9", "--world-size", "8"],
+    run = subprocess.run([sys.executable, "-m", "dsfast.zero.planning.estimate", "--params", "7e9",
+                          "--world-size", "8"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     line = [ln.split() for ln in run.stdout.splitlines() if ln.split()[:3] == ["3", "False", "False"]][0]
     assert float(line[3]) == pytest.approx(16 * 7e9 / 8 / 2**30, abs=0.01)
-    bad = subprocess.run([sys.executable, "-m", "dsfast.zero.estimate", "--params", "0", "--world-size", "8"],
+    bad = subprocess.run([sys.executable, "-m", "dsfast.zero.planning.estimate", "--params", "0", "--world-size", "8"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "params and world_size must be >= 1" in bad.stderr
 

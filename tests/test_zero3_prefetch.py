@@ -1,10 +1,11 @@
-"""Stage 3's prefetcher (dsfast/zero/prefetch.py) without processes: how far ahead of the running module it launches
+"""Stage 3's prefetcher (dsfast/zero/params/prefetch.py) without processes: how far ahead of the running module it
+launches
 all-gathers under DeepSpeed's stage3_prefetch_bucket_size and stage3_max_live_parameters, and what it frees."""
 import pytest
 import torch
 
-from dsfast.zero import prefetch
-from dsfast.zero.partitioned_param import PartitionedParam, ShardedState
+from dsfast.zero.params import prefetch
+from dsfast.zero.params.partitioned_param import PartitionedParam, ShardedState
 
 
 def Rec(name, numel):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import dsfast
-from dsfast.zero.precision import PrecisionError
+from dsfast.zero.policy.precision import PrecisionError
 from test_zero_engine import _cfg, _model, _train
 
 PLACES = [(1, False), (1, True), (2, False), (2, True), (3, False), (3, True)]
@@ -133,7 +133,7 @@ def test_any_optimizer_holds_bf16_moments_on_the_device(make):
 
 def test_estimate_rows_and_formula_errors(capsys):
     from dsfast.zero import estimate_model_states, model_state_bytes
-    from dsfast.zero.estimate import main
+    from dsfast.zero.planning.estimate import main
     psi, n = 7 * 10 ** 9, 8
     rows = estimate_model_states(psi, n, master16=True, states16=True)
     assert {r["stage"] for r in rows} == {1, 2, 3}
@@ -162,7 +162,7 @@ def test_estimate_rows_and_formula_errors(capsys):
 
 
 def test_policy_refuses_16bit_masters_of_another_dtype_or_stage():
-    from dsfast.zero.precision import precision_policy
+    from dsfast.zero.policy.precision import precision_policy
     assert precision_policy("bf16", 2, master="bf16").master_dtype == torch.bfloat16
     with pytest.raises(PrecisionError, match="stage 1-3 and a bf16 model"):
         precision_policy("fp16", 2, master="bf16")

@@ -1,7 +1,7 @@
 """ZeRO partition maths, without processes: bucket plans, each rank's slices, padding, alignment, formulas."""
 import pytest
 
-from dsfast.zero.partition import ALIGN, BucketPlan, owned_pieces, plan_buckets, round_up
+from dsfast.zero.policy.partition import ALIGN, BucketPlan, owned_pieces, plan_buckets, round_up
 from dsfast.zero import model_state_bytes
 
 

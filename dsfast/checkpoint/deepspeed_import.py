@@ -343,7 +343,7 @@ def load_deepspeed_into(engine, path, strict, load_optimizer_states, load_lr_sch
 def _load_own_ranges(module, ds, strict):
     """A ZeRO-3 engine's slices of every parameter from the DeepSpeed fragments overlapping them (fp32 masters,
     cast by the partition), buffers from the module states; strict: every parameter and buffer found."""
-    from dsfast.zero.save16 import load_partitioned_slices, persistent_buffers
+    from dsfast.zero.params.save16 import load_partitioned_slices, persistent_buffers
     missing = load_partitioned_slices(module, ds.read_range)
     own = persistent_buffers(module)
     for key, buf in own.items():

@@ -1,7 +1,7 @@
 """The engine <-> checkpoint contract: which slices of which parameters this rank's optimizer holds.
 
 checkpoint_layout(engine) -> Layout(records, replicated, stage, world_size): the engine's state owner
-(dsfast/zero/state_owner.py) lists its SliceRecords; each says that elements [start, stop) of the flattened
+(dsfast/zero/owner.py) lists its SliceRecords; each says that elements [start, stop) of the flattened
 parameter `name` live at opt_param.view(-1)[opt_offset: opt_offset + stop - start], where opt_param is the key of
 engine.optimizer.state (its values are the fp32 master). Stage 0 holds whole parameters on every rank
 (replicated: rank 0 alone writes them); ZeRO stages hold one slice per bucket. engine_after_load(engine) has the
@@ -12,7 +12,7 @@ from typing import List
 
 import torch
 
-from dsfast.zero.state_owner import SliceRecord
+from dsfast.zero.owner import SliceRecord
 
 
 @dataclass

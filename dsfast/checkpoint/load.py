@@ -145,7 +145,7 @@ def load_module_state(module, sd, strict, where, stage3=False, reader=None):
     if stage3 and reader is not None and reader.sliced:
         result = _load_own_slices(module, sd, strict, reader)
     elif stage3:
-        from dsfast.zero.save16 import load_partitioned_state_dict
+        from dsfast.zero.params.save16 import load_partitioned_state_dict
         result = load_partitioned_state_dict(module, sd, strict=strict)
     else:
         result = module.load_state_dict(sd, strict=strict)
@@ -158,7 +158,7 @@ def _load_own_slices(module, buffers, strict, reader):
     """Stage 3 from a sliced checkpoint: each rank reads the elements it keeps of every weight (any world size
     wrote them), the buffers from rank 0's file. Returns torch's (missing_keys, unexpected_keys) result."""
     from torch.nn.modules.module import _IncompatibleKeys
-    from dsfast.zero.save16 import load_partitioned_slices, persistent_buffers
+    from dsfast.zero.params.save16 import load_partitioned_slices, persistent_buffers
     missing = load_partitioned_slices(module, lambda name, a, b: module_slices.read_range(reader, name, a, b))
     own = persistent_buffers(module)
     expected_buffers = set(own)

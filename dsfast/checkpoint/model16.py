@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.where import waiting
-from ..zero.save16 import gathered_state_dict
+from ..zero.params.save16 import gathered_state_dict
 from .safetensors_io import write_file
 
 

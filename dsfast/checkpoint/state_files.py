@@ -13,7 +13,7 @@ def module_tensors(engine, exclude_frozen=False, snapshot=False, buffers_only=Fa
     """The module's state_dict tensors; buffers_only: without the parameters (stage 3: every rank writes its own
     slices of them, module_slices.py)."""
     if buffers_only:
-        from dsfast.zero.save16 import persistent_buffers
+        from dsfast.zero.params.save16 import persistent_buffers
         sd = persistent_buffers(engine.module)
     else:
         sd = engine.module.state_dict()

@@ -54,7 +54,7 @@ class _OffloadTarget(StrictModel):
 
 class OffloadOptimizerConfig(_OffloadTarget):
     """device may also be "auto": initialize() picks none, cpu or nvme from the offload plan
-    (zero/auto_offload.py)."""
+    (zero/planning/auto_offload.py)."""
     buffer_count: int = Field(4, ge=0)
     pin_memory: bool = True          # DeepSpeed's default since 0.19.5 (false before); only CUDA pins
     pipeline_read: bool = False
@@ -250,8 +250,8 @@ class ZeroConfig(StrictModel):
 
     @model_validator(mode="after")
     def _offload_sections(self):
-        # NVMe runs for the optimizer's states at stages 1-3 (zero/nvme_states.py), for stage 3's parameter
-        # shards (zero/nvme_params.py)
+        # NVMe runs for the optimizer's states at stages 1-3 (zero/nvme/states.py), for stage 3's parameter
+        # shards (zero/nvme/params.py)
         if self.offload_optimizer_device == "nvme" and self.offload_optimizer.buffer_count < 1:
             raise nested_error([(("offload_optimizer", "buffer_count"), "NVMe offload needs at least 1 host "
                                                                         "buffer (3 or more overlap reading, the "

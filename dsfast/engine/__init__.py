@@ -8,8 +8,8 @@ Files, one job each:
   progress.py           steps_per_print progress lines, wall_clock_breakdown
   args.py               add_config_arguments
 
-The engine talks to one state owner per ZeRO stage through dsfast.zero.state_owner.StateOwner (built by
-dsfast.zero.owners.build_owner; stage 0 is dsfast/zero/replicated.py). The engine sits above zero/ and
+The engine talks to one state owner per ZeRO stage through dsfast.zero.owner.StateOwner (built by
+dsfast.zero.build.build_owner; stage 0 is dsfast/zero/owners/replicated.py). The engine sits above zero/ and
 checkpoint/, which never import it (tests/test_layers.py).
 """
 from .args import add_config_arguments

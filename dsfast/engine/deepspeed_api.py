@@ -286,7 +286,7 @@ class DeepSpeedQueries:
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):
         """The whole weights in the model dtype on rank 0 (None on the others): what Hugging Face's accelerate
         saves at stage 3. A collective."""
-        from ..zero.save16 import gathered_state_dict
+        from ..zero.params.save16 import gathered_state_dict
         sd = gathered_state_dict(self.module, exclude_frozen=exclude_frozen_parameters)
         return sd if self.global_rank == 0 else None
 

@@ -1,6 +1,6 @@
 """The training engine: forward / backward / step orchestration over one state owner.
 
-The owner (built once by dsfast.zero.owners.build_owner; dsfast.zero.state_owner.StateOwner lists what it
+The owner (built once by dsfast.zero.build.build_owner; dsfast.zero.owner.StateOwner lists what it
 provides) holds the buffers, masters, reduction, step decision, update and write-back of its stage:
   stage 0  zero.replicated.Replicated        stage 1  zero.sharded.ShardedOptimizerState
   stage 2  zero.sharded.ShardedGradients     stage 3  zero.stage3.Stage3
@@ -23,7 +23,7 @@ from .state_offload import StateOffload
 from .unused_params import unused_parameter_check
 from ..comm import where
 from ..utils.timer import ThroughputTimer
-from ..zero.state_owner import memory_breakdown
+from ..zero.owner import memory_breakdown
 
 
 class NoSyncError(RuntimeError, AssertionError):
@@ -92,7 +92,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
     # ---- DeepSpeed-named properties -------------------------------------------------------------------
     @property
     def state_owner(self):
-        """The ZeRO stage's state owner (dsfast.zero.state_owner.StateOwner): what checkpoints and dsfast.utils
+        """The ZeRO stage's state owner (dsfast.zero.owner.StateOwner): what checkpoints and dsfast.utils
         read the partitioned states through."""
         return self._owner
 

@@ -1,7 +1,7 @@
 """dsfast.initialize: config -> process group -> device -> state owner -> optimizer -> engine.
 
-Each step is a small function; the state owner is built by dsfast.zero.owners.build_owner (the one place a stage
-picks it) and used only through dsfast.zero.state_owner.StateOwner.
+Each step is a small function; the state owner is built by dsfast.zero.build.build_owner (the one place a stage
+picks it) and used only through dsfast.zero.owner.StateOwner.
 """
 import os
 import warnings
@@ -14,9 +14,9 @@ from ..comm.data_parallel import data_parallel
 from ..comm.where import waiting
 from ..config.master_precision import cpu_adam_fp32_states, states_8bit
 from ..precision.keep_fp32 import KeptFp32
-from ..zero.auto_offload import resolve_auto_offload
-from ..zero.owners import build_owner
-from ..zero.precision import check_master_optimizer
+from ..zero.planning.auto_offload import resolve_auto_offload
+from ..zero.build import build_owner
+from ..zero.policy.precision import check_master_optimizer
 from .data import build_dataloader
 from .engine import Engine
 from .offload_client_optimizer import check_offload_client_optimizer

@@ -4,7 +4,7 @@
     dsfast [options] -m MODULE [args]            launch a module
     dsfast report [args]                         subcommand: dsfast.report:main(argv)
     dsfast consolidate [args]                    subcommand: dsfast.checkpoint.consolidate:main(argv)
-    dsfast plan [args]                           subcommand: dsfast.zero.plan:main(argv)
+    dsfast plan [args]                           subcommand: dsfast.zero.planning.plan:main(argv)
     dsfast convert-deepspeed [args]              subcommand: dsfast.checkpoint.deepspeed_import:main(argv)
     dsfast alias install|remove|status           subcommand: dsfast.alias_install:main(argv)
 
@@ -28,7 +28,7 @@ from .runners import LAUNCHERS, TOOL
 SUBCOMMANDS = {
     "report": "dsfast.report:main",
     "consolidate": "dsfast.checkpoint.consolidate:main",
-    "plan": "dsfast.zero.plan:main",
+    "plan": "dsfast.zero.planning.plan:main",
     "convert-deepspeed": "dsfast.checkpoint.deepspeed_import:main",
     "alias": "dsfast.alias_install:main",
 }

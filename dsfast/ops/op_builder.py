@@ -15,8 +15,8 @@ DSFAST_OPS = {"cpu_adam": "cpu_optim", "cpu_adagrad": "cpu_optim", "cpu_lion": "
 
 # why a DeepSpeed op has no dsfast counterpart, where a program may look for one
 _MISSING = {
-    "async_io": "dsfast's NVMe offload does its own O_DIRECT I/O (dsfast/zero/nvme_io.py) without an async_io op",
-    "gds": "dsfast's NVMe offload does its own O_DIRECT I/O (dsfast/zero/nvme_io.py) without GPUDirect Storage",
+    "async_io": "dsfast's NVMe offload does its own O_DIRECT I/O (dsfast/zero/nvme/io.py) without an async_io op",
+    "gds": "dsfast's NVMe offload does its own O_DIRECT I/O (dsfast/zero/nvme/io.py) without GPUDirect Storage",
 }
 
 

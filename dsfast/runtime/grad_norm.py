@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ..utils import groups
-from ..zero.clip_arith import stage0_coef
+from ..zero.step.clip_arith import stage0_coef
 
 
 def is_model_parallel_parameter(p):

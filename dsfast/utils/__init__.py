@@ -16,7 +16,7 @@ given to initialize) returns None, as DeepSpeed does, and a setter leaves it alo
 
 
 def _owner(param):
-    """The engine's state owner of `param` (dsfast.zero.state_owner.StateOwner), None for one it does not train."""
+    """The engine's state owner of `param` (dsfast.zero.owner.StateOwner), None for one it does not train."""
     return getattr(param, "_dsfast_owner", None)
 
 

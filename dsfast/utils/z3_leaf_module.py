@@ -1,7 +1,7 @@
 """DeepSpeed's ZeRO stage 3 leaf modules (`deepspeed.utils.set_z3_leaf_modules` and friends).
 
 A leaf module's parameters, those of its whole subtree, are gathered together before its forward (and backward)
-and released after; nothing inside it is hooked (dsfast/zero/param_hooks.py). An MoE block whose ranks run
+and released after; nothing inside it is hooked (dsfast/zero/params/hooks.py). An MoE block whose ranks run
 different experts needs this: hooked one by one, each rank would gather only the experts it runs, and the ranks'
 collectives would no longer match. The flag is the module attribute `_z3_leaf`, as in DeepSpeed; it is read when
 deepspeed.initialize places the stage 3 hooks, so set it before (changing it on a module that already has them is
@@ -144,7 +144,7 @@ def apply_zero_leaf_module_config(model, leaf_cfg):
 
 
 def _refuse_after_initialize(module, flag):
-    from ..zero.param_hooks import hooked
+    from ..zero.params.hooks import hooked
     if hooked(module) and z3_leaf_module(module) != bool(flag):
         raise RuntimeError(f"{'set' if flag else 'unset'}_z3_leaf_modules on a {type(module).__name__} after "
                            "deepspeed.initialize placed the ZeRO stage 3 hooks: the leaf flags are read then; "

@@ -1,7 +1,7 @@
 """The equivalence matrix: every ZeRO stage, with and without optimizer offload, every kind of optimizer, every
 precision, on 2 gloo ranks, against one process at stage 0 on the same global batches (clipping on, GAS 2).
 
-All stages step through one decision (zero/decide.py) and one optimizer contract (optim/amp_step.py); this is what
+All stages step through one decision (zero/step/decide.py) and one optimizer contract (optim/amp_step.py); this is what
 holds them to one answer. fp32 must agree within 1e-5 (float32 rounding of another summation order). bf16/fp16
 reduce and accumulate 16-bit gradients at ZeRO stages (fp32 buckets at stage 0), so they are held to a relative
 distance of the parameters (2e-2 bf16, 5e-3 fp16: measured here well below) and to identical parameters on both
@@ -9,7 +9,7 @@ ranks. Then the decisions that used to differ between stages: an fp16 overflow o
 rank at every stage, and a finite bf16 gradient of ~1e22 (its square overflows fp32) is applied at every stage,
 clipped to the same parameters. A plain loss.backward() (DeepSpeed 0.19.8's output hooks) trains as
 engine.backward(loss) does at stages 1-3. Last, the offloaded runs again under the test placement that keeps host and device
-memory apart on CPU ranks (zero/placement.py): every offload copy runs, and the results are bitwise the same.
+memory apart on CPU ranks (zero/policy/placement.py): every offload copy runs, and the results are bitwise the same.
 """
 import functools
 import os
@@ -133,7 +133,7 @@ def test_every_stage_reduces_through_the_one_reducer(ranks, stage):
     for precision, transport in (("fp32", "shm"), ("bf16", "shm" if stage == 0 else "gloo")):
         for r in ranks[MATRIX[(stage, False, "config", precision)]]:
             module, used, launched = r["reduction"]
-            assert module == "dsfast.zero.reducer" and used == transport, (precision, r["reduction"])
+            assert module == "dsfast.zero.grads.reducer" and used == transport, (precision, r["reduction"])
             assert launched >= STEPS * (1 if stage < 2 else 2)
 
 

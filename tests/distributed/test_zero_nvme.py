@@ -8,7 +8,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from dist_launch import launch  # noqa: E402
 
-from dsfast.zero.nvme_files import SWAP_ROOT  # noqa: E402
+from dsfast.zero.nvme.files import SWAP_ROOT  # noqa: E402
 
 
 def _run(tmp_path, case, check=True):

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dsfast  # noqa: E402
 from dp_common import MICRO, build_model, global_batch  # noqa: E402
 from dsfast.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state  # noqa: E402
-from dsfast.zero import nvme_io  # noqa: E402
+from dsfast.zero.nvme import io as nvme_io  # noqa: E402
 
 
 def cfg(stage, precision, where, params=None):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import dsfast
-from dsfast.zero.nvme_buffers import HostBuffer
+from dsfast.zero.nvme.buffers import HostBuffer
 
 pytestmark = pytest.mark.gpu
 

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from ...accelerator.cuda import synchronize_if_used
-from ...zero.partitioned_param import whole_numel
+from ...zero.params.partitioned_param import whole_numel
 
 _UNITS = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"), (1, ""), (1e-3, "m"), (1e-6, "u"))
 

@@ -2,9 +2,9 @@
 `param.ds_status`, Init, GatheredParameters, register / unregister_external_parameter, is_zero_param,
 ZeroParamType, the gather handles)."""
 from ...zero import GatheredParameters, Init, ZeroParamStatus, register_external_parameter  # noqa: F401
-from ...zero.param_hooks import unregister_external_parameter  # noqa: F401
-from ...zero.param_methods import AllGatherCoalescedHandle, MultipleAllGatherHandles  # noqa: F401
-from ...zero.partitioned_param import ZeroParamType  # noqa: F401
+from ...zero.params.hooks import unregister_external_parameter  # noqa: F401
+from ...zero.params.ds_methods import AllGatherCoalescedHandle, MultipleAllGatherHandles  # noqa: F401
+from ...zero.params.partitioned_param import ZeroParamType  # noqa: F401
 from .utils import is_zero_param  # noqa: F401
 
 import torch as _torch

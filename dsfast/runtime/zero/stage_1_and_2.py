@@ -1,8 +1,8 @@
 """deepspeed.runtime.zero.stage_1_and_2: DeepSpeedZeroOptimizer (an engine's optimizer at ZeRO stage 1 or 2 is an
 instance, dsfast.runtime.base_optimizer) and the memory estimates, over dsfast's model-state formulas
-(dsfast.zero.estimate)."""
+(dsfast.zero.planning.estimate)."""
 from ...engine import optimizer_roles
-from ...zero.estimate import model_sizes, print_deepspeed_estimate
+from ...zero.planning.estimate import model_sizes, print_deepspeed_estimate
 from ..base_optimizer import EngineBuiltOptimizer
 
 

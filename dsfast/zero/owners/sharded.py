@@ -1,0 +1,430 @@
+"""The state owners of ZeRO stages 1 and 2 (the engine only sequences them; see engine.py).
+
+  ShardedOptimizerState  stage 1: full gradient buckets in the reduce dtype (param.grad are views of them when that
+                         is the model's); at the accumulation boundary each bucket is reduce-scattered in place as
+                         soon as it is complete (overlapping backward), so a rank's gradient shard is its slice.
+  ShardedGradients       stage 2: no full gradient is kept. Each backward's gradients go through stage 3's bucketed
+                         reduction (grad_buckets.py: gloo, /dev/shm or one rank) into this rank's gradient shards,
+                         which accumulate across micro-steps, as DeepSpeed's do.
+Both own the parameter buckets and fp32 master shards (flat_shards.FlatShards); the step is every stage's: the
+decision across ranks (decide.py), the update of the shards (shard_step.py), then the all-gather.
+"""
+import os
+
+import torch
+import torch.distributed as dist
+
+from ...comm.where import waiting
+from ...optim.quant_state import FLOAT_KEYS, dequantize_moments, is_quantized
+from ..grads import buckets as grad_buckets
+from ..step.decide import decide
+from ..units.flat_shards import FlatShards
+from ..grads.buffers import GradBuffers
+from ..grads.intake import GradIntake
+from ..grads.sync import build_grad_sync
+from ..nvme.checks import check_host_states
+from ..nvme.states import agreed_swap_errors, check_unit_by_unit
+from ..policy.precision import PrecisionPolicy
+from ..grads.reducer import reducer_for
+from .shard_owner import ShardOwner
+from ..step.apply import step_shards
+from .set_values import checked_value
+from ..owner import SliceRecord
+
+
+def local_ranks():
+    """Ranks on this host (the launcher's and torchrun's LOCAL_WORLD_SIZE; 1 when unknown)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def _unscaled(value, post_reduce_factor):
+    """A gradient as the getters return it, back to what the owners hold (the sum over ranks)."""
+    return value / post_reduce_factor if torch.is_tensor(value) and post_reduce_factor != 1 else value
+
+
+class ShardedBase(ShardOwner):
+    stage = None
+
+    def __init__(self, store: FlatShards, precision: PrecisionPolicy, group=None):
+        self.store = store
+        self.precision = precision
+        self.group = group
+        self.world, self.rank = store.world, store.rank
+        self.post_reduce_factor = 1.0 / self.world
+        for p in store.params:
+            p._dsfast_owner = self
+
+    # ---- the optimizer step -------------------------------------------------------------------------------
+    def host_grads_current(self):
+        """Stages 2-3: the reduction's completion copied the gradients to the host already (offload)."""
+        return True
+
+    def grad_shards(self):
+        return [u.grad for u in self.store.units]
+
+    def norm_pieces(self):
+        """(param group, gradient piece) of each parameter part this rank owns, in DeepSpeed's order (group, then
+        parameter, then position): what DeepSpeed takes its per-tensor norms of (zero/step/clip_arith.py)."""
+        out = []
+        for u in self.store.units:
+            for e, a, b, off in self.store.pieces(u.plan):
+                out.append(((u.plan.group, e.param, a), u.grad[off:off + b - a]))
+        out.sort(key=lambda kv: kv[0])
+        return [(key[0], t) for key, t in out]
+
+    def step(self, optimizer, factor, clip, check_overflow):
+        """(applied, norm). factor: 1/world x 1/loss_scale; the grads stay for zero_grads() to clear. The decision
+        is global (one all-reduce), so every rank skips or all-gathers alike."""
+        groups = 1 + max((u.plan.group for u in self.store.units), default=0)
+        decision = decide(self.grad_shards(), factor, clip, check_overflow, self.world, self.group,
+                          device=self.store.device, pieces=self.norm_pieces(), stage=self.stage, groups=groups)
+        self.host_copies()
+        with agreed_swap_errors(self.swaps, self.world, self.rank, self.group):
+            step_shards(self.store, optimizer, decision)
+        applied = decision.applied()
+        if applied:
+            self.store.all_gather(self.group)
+        if self.param_swap is not None:   # the next pass reads the shards in this one's order
+            self.param_swap.new_pass()
+        return applied, decision.norm
+
+    def host_copies(self):
+        """Offload to a distinct host: stage 1's gradient shards copied for the CPU optimizer at step time, where
+        its reduction did not copy them (one rank, or gradients the user changed since)."""
+        placement = self.store.placement
+        if not placement.copies_states or self.host_grads_current():
+            return
+        for u in self.store.units:
+            if u.host_grad is None:
+                u.host_grad = placement.host_empty(u.grad.numel(), u.grad.dtype)
+            u.host_grad.copy_(u.grad, non_blocking=True)
+
+    def update_grads(self):
+        """The gradient shards the optimizer reads (their host copies where the placement made some)."""
+        return [u.update_grad for u in self.store.units]
+
+    def after_checkpoint_load(self):
+        with self.visiting(writes=False) as use:
+            self.store.write_back(use)
+        self.store.all_gather(self.group)
+
+    # ---- what checkpoints and dsfast.utils read -------------------------------------------------------------
+    def checkpoint_layout(self, names):
+        """SliceRecords of this rank's pieces; names: id(param) -> qualified name."""
+        out = []
+        for plan, shard in zip(self.store.plans, self.store.shards):
+            for e, a, b, off in self.store.pieces(plan):
+                p = self.store.params[e.param]
+                out.append(SliceRecord(names[id(p)], tuple(self._shape_of(p)), a, b, shard, off))
+        return out
+
+    def _full(self, param, source):
+        """The whole flattened param assembled from every rank's pieces (a collective: every rank calls it).
+        source(bucket_index) -> this rank's 1-D shard tensor holding the values."""
+        plan, e = self.store.bucket_of[id(param)]
+        full = torch.zeros(e.numel, dtype=torch.float32, device=self.store.device)
+        lo, _ = plan.shard_range(self.rank)
+        a, b = max(lo, e.offset), min(lo + plan.shard, e.offset + e.numel)
+        if a < b:
+            with self.visiting(writes=False) as use:
+                use(self.store.units[plan.index].shard)
+                full[a - e.offset:b - e.offset].copy_(source(plan.index)[a - lo:b - lo])
+        if self.world > 1:
+            with waiting("full parameter", [param]):
+                dist.all_reduce(full, group=self.group)
+        return full.view(self._shape_of(param))
+
+    def _shape_of(self, param):
+        return param.shape
+
+    def _local(self, param, source):
+        plan, e = self.store.bucket_of[id(param)]
+        lo, _ = plan.shard_range(self.rank)
+        a, b = max(lo, e.offset), min(lo + plan.shard, e.offset + e.numel)
+        if self.swap is None:
+            return source(plan.index)[max(a - lo, 0):max(b - lo, 0)]
+        with self.visiting(writes=False) as use:   # a copy: the swap takes the states' memory back after
+            use(self.store.units[plan.index].shard)
+            return source(plan.index)[max(a - lo, 0):max(b - lo, 0)].clone()
+
+    def _state_dict(self, i, key):
+        """The optimizer's state of shard i, or a KeyError naming the keys it has."""
+        state = self._optimizer.state.get(self.store.shards[i], {}) if self._optimizer is not None else {}
+        if key not in state and not (key in FLOAT_KEYS and is_quantized(state)):
+            raise KeyError(f"optimizer state {key!r} does not exist (yet): available keys "
+                           f"{sorted(state)}; states appear after the first optimizer step")
+        return state
+
+    def _state_of(self, key):
+        def source(i):
+            state = self._state_dict(i, key)
+            if key not in state:   # 8-bit moments, as fp32 values
+                return dequantize_moments(state)[key]
+            return state[key].float()
+        return source
+
+    def _state_tensor(self, i, key):
+        """The tensor a setter writes: the state itself (8-bit moments cannot be written element by element)."""
+        state = self._state_dict(i, key)
+        if key not in state:
+            raise ValueError(f"optimizer state {key!r} is held as 8-bit blocks here (a quantized optimizer): it "
+                             "cannot be set element by element; set it before quantizing, or use a 32-bit "
+                             "optimizer")
+        return state[key]
+
+    def _grad_source(self, i):
+        return self.grad_shards()[i].float() * self.post_reduce_factor
+
+    _optimizer = None
+
+    def bind_optimizer(self, optimizer):
+        """The optimizer steps flat shards, so its own zero_grad() would clear nothing the user means: make it
+        clear this owner's gradients too (what DeepSpeed's ZeRO optimizer's zero_grad() does)."""
+        if self.swaps:
+            try:
+                check_unit_by_unit(optimizer, "offload_optimizer" if self.swap is not None else "offload_param")
+            except ValueError:
+                for swap in self.swaps:
+                    swap.close()   # initialize fails: its swap files go now, not at the process's exit
+                raise
+        if self.swap is not None:
+            self.swap.optimizer = optimizer
+        elif self.store.master_device.type == "cpu" and optimizer is not None and not len(optimizer.state):
+            check_host_states(self.store.masters, optimizer, local_ranks())
+        self._optimizer = optimizer
+        if optimizer is None or getattr(optimizer, "_dsfast_clears", None) is self:
+            return
+        own = optimizer.zero_grad
+
+        def zero_grad(set_to_none=True):
+            own(set_to_none=set_to_none)
+            self.clear_grads()
+        optimizer.zero_grad = zero_grad
+        optimizer._dsfast_clears = self
+
+    # ---- gradients: the one intake (grad_intake.py) ----------------------------------------------------------
+    def begin_backward(self, reduce):
+        self.intake.begin_backward(reduce)
+
+    def end_backward(self):
+        self.intake.end_backward()
+
+    def prepare_step(self, names):
+        self.intake.prepare_step(names)
+
+    def detach(self):
+        self.intake.detach()
+
+    def clear_grads(self):
+        """Every gradient this rank holds for the model, gone (accumulated partitions and any param.grad)."""
+        self.zero_grads()
+        for p in self.store.params:
+            p.grad = None
+
+    def full_fp32_param(self, param):
+        return self._full(param, lambda i: self.store.masters[i].float())
+
+    def full_grad(self, param):
+        return self._full(param, self._grad_source)
+
+    def full_optimizer_state(self, param, key):
+        return self._full(param, self._state_of(key))
+
+    def local_fp32_param(self, param):
+        return self._local(param, lambda i: self.store.masters[i])
+
+    def local_grad(self, param):
+        return self._local(param, self._grad_source)
+
+    def local_optimizer_state(self, param, key):
+        return self._local(param, self._state_of(key))
+
+    # ---- what dsfast.utils' setters write: each rank its own piece, no collective (as DeepSpeed's) ------------
+    def _targets(self, kind, key=None):
+        """targets(bucket_index) -> the tensors holding this rank's shard of `kind` (a host copy of a gradient
+        shard too, where offload keeps one, since the optimizer steps from it)."""
+        if kind == "param":
+            return lambda i: [self.store.masters[i]]
+        if kind == "grad":
+            return lambda i: [t for t in (self.grad_shards()[i], self.store.units[i].host_grad) if t is not None]
+        return lambda i: [self._state_tensor(i, key)]
+
+    @torch.no_grad()
+    def _set_piece(self, param, targets, value, local, api):
+        """Write this rank's piece of `param` from `value`: the whole parameter's values, or (local) exactly
+        this rank's piece, as the local getters return it."""
+        plan, e = self.store.bucket_of[id(param)]
+        lo, _ = plan.shard_range(self.rank)
+        a, b = max(lo, e.offset), min(lo + plan.shard, e.offset + e.numel)
+        if local:
+            value = checked_value(value, max(b - a, 0), api, "local piece of this parameter on this rank")
+            piece = value
+        else:
+            shape = tuple(self._shape_of(param))
+            value = checked_value(value, e.numel, api, f"parameter of shape {shape}")
+            piece = value[max(a - e.offset, 0):max(b - e.offset, 0)]
+        if a >= b:
+            return
+        with self.visiting(writes=True) as use:
+            use(self.store.units[plan.index].shard)
+            for t in targets(plan.index):
+                t[a - lo:b - lo].copy_(piece)
+
+    def set_full_fp32_param(self, param, value):
+        if self.store.masters_are_params and not self.partitions_params:
+            # the master is this rank's slice of the parameter itself: write the whole parameter, so that every
+            # rank's copy of it stays the same
+            value = checked_value(value, param.numel(), "safe_set_full_fp32_param",
+                                  f"parameter of shape {tuple(param.shape)}")
+            with torch.no_grad():
+                param.data.copy_(value.view(param.shape))
+            return
+        self._set_piece(param, self._targets("param"), value, False, "safe_set_full_fp32_param")
+        if self.store.masters_are_params and param.ds_status.name == "AVAILABLE":
+            # stage 3, fp32: the shard is the master; a parameter whole right now (persistent) takes the value too
+            with torch.no_grad():
+                param.data.copy_(value.reshape(param.shape))
+
+    def set_full_grad(self, param, value):
+        # the shards hold the sum over ranks; the getters scale by post_reduce_factor
+        self._set_piece(param, self._targets("grad"), _unscaled(value, self.post_reduce_factor), False,
+                        "safe_set_full_grad")
+
+    def set_full_optimizer_state(self, param, value, key):
+        self._set_piece(param, self._targets("state", key), value, False, "safe_set_full_optimizer_state")
+
+    def set_local_fp32_param(self, param, value):
+        self._set_piece(param, self._targets("param"), value, True, "safe_set_local_fp32_param")
+
+    def set_local_grad(self, param, value):
+        self._set_piece(param, self._targets("grad"), _unscaled(value, self.post_reduce_factor), True,
+                        "safe_set_local_grad")
+
+    def set_local_optimizer_state(self, param, value, key):
+        self._set_piece(param, self._targets("state", key), value, True, "safe_set_local_optimizer_state")
+
+    # ---- memory -------------------------------------------------------------------------------------------
+    def memory_tensors(self):
+        """{category: [tensors]} of everything this owner holds (memory_breakdown counts them)."""
+        cats = {"params": list(self.store.flats), "masters": [] if self.store.masters_are_params
+                else list(self.store.masters), "optimizer_states": [], "grads": [], "comm_buffers": []}
+        cats["comm_buffers"] += [u.host16 for u in self.store.units if u.host16 is not None]
+        cats["comm_buffers"] += [u.host_grad for u in self.store.units if u.host_grad is not None]
+        if self.swap is not None:   # the window of states on the host (the rest are in files: swap.nvme_bytes)
+            cats["swap_window"] = self.swap.host_buffers()
+        if self.param_swap is not None:   # the window of stage 3's shards (the rest are in their files)
+            cats["param_swap_window"] = self.param_swap.host_buffers()
+        if self._optimizer is not None:
+            for shard in self.store.shards:
+                cats["optimizer_states"] += [t for t in self._optimizer.state.get(shard, {}).values()
+                                             if torch.is_tensor(t) and t.numel() > 1]
+        return cats
+
+
+class ShardedOptimizerState(ShardedBase):
+    stage = 1
+
+    def __init__(self, store, precision, group=None, allocate=None):
+        super().__init__(store, precision, group)
+        layout = [([store.params[e.param] for e in plan.entries], plan.padded) for plan in store.plans]
+        # param.grad are views of the buckets when gradients are reduced in the parameters' dtype; else each
+        # gradient is added into its slice of reduce-dtype buckets as it arrives (communication_data_type fp32)
+        views = precision.reduce_dtype == precision.param_dtype
+        self.buffers = GradBuffers(store.params, layout, grads_are_views=views, accum_dtype=precision.reduce_dtype,
+                                   allocate=allocate)
+        chunks = [plan.shard_range(self.rank) for plan in store.plans]
+        for u, b in zip(store.units, self.buffers.buckets):   # a unit's gradient: its slice of the full bucket
+            u.grad = b.flat[slice(*u.plan.shard_range(self.rank))]
+            if store.placement.copies_states:
+                u.host_grad = store.placement.host_empty(u.grad.numel(), u.grad.dtype)
+        # offload, distinct host: each bucket's slice is copied to the host as soon as its reduction lands, while
+        # the rest of backward runs (as at stages 2-3)
+        to_host = self._to_host if store.placement.copies_states else None
+        self.intake = build_grad_sync(self.buffers, self.world, self.rank, group, allocate, chunks, to_host)
+        self.reducer = self.intake.reducer
+        self._copied_at = None   # buffers.version() when the host copies were last made whole (None: not since)
+
+    def _to_host(self, bucket):
+        u = self.store.units[bucket.index]
+        u.host_grad.copy_(u.grad, non_blocking=True)
+
+    def end_backward(self):
+        if self.intake.end_backward():   # every bucket was reduced, so copied
+            self._copied_at = self.buffers.version()
+
+    def host_grads_current(self):
+        return self._copied_at is not None and self._copied_at == self.buffers.version()
+
+    def zero_grads(self):
+        self.buffers.zero()
+        self.intake.reset()
+        self._copied_at = None
+
+    def clear_grads(self):
+        self.zero_grads()   # param.grad are views of the zeroed buckets again
+
+    def memory_tensors(self):
+        cats = super().memory_tensors()
+        cats["grads"] += self.buffers.flats()
+        return cats
+
+
+class ShardedGradients(ShardedBase):
+    stage = 2
+    reduces_every_micro_step = True   # the engine refuses no_sync() for it
+
+    def __init__(self, store, precision, group=None, allocate=None):
+        """allocate: a shm_reduce.SharedTable for same-host ranks (the reduction then goes through /dev/shm)."""
+        super().__init__(store, precision, group)
+        dev, dt = store.device, precision.reduce_dtype   # the gradient shards accumulate in the reduce dtype
+        for u in store.units:
+            u.grad = torch.zeros(u.plan.shard, dtype=dt, device=dev)
+            # offload, distinct host: each shard is copied to (pinned) host memory as soon as its last
+            # reduce-scatter of the accumulation window lands, while the rest of backward runs
+            if store.placement.copies_states:
+                u.host_grad = store.placement.host_empty(u.plan.shard, dt)
+        buckets = [grad_buckets.ContiguousBucket(u.plan, u.grad) for u in store.units]
+        self.reducer = reducer_for(buckets, self.world, self.rank, group, allocate)
+        # stage 2 reduces at every micro-step, boundary or not: the partition accumulates (as DeepSpeed's)
+        entries = [store.bucket_of[id(p)][1] for p in store.params]   # (entry.param: the position in params)
+        self.intake = GradIntake(store.params, self.reducer, self.world, entries=entries, stage=self.stage,
+                                 to_host=self._to_host if store.placement.copies_states else None)
+
+    def _to_host(self, bucket):
+        u = self.store.units[bucket.index]
+        u.host_grad.copy_(u.grad, non_blocking=True)
+
+    def zero_grads(self):
+        for u in self.store.units:
+            u.grad.zero_()
+
+    def memory_tensors(self):
+        cats = super().memory_tensors()
+        cats["grads"] += self.grad_shards()
+        cats["comm_buffers"] += self.reducer.in_flight_buffers() + self.reducer.memory()
+        return cats
+
+
+def build_sharded_owner(stage, params, group_of, policy, bucket_elems, world, rank, placement,
+                        group=None, module=None, shared=None):
+    """Flatten `params` into partitioned buckets and return the stage's owner. For fp16/bf16 the module is cast
+    after the fp32 values were captured for the masters. `shared()`, when given, makes a shm_reduce.SharedTable
+    allocator (same-host CPU ranks): parameter buckets (both stages) and stage 1's gradient buckets then live in
+    shared memory and are gathered / reduced there."""
+    dtype = policy.param_dtype
+    if dtype != torch.float32:
+        fp32 = [p.detach().float() for p in params]
+        if module is not None:
+            module.to(dtype)
+        for p, v in zip(params, fp32):   # FlatShards reads fp32 values for the masters, then casts
+            p.data = v
+    if stage not in (1, 2):
+        raise NotImplementedError(f"ZeRO stage {stage} is not implemented by the sharded owners (stages 1, 2)")
+    store = FlatShards(params, group_of, dtype, bucket_elems, world, rank, placement,
+                       allocate=shared() if shared else None, master_dtype=policy.master_dtype)
+    if stage == 1:
+        return ShardedOptimizerState(store, policy, group, allocate=shared() if shared else None)
+    return ShardedGradients(store, policy, group, allocate=shared() if shared else None)

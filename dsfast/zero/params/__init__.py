@@ -1,0 +1,1 @@
+"""ZeRO stage 3's partitioned parameters: records, gathers, module hooks, zero.Init, GatheredParameters."""

@@ -1,0 +1,1 @@
+"""Pure data every owner is built from: partition maths, placement, precision."""

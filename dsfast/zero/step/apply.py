@@ -1,0 +1,96 @@
+"""The second half of the ZeRO step (stages 1-3): the optimizer applies the decision to this rank's shard units.
+
+The optimizer was built over the units' shard parameters (shard_unit.py), so it is stepped through the one
+optimizer contract's per-unit entry (optim/amp_step.py prepare_step: the hyperparameters validated once per step)
+with each unit's gradient (any float dtype, read in place; its host copy where the placement made one) and, for a
+16-bit model, each unit's 16-bit output (written in the same pass). The 1/world x 1/loss_scale factor and the clip
+coefficient travel as grad_scale / clip_coef and the overflow flag as found_inf: no separate scaling pass, and no
+reading or creating of optimizer.state here.
+
+One loop steps every placement: it walks the units in batches that are in host memory. With every unit resident
+the walk is one batch of all of them (one kernel call per param group); with the states or stage 3's shards on NVMe
+(the unit says: shard_unit.ShardUnit.states_swap / param_swap) it is one unit at a time, read ahead and written
+behind, each stepped while its bytes are in a window buffer: the same kernels on the same values (exact for an
+element-wise optimizer, which bind_optimizer checked: optim/element_wise.py).
+"""
+import contextlib
+from operator import itemgetter
+
+import torch
+
+from ...optim.amp_step import prepare_step
+
+_FIRST = itemgetter(0)
+
+
+@torch.no_grad()
+def step_shards(store, optimizer, decision):
+    """Update every unit of `store` as `decision` (decide.py) says; the model-dtype slices hold the new values
+    afterwards (all-gather not included)."""
+    store.placement.synchronize()   # the host copies of the gradients must land before the CPU reads them
+    swaps = [s for s in (store.swap, store.param_swap) if s is not None]
+    for s in swaps:   # (named in I/O errors: the optimizer steps of this engine, skipped ones included)
+        s.steps += 1
+        s.window.step = s.steps
+    if swaps and not decision.applied():   # (a skipped step reads and writes nothing from NVMe)
+        return
+    step = prepare_step(optimizer, **decision.step_kwargs())
+    where = _positions(optimizer)
+    with contextlib.closing(_walk(store)) as batches:
+        for batch in batches:
+            _step_batch(store, step, where, decision, batch)
+    if store.param_swap is not None:
+        # every rank learns of a failed write in this step (sharded.step), not in the next forward
+        store.param_swap.flush()
+
+
+def _walk(store):
+    """Yield the units in batches whose bytes are in host memory while the batch is stepped: all of them at once
+    when every unit is resident; else one at a time through the states' window (read ahead, written behind), its
+    16-bit slice in a buffer written back behind the next units' step (stage 3's shards on NVMe)."""
+    if store.swap is None and store.param_swap is None:
+        yield store.units
+        return
+    for unit in (store.swap.windows(store.units) if store.swap is not None else store.units):
+        with unit.writing16():
+            yield [unit]
+
+
+def _positions(optimizer):
+    """(number of param groups, id(param) -> (param group, index in it)): where each unit's shard sits in the
+    optimizer, found once per step."""
+    groups = optimizer.param_groups
+    return len(groups), {id(p): (gi, j) for gi, g in enumerate(groups) for j, p in enumerate(g["params"])}
+
+
+def _step_batch(store, step, where, decision, units):
+    members = _by_group(where, units)
+    mixed = store.mixed
+    parts = [([j for j, _ in ms], [_on(u.update_grad, u.shard) for _, u in ms],
+              [u.out16 for _, u in ms] if mixed else None) for ms in members]
+    step(parts)
+    copies_back = mixed and any(u.host16 is not None for u in units)
+    if copies_back or (not mixed and not store.masters_are_params):
+        # the host read is free here: a CPU optimizer (the one writing host copies) has read the flag already
+        if decision.applied():
+            for u in units:
+                u.finish_step(mixed, store.masters_are_params)
+
+
+def _by_group(where, units):
+    """Per param group of the optimizer, [(index in the group, unit)] of `units`, in the group's order (a unit
+    whose shard the optimizer does not hold is not stepped)."""
+    groups, position = where
+    members = [[] for _ in range(groups)]
+    for u in units:
+        found = position.get(id(u.shard))
+        if found is not None:
+            members[found[0]].append((found[1], u))
+    for ms in members:
+        ms.sort(key=_FIRST)   # (already in order, or in runs: the store keeps the optimizer's order)
+    return members
+
+
+def _on(grad, shard):
+    """The gradient where the shard is (a copy only if no placement made one there already)."""
+    return grad if grad.device == shard.device else grad.to(shard.device, non_blocking=True)

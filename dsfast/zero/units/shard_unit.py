@@ -1,0 +1,118 @@
+"""A shard unit: everything one bucket keeps on this rank at ZeRO stages 1-3, in one object (FSDP2's FSDPParam at
+bucket size; at stage 3 a bucket is one parameter). The storage (flat_shards.FlatShards, stage3.Stage3Store) makes
+the units; the owner's reduction fills in their gradients; the step applies the optimizer to them.
+
+    plan       the bucket's layout (partition.BucketPlan): its parameters, padding, param group, this rank's range
+    slice16    this rank's slice of the bucket in the model's dtype (what the all-gather publishes)
+    master     the master of that slice, in the precision policy's master dtype (fp32, or the model's 16-bit dtype);
+               the slice itself when it is in the slice's dtype and the placement allows
+    shard      the torch.nn.Parameter over `master` the optimizer steps: optimizer.state[shard] is the unit's state
+    host16     offload to a distinct host: the host copy the CPU optimizer writes 16-bit values into
+    grad       the reduced gradient slice (the precision policy's reduce dtype)
+    host_grad  offload to a distinct host: its host copy, made as the reduction completes (or at step time)
+
+Residency (where the unit's bytes live between uses) and readiness (whether they are in memory now):
+    states_swap     offload_optimizer on NVMe: the nvme_states.NvmeStates whose file holds master and states
+                    (None: they live in memory)
+    states_layout   that file's layout, ((key, byte offset, numel, dtype), ...) (None: not written yet)
+    states_loaded   master and states are in host memory (always, without states_swap)
+    param_swap      stage 3 with offload_param on NVMe: the nvme_params.NvmeParams whose file holds slice16
+                    (None: slice16 lives in memory, max_in_cpu's shards included)
+The step's walk (shard_step.py) and the NVMe placements ask the unit these, not a table of their own.
+"""
+import contextlib
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..policy.partition import owned_pieces
+
+
+@dataclass(eq=False)
+class ShardUnit:
+    plan: object
+    slice16: torch.Tensor
+    master: torch.Tensor
+    shard: torch.nn.Parameter
+    host16: Optional[torch.Tensor] = None
+    grad: Optional[torch.Tensor] = None
+    host_grad: Optional[torch.Tensor] = None
+    states_swap: Optional[object] = None
+    states_layout: Optional[tuple] = None
+    states_loaded: bool = True
+    param_swap: Optional[object] = None
+
+    @property
+    def resident(self):
+        """Everything the step touches lives in memory (no NVMe file behind the states or the 16-bit slice)."""
+        return self.states_swap is None and self.param_swap is None
+
+    def writing16(self):
+        """A block that overwrites the 16-bit slice: on NVMe it is given a buffer (nothing read: the block writes
+        all of it) and written to its file after; in memory, nothing to do."""
+        if self.param_swap is None:
+            return contextlib.nullcontext()
+        return self.param_swap.holding(self.slice16, read=False)
+
+    @property
+    def index(self):
+        return self.plan.index
+
+    @property
+    def out16(self):
+        """Where the optimizer writes the updated 16-bit values."""
+        return self.host16 if self.host16 is not None else self.slice16
+
+    @property
+    def update_grad(self):
+        """The gradient the optimizer reads (the host copy where there is one)."""
+        return self.host_grad if self.host_grad is not None else self.grad
+
+    @torch.no_grad()
+    def finish_step(self, mixed, masters_are_params):
+        """After an applied update: the 16-bit values onto the device slice (host copies), or, for masters in the
+        slice's own dtype (fp32 model, 16-bit masters) kept apart from it, the masters into the slice. `mixed`: the
+        masters are fp32 beside a 16-bit model. (A skipped step wrote nothing to copy.)"""
+        if mixed:
+            if self.host16 is not None:
+                self.slice16.copy_(self.host16, non_blocking=True)
+        elif not masters_are_params:
+            self.slice16.copy_(self.master, non_blocking=True)
+
+
+class UnitStore:
+    """What the two storages of units (flat_shards.FlatShards, stage3.Stage3Store) share: per-unit views and the
+    masters -> 16-bit write-back. Needs `units`, `rank` and `masters_are_params`."""
+    swap = None         # nvme_states.NvmeStates where the states are on NVMe (the storages set it)
+    param_swap = None   # stage 3: nvme_params.NvmeParams where the shards are on NVMe
+
+    @property
+    def masters(self):
+        return [u.master for u in self.units]
+
+    @property
+    def shards(self):
+        return [u.shard for u in self.units]
+
+    @property
+    def host16(self):
+        return [u.host16 for u in self.units]
+
+    @property
+    def grads(self):
+        return [u.grad for u in self.units]
+
+    def pieces(self, plan):
+        return owned_pieces(plan, self.rank)
+
+    @torch.no_grad()
+    def write_back(self, use=None):
+        """Masters -> this rank's 16-bit slices (after a checkpoint load: the optimizer did not write them).
+        use(shard): brings a unit's master into memory first (NVMe: the owner's visiting, state_owner.OwnerDefaults)."""
+        if not self.masters_are_params:
+            for u in self.units:
+                if use is not None:
+                    use(u.shard)
+                with u.writing16():
+                    u.slice16.copy_(u.master, non_blocking=True)
