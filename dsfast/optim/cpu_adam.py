@@ -171,7 +171,9 @@ class CPUAdam(_cpu_op.CPUOptimizer):
         used (still in .grad) with the group's current hyperparameters (those of the step): computed in float64,
         the parameter, exp_avg and exp_avg_sq come back to within a few fp32 ulps of their values before the
         step (one rounding of their dtype for 16-bit ones), and exactly (zeros) when the step count returns to 0;
-        no copy is kept, so rollbacks may go back any number of steps at no memory cost. The step count is
+        no copy is kept, so rollbacks may go back any number of steps at no memory cost (each one undoes the rounding
+        of one step only: going back several steps, exp_avg_sq's absolute error, about an ulp of its later values,
+        grows relative to earlier values much smaller than those, as DeepSpeed's inversion does). The step count is
         decremented. Errors (RuntimeError): a subgroup never stepped, a step count of 0, no parameter with a
         gradient; ValueError: a state that does not match the parameter, or an update that cannot be inverted
         (beta1 or beta2 of 0 past the first step, AdamW with lr * weight_decay == 1)."""
