@@ -17,11 +17,15 @@
 * `step(fp16_param_groups=...)` (as DeepSpeedCPUAdam) also writes each updated parameter into
   a bf16/fp16 tensor in the same pass.
 * amsgrad is not implemented and raises a ValueError.
+* `step_subgroup(i)` / `rollback_subgroup(i)` (DeepSpeedCPUAdam's, ZeRO-3 super-offload): one step of the one
+  parameter with a gradient, state under the int key i, and its exact algebraic undo (no copy kept).
 
 Flat-buffer entry point for the ZeRO / CPU-offload engine: `adam_flat_step` updates one
 contiguous fp32 partition from its gradient (fp32/bf16/fp16), optionally writing the
 updated values into a 16-bit buffer (round-to-nearest-even) in the same pass.
 """
+import math
+
 import torch
 
 from . import _cpu_op, functional
@@ -124,6 +128,119 @@ class CPUAdam(_cpu_op.CPUOptimizer):
                          indices, seed)
         return loss
 
+    # -- per-subgroup step and its undo (DeepSpeedCPUAdam.step_subgroup / rollback_subgroup, ZeRO-3 super-offload) --
+
+    @torch.no_grad()
+    def step_subgroup(self, subgroup_id, closure=None):
+        """One Adam step of subgroup `subgroup_id` (DeepSpeed 0.19.8's DeepSpeedCPUAdam.step_subgroup).
+
+        A subgroup is the one parameter that has a gradient among all param groups (ZeRO-3 puts a subgroup's flat
+        fp32 partition there before calling it); its state is self.state[subgroup_id] (an int key, so that the
+        same state follows the subgroup whatever tensor holds it): 'step' (an int, as DeepSpeed's), 'exp_avg',
+        'exp_avg_sq'. No parameter with a gradient: nothing is done (DeepSpeed's behaviour). The update is the
+        SIMD kernel's, bit-identical to step() on the same values."""
+        loss = self._run_closure(closure)
+        sid = _subgroup_key(subgroup_id)
+        found = self._subgroup_member(sid, "step_subgroup")
+        if found is None:
+            return loss
+        gi, j, group, p = found
+        hparams = self._group_hyperparameters(group)
+        state = self.state[sid]
+        if len(state) == 0:
+            dtype = self.state_dtype(p)
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)
+        else:
+            _check_subgroup_state(sid, state, p)
+        step_t = torch.tensor(float(state["step"]), dtype=torch.float32)
+        adamw = bool(group["adamw_mode"])
+        group["decoupled_weight_decay"] = adamw
+        scale = -1.0 if group.get("maximize") else 1.0
+        self._kernel(group, hparams, [p], [p.grad], [state["exp_avg"]], [state["exp_avg_sq"]], [step_t], [], scale,
+                     gi, [j], self.round_seed())
+        state["step"] = int(step_t.item())
+        return loss
+
+    @torch.no_grad()
+    def rollback_subgroup(self, subgroup_id, closure=None):
+        """Undo the last step_subgroup(subgroup_id) (DeepSpeed 0.19.8's DeepSpeedCPUAdam.rollback_subgroup).
+
+        Exact algebraic inversion of the update, as DeepSpeed's, from the stepped values and the gradient the step
+        used (still in .grad) with the group's current hyperparameters (those of the step): computed in float64,
+        the parameter, exp_avg and exp_avg_sq come back to within a few fp32 ulps of their values before the
+        step (one rounding of their dtype for 16-bit ones), and exactly (zeros) when the step count returns to 0;
+        no copy is kept, so rollbacks may go back any number of steps at no memory cost (each one undoes the rounding
+        of one step only: going back several steps, exp_avg_sq's absolute error, about an ulp of its later values,
+        grows relative to earlier values much smaller than those, as DeepSpeed's inversion does). The step count is
+        decremented. Errors (RuntimeError): a subgroup never stepped, a step count of 0, no parameter with a
+        gradient; ValueError: a state that does not match the parameter, or an update that cannot be inverted
+        (beta1 or beta2 of 0 past the first step, AdamW with lr * weight_decay == 1)."""
+        loss = self._run_closure(closure)
+        sid = _subgroup_key(subgroup_id)
+        state = self.state.get(sid)
+        if not state:
+            raise RuntimeError(f"Cannot rollback optimizer state for sub_group_id {sid} as it has not been "
+                               f"initialized.")
+        t = int(state.get("step", 0))
+        if t <= 0:
+            raise RuntimeError(f"Cannot rollback sub_group_id {sid}: step count is {t}")
+        found = self._subgroup_member(sid, "rollback_subgroup")
+        if found is None:
+            raise RuntimeError(f"Cannot rollback sub_group_id {sid}: no parameter has a gradient (the rollback "
+                               f"inverts the step with the gradient it used)")
+        _, _, group, p = found
+        _check_subgroup_state(sid, state, p)
+        lr, (beta1, beta2), eps, wd = self._group_hyperparameters(group)
+        adamw = bool(group["adamw_mode"])
+        if t > 1 and (beta1 == 0.0 or beta2 == 0.0):
+            raise ValueError(f"Cannot rollback sub_group_id {sid}: with beta1 or beta2 of 0 the moments before the "
+                             f"step are not recoverable (betas={group['betas']})")
+        if adamw and lr * wd == 1.0:
+            raise ValueError(f"Cannot rollback sub_group_id {sid}: AdamW with lr * weight_decay == 1 zeroes the "
+                             f"parameter before the update")
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        g = p.grad.detach().reshape(p.shape).to(torch.float64)
+        if group.get("maximize"):
+            g = -g
+        p1 = p.detach().to(torch.float64)
+        m1, v1 = m.to(torch.float64).reshape(p.shape), v.to(torch.float64).reshape(p.shape)
+        if group["bias_correction"]:
+            bc1, bc2 = 1.0 - beta1 ** t, 1.0 - beta2 ** t
+        else:
+            bc1 = bc2 = 1.0
+        # the kernel: p = p * (1 - lr * wd [AdamW]) - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)
+        p0 = p1 + (lr / bc1) * m1 / (v1.sqrt() / math.sqrt(bc2) + eps)
+        if adamw and wd != 0.0:
+            p0 = p0 / (1.0 - lr * wd)
+        elif wd != 0.0:
+            g = g + wd * p0   # Adam's L2 term entered the moments with the parameter before the step
+        p.data.copy_(p0)
+        if t == 1:   # back to the state's creation
+            m.zero_()
+            v.zero_()
+        else:        # m = m + (1 - beta1) * (g - m); v = beta2 * v + (1 - beta2) * g * g
+            m.copy_(((m1 - (1.0 - beta1) * g) / beta1).reshape(m.shape))
+            v.copy_(((v1 - (1.0 - beta2) * g * g) / beta2).clamp_(min=0.0).reshape(v.shape))
+        state["step"] = t - 1
+        return loss
+
+    def _subgroup_member(self, sid, what):
+        """(group index, index in the group, group, parameter) of the one parameter with a gradient, or None."""
+        found = [(gi, j, group, p) for gi, group in enumerate(self.param_groups)
+                 for j, p in enumerate(group["params"]) if p.grad is not None]
+        if len(found) > 1:
+            raise ValueError(f"{what}({sid}): {len(found)} parameters have a gradient; a subgroup is one tensor (its "
+                             f"flat partition), the only parameter with a gradient")
+        if not found:
+            return None
+        gi, j, group, p = found[0]
+        if p.device.type != "cpu":
+            raise ValueError(f"{what}({sid}): param_groups[{gi}]['params'][{j}] is on {p.device}; CPUAdam steps CPU "
+                             f"tensors (enable 'offload_optimizer': 'cpu' in the ZeRO config)")
+        return found[0]
+
     def _group_hyperparameters(self, group):
         """The group's validated hyperparameters (lr, betas, eps, weight_decay); refuses flags it cannot honour."""
         hparams = check_adam_hparams(group["lr"], group["betas"], group["eps"], group["weight_decay"],
@@ -160,6 +277,32 @@ class CPUAdam(_cpu_op.CPUOptimizer):
         params, grads, lists, outs, kept = _cpu_op.gather(self, group, indices, listed, halves,
                                                           ("exp_avg", "exp_avg_sq", "step"), new_state)
         return params, grads, lists["exp_avg"], lists["exp_avg_sq"], lists["step"], outs, kept
+
+
+def _subgroup_key(subgroup_id):
+    """A subgroup id: a non-negative int (a state key beside the parameters' tensor keys)."""
+    if isinstance(subgroup_id, bool) or not isinstance(subgroup_id, int):
+        try:
+            import numpy as np
+            if isinstance(subgroup_id, np.integer):
+                subgroup_id = int(subgroup_id)
+        except ImportError:
+            pass
+    if isinstance(subgroup_id, bool) or not isinstance(subgroup_id, int):
+        raise TypeError(f"subgroup_id must be an int, got {type(subgroup_id).__name__}")
+    if subgroup_id < 0:
+        raise ValueError(f"subgroup_id must be >= 0, got {subgroup_id}")
+    return int(subgroup_id)
+
+
+def _check_subgroup_state(sid, state, p):
+    """The subgroup's state must be the one made for a tensor of p's size."""
+    for key in ("exp_avg", "exp_avg_sq"):
+        if key not in state or "step" not in state:
+            raise ValueError(f"the state of sub_group_id {sid} has no '{key}' / 'step' (not a subgroup's state)")
+        if state[key].numel() != p.numel():
+            raise ValueError(f"sub_group_id {sid}: its state '{key}' has {state[key].numel()} elements but the "
+                             f"parameter with a gradient has {p.numel()}; a subgroup keeps its size")
 
 
 class CPUAdamW(CPUAdam):
