@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ...comm.flat_collectives import reduce_scatter_flat
 from ...comm.where import WHERE, at_work, done, forget, issued
-from ...comm.barrier import rendezvous
+from ...comm.group_rendezvous import rendezvous
 
 MAX_IN_FLIGHT = 2
 

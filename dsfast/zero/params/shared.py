@@ -17,7 +17,7 @@ and DSFAST_SHM_ALLREDUCE is not "0" (shm_reduce.shm_allocator decides, for every
 import torch
 import torch.distributed as dist
 
-from ...comm.barrier import rendezvous
+from ...comm.group_rendezvous import rendezvous
 
 def shareable(records, device):
     """Whether stage 3's parameters could live in shared tables (every rank must see the same answer: callers
