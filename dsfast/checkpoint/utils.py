@@ -1,4 +1,7 @@
-"""deepspeed.checkpoint.utils.clone_tensors_for_torch_save (what Hugging Face's accelerate calls on a state dict)."""
+"""deepspeed.checkpoint.utils: clone_tensors_for_torch_save (what Hugging Face's accelerate calls on a state dict) and
+get_model_ckpt_name_for_rank (DeepSpeed's model-state file name)."""
+import os
+
 import torch
 
 
@@ -12,3 +15,10 @@ def clone_tensors_for_torch_save(item, device=torch.device("cpu")):
     if isinstance(item, (list, tuple)):
         return type(item)(clone_tensors_for_torch_save(v, device) for v in item)
     return item
+
+
+def get_model_ckpt_name_for_rank(base_folder, mp_rank_str):
+    """DeepSpeed's name of a model-parallel rank's model-state file in a tag folder: `mp_rank_<mp_rank_str>_model_
+    states.pt`. dsfast's own checkpoints keep the module in other files (README, Checkpoints); this names the file
+    a DeepSpeed checkpoint has, which `dsfast convert-deepspeed` and the DeepSpeed-checkpoint import read."""
+    return os.path.join(base_folder, f"mp_rank_{mp_rank_str}_model_states.pt")
