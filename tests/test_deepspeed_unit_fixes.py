@@ -371,3 +371,17 @@ def test_zero_config_object_maps_deprecated_keys_at_any_stage_and_resolves_overl
         init({**BASE, "zero_optimization": {"cpu_offload": True}})
     with pytest.raises(DsConfigError, match=r"zero_optimization.offload_optimizer.device.*\"auto\" picks"):
         init({**BASE, "zero_optimization": {"offload_optimizer": {"device": "auto"}}})
+
+
+def test_elastic_checkpoint_at_stage_3_warns_through_deepspeed_s_logger(monkeypatch):
+    # DeepSpeed's checkpoint/test_zero_optimizer.py patches deepspeed.utils.logger.warning and expects the notice
+    import dsfast.utils
+    from dsfast.runtime.zero.config import DeepSpeedZeroConfig
+    said = []
+    monkeypatch.setattr(dsfast.utils.logger, "warning", lambda msg, *a, **k: said.append(str(msg)))
+    DeepSpeedZeroConfig(stage=3, elastic_checkpoint=True)
+    assert any("elastic checkpointing is deprecated" in m.lower() for m in said)
+    said.clear()
+    DeepSpeedZeroConfig(stage=2, elastic_checkpoint=True)
+    DeepSpeedZeroConfig(stage=3)
+    assert not any("elastic" in m.lower() for m in said)

@@ -229,6 +229,16 @@ class ZeroConfig(StrictModel):
         return data
 
     @model_validator(mode="after")
+    def _elastic_checkpoint_at_stage3(self):
+        # DeepSpeed 0.19.8 warns through its one logger (deepspeed.utils.logger, "dsfast.program" here: the same
+        # object) that elastic checkpoints are deprecated at stage 3; dsfast's checkpoints load at any world size
+        if self.elastic_checkpoint and self.stage == 3:
+            logging.getLogger("dsfast.program").warning(
+                "zero_optimization.elastic_checkpoint: elastic checkpointing is deprecated and has no effect at ZeRO "
+                "stage 3 (dsfast's checkpoints load at any world size and stage without it); remove the key")
+        return self
+
+    @model_validator(mode="after")
     def _overlap_comm_default(self):
         # DeepSpeed's DeepSpeedZeroConfig resolves the unset key on the object itself: True at stage 3 only
         if self.overlap_comm is None:
