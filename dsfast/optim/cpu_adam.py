@@ -29,7 +29,7 @@ import math
 import torch
 
 from . import _cpu_op, functional
-from .validation import check_adam_hparams, check_unsupported_flags
+from .validation import check_adam_group, check_adam_hparams
 
 _STATE_KEYS = ("exp_avg", "exp_avg_sq", "step")
 
@@ -242,11 +242,7 @@ class CPUAdam(_cpu_op.CPUOptimizer):
         return found[0]
 
     def _group_hyperparameters(self, group):
-        """The group's validated hyperparameters (lr, betas, eps, weight_decay); refuses flags it cannot honour."""
-        hparams = check_adam_hparams(group["lr"], group["betas"], group["eps"], group["weight_decay"],
-                                     group.get("amsgrad", False))
-        check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
-        return hparams
+        return check_adam_group(group)
 
     def _step_group(self, gi, group, hparams, indices, grads, outs, multiplier):
         """Step group `gi`'s parameters at `indices` (grads / outs: theirs, or None: p.grad / no 16-bit copy), their

@@ -13,7 +13,7 @@ CPUAdam8bit quantizes fp32 / 16-bit exp_avg and exp_avg_sq; CPUAdam (and its eng
 import torch
 
 from . import _cpu_op, quant_state
-from .validation import check_adam_hparams, check_unsupported_flags
+from .validation import check_adam_group, check_adam_hparams
 from ..utils.log import logger
 
 _STATE_KEYS = ("step",) + quant_state.CODE_KEYS
@@ -54,11 +54,7 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
         return loss
 
     def _group_hyperparameters(self, group):
-        """The group's validated (lr, betas, eps, weight_decay); refuses flags it cannot honour."""
-        hparams = check_adam_hparams(group["lr"], group["betas"], group["eps"], group["weight_decay"],
-                                     group.get("amsgrad", False))
-        check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
-        return hparams
+        return check_adam_group(group)
 
     def _step_group(self, gi, group, hparams, indices, grads, outs, multiplier):
         """Step group `gi`'s parameters at `indices` (grads / outs: theirs, or None: p.grad / no 16-bit copy);

@@ -173,3 +173,12 @@ def check_state(p, state_tensor, key, where):
         raise ValueError(f"{where} state[{key!r}] must be a contiguous float32 tensor of shape {tuple(p.shape)} on "
                          f"{p.device}; got shape {tuple(state_tensor.shape)}, dtype {state_tensor.dtype}, "
                          f"device {state_tensor.device}, contiguous={state_tensor.is_contiguous()}")
+
+
+def check_adam_group(group):
+    """A param group's validated Adam hyperparameters (lr, betas, eps, weight_decay); refuses the torch flags a CPU
+    kernel cannot honour (CPUAdam, CPUAdam8bit)."""
+    hparams = check_adam_hparams(group["lr"], group["betas"], group["eps"], group["weight_decay"],
+                                 group.get("amsgrad", False))
+    check_unsupported_flags(group, ("foreach", "fused", "capturable", "differentiable"))
+    return hparams
