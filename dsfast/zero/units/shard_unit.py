@@ -19,12 +19,17 @@ Residency (where the unit's bytes live between uses) and readiness (whether they
     param_swap      stage 3 with offload_param on NVMe: the nvme_params.NvmeParams whose file holds slice16
                     (None: slice16 lives in memory, max_in_cpu's shards included)
 The step's walk (shard_step.py) and the NVMe placements ask the unit these, not a table of their own.
+    grad_event      the unit's gradient is where the step reads it (its host copy landed): an event of a lane
+                    (accelerator/streams.py); a DoneEvent where no copy is in flight
+    step_event      the unit's step is complete (updated, its 16-bit values back where the forward reads them)
 """
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+
+from ...accelerator.streams import DoneEvent, Lanes
 
 from ..policy.partition import owned_pieces
 
@@ -42,6 +47,8 @@ class ShardUnit:
     states_layout: Optional[tuple] = None
     states_loaded: bool = True
     param_swap: Optional[object] = None
+    grad_event: object = field(default_factory=DoneEvent)
+    step_event: object = field(default_factory=DoneEvent)
 
     @property
     def resident(self):
@@ -86,6 +93,15 @@ class UnitStore:
     masters -> 16-bit write-back. Needs `units`, `rank` and `masters_are_params`."""
     swap = None         # nvme_states.NvmeStates where the states are on NVMe (the storages set it)
     param_swap = None   # stage 3: nvme_params.NvmeParams where the shards are on NVMe
+    _lanes = None
+
+    @property
+    def lanes(self):
+        """The lanes (accelerator/streams.py) of this storage's copies and host step, made on first use: CUDA
+        streams on a GPU, worker threads on CPU ranks under the test placement (distinct host), else inline."""
+        if self._lanes is None:
+            self._lanes = Lanes(self.placement.device, emulate=self.placement.distinct)
+        return self._lanes
 
     @property
     def masters(self):
