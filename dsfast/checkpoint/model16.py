@@ -9,7 +9,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from ..comm.where import waiting
+from ..comm.where import wait_now
 from ..zero.params.save16 import gathered_state_dict
 from .safetensors_io import write_file
 
@@ -25,6 +25,5 @@ def save_16bit_model(module, save_dir, save_filename, exclude_frozen=False):
         else:
             torch.save(sd, path)
     if dist.is_initialized():
-        with waiting("save_16bit_model"):
-            dist.barrier()
+        wait_now(dist.barrier(async_op=True), ("save_16bit_model",))
     return True

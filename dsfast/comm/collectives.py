@@ -5,11 +5,12 @@ communication logger, which dsfast does not have: they are accepted and have no 
 torch's, so torch's and deepspeed.comm's operators are the same objects here.
 """
 import functools
+import inspect
 
 import torch.distributed as dist
 
 from .queries import needs_group
-from .where import at, done, issued
+from .where import at, done, issued, wait_now
 
 ReduceOp = dist.ReduceOp
 
@@ -20,11 +21,27 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 def _watched(fn):
     """Tag the call for the hang watch (where.py) while it runs; the work handle an async call returns is recorded
-    (the watch asks it whether it finished)."""
+    (the watch asks it whether it finished). A blocking call that takes async_op is issued async and waited on its
+    recorded handle: on NCCL a blocking collective returns once queued, and the host then hangs later, elsewhere;
+    the handle is what tells the watch which collective that is."""
     what = ("deepspeed.comm", fn.__name__)
+    params = list(inspect.signature(fn).parameters)
+    # (inference_all_reduce has async_op for DeepSpeed's signature only: it is always synchronous)
+    at_pos = params.index("async_op") if "async_op" in params and fn.__name__ != "inference_all_reduce" else None
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if at_pos is not None:
+            asked = args[at_pos] if len(args) > at_pos else kwargs.get("async_op", False)
+            if not asked:
+                if len(args) > at_pos:
+                    args = args[:at_pos] + (True,) + args[at_pos + 1:]
+                else:
+                    kwargs["async_op"] = True
+                work = fn(*args, **kwargs)
+                if work is not None:
+                    wait_now(work, what)
+                return None
         at(what)
         out = fn(*args, **kwargs)
         done()
@@ -66,7 +83,7 @@ def inference_all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, pr
     # DeepSpeed's shared-memory kernel for inference; the result is the same synchronous all-reduce
     if dist.get_world_size(group=group) <= 1:
         return tensor
-    return dist.all_reduce(tensor, op=op, group=group, async_op=False)
+    return wait_now(dist.all_reduce(tensor, op=op, group=group, async_op=True), ("deepspeed.comm", "all_reduce"))
 
 
 @needs_group

@@ -64,6 +64,7 @@ def describe_what(what, names):
              "exit": "at the end of its program, waiting for the other ranks to finish",
              "initialize": "in initialize()'s broadcast of rank 0's weights",
              "save_16bit_model": "in save_16bit_model's barrier",
+             "grad norm": "in the gradient norm's all-reduce (deepspeed.runtime.utils)",
              "shared tables": "agreeing on the same-host shared-memory tables in initialize()"}
     if kind in fixed:
         return fixed[kind]

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from ..comm import hang_watch
 from ..comm.data_parallel import data_parallel
-from ..comm.where import waiting
+from ..comm.where import wait_now, waiting
 from ..config.master_precision import cpu_adam_fp32_states, states_8bit
 from ..precision.keep_fp32 import KeptFp32
 from ..zero.planning.auto_offload import resolve_auto_offload
@@ -139,7 +139,7 @@ def _broadcast_from_rank0(model):
     """Every rank starts from rank 0's weights and buffers (as DDP and DeepSpeed do)."""
     for t in list(model.parameters()) + list(model.buffers()):
         if getattr(t, "_dsfast_z3", None) is None:   # zero.Init broadcast partitioned ones as they were built
-            dist.broadcast(t.data, src=0)
+            wait_now(dist.broadcast(t.data, src=0, async_op=True), ("initialize",))
 
 
 def _unique(params):

@@ -8,6 +8,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from ..comm.where import wait_now
 from ..utils import groups
 from ..zero.step.clip_arith import stage0_coef
 
@@ -39,10 +40,10 @@ def _all_reduce(t, op, group):
     """All-reduce in place, through the accelerator when the backend cannot take a host tensor (NCCL)."""
     if dist.get_backend(group) == "nccl" and t.device.type != "cuda":
         on_gpu = t.to(torch.device("cuda", torch.cuda.current_device()))
-        dist.all_reduce(on_gpu, op=op, group=group)
+        wait_now(dist.all_reduce(on_gpu, op=op, group=group, async_op=True), ("grad norm",))
         t.copy_(on_gpu)
     else:
-        dist.all_reduce(t, op=op, group=group)
+        wait_now(dist.all_reduce(t, op=op, group=group, async_op=True), ("grad norm",))
     return t
 
 

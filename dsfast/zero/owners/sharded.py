@@ -14,7 +14,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from ...comm.where import waiting
+from ...comm.where import wait_now
 from ...optim.quant_state import FLOAT_KEYS, dequantize_moments, is_quantized
 from ..grads import buckets as grad_buckets
 from ..step.decide import decide
@@ -133,8 +133,7 @@ class ShardedBase(ShardOwner):
                 use(self.store.units[plan.index].shard)
                 full[a - e.offset:b - e.offset].copy_(source(plan.index)[a - lo:b - lo])
         if self.world > 1:
-            with waiting("full parameter", [param]):
-                dist.all_reduce(full, group=self.group)
+            wait_now(dist.all_reduce(full, group=self.group, async_op=True), ("full parameter", [param]))
         return full.view(self._shape_of(param))
 
     def _shape_of(self, param):

@@ -13,7 +13,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from ...comm.where import waiting
+from ...comm.where import wait_now
 from .hooks import register_external_parameter
 from .partitioned_param import gather, publish, record_of
 
@@ -56,8 +56,8 @@ class GatheredParameters:
             for r in self.records:
                 values = r.param.data
                 if r.world > 1:
-                    with waiting("GatheredParameters", [r]):
-                        dist.broadcast(values, src=self.modifier_rank, group=r.group)
+                    wait_now(dist.broadcast(values, src=self.modifier_rank, group=r.group, async_op=True),
+                             ("GatheredParameters", [r]))
                 r.set_from_full(values)   # (the master follows)
             publish(self.records)   # same-host ranks: the shared snapshot takes the new slices
         elif self._watch is not None:

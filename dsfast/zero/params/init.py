@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ...comm.env import discover
-from ...comm.where import waiting
+from ...comm.where import wait_now
 from ...precision.keep_fp32 import upcast_kept
 from . import hooks as param_hooks
 from .hooks import ZeroParamDict
@@ -56,8 +56,7 @@ class _Window:
         for r in self.records:
             values = r.param.data
             if r.world > 1:
-                with waiting("zero.Init", [r]):
-                    dist.broadcast(values, src=0, group=r.group)
+                wait_now(dist.broadcast(values, src=0, group=r.group, async_op=True), ("zero.Init", [r]))
             r.set_from_full(values)
             r.refs -= 1
             r.release()
@@ -130,8 +129,7 @@ class Init:
                 continue
             p.data = p.data.to(self.device, dtype=self.dtype or p.dtype)
             if self.world > 1:
-                with waiting("zero.Init", [p]):
-                    dist.broadcast(p.data, src=0, group=self.group)
+                wait_now(dist.broadcast(p.data, src=0, group=self.group, async_op=True), ("zero.Init", [p]))
             rec = PartitionedParam(p, self.world, self.rank, self.group, self.device, self.shard_device,
                                    pin=self.pin and self.nvme is None)
             attach_ds_methods(p)   # DeepSpeed's param.all_gather / partition / all_gather_coalesced
