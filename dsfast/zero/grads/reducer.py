@@ -11,7 +11,7 @@ A bucket is reduced when every one of its parameters' gradients arrived and ever
 order on every rank, whatever the arrival order: the same buckets meet in every collective); then
 `on_reduced(bucket)` runs (the offload copy to the host, where the placement asks for it).
 """
-from .transports import comm_for
+from ..transport.transports import comm_for
 
 
 class Reducer:
