@@ -154,8 +154,8 @@ def zero_upward(scans):
             for line, target in imports if target.split(".")[:2] in (["dsfast", "engine"], ["dsfast", "checkpoint"])]
 
 
-ZERO_LAYERS = [("policy", "transport"), ("nvme", "step"), ("units", "params", "grads"), ("owner",), ("owners",), ("build",),
-               ("planning",)]
+ZERO_LAYERS = [("policy", "transport"), ("nvme", "step"), ("units", "params", "grads"), ("owner",), ("owners",),
+               ("build",), ("planning",)]
 
 
 def _zero_place(name):

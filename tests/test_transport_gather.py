@@ -59,6 +59,7 @@ def test_c10d_all_gather_fills_and_tags_its_work(tmp_path, monkeypatch):
         assert [w[1] for w in where.WHERE.works.values()] == [("updated shards",)]
         handle = comm.all_gather_async(out[:3], shard[3:], ("gather", "a record"))
         handle.wait()
-        assert torch.equal(out[:3], shard[3:]) and where.WHERE.works[where.WHERE.issued - 1][1] == ("gather", "a record")
+        assert torch.equal(out[:3], shard[3:])
+        assert where.WHERE.works[where.WHERE.issued - 1][1] == ("gather", "a record")
     finally:
         dist.destroy_process_group()

@@ -1,5 +1,5 @@
 """The one gradient reduction of every ZeRO stage: buckets reduced in bucket order as soon as they are complete,
-over one transport (transports.py: one rank, c10d collectives, or the same-host /dev/shm table). What a bucket
+over one transport (transport/transports.py: one rank, c10d collectives, or the same-host /dev/shm table). What a bucket
 holds and where its sum goes is the bucket layout's (grad_buckets.py):
 
   staged buckets    stages 2-3: each backward's gradients are written into a staging buffer that is reduce-scattered
