@@ -28,8 +28,7 @@ import functools
 import torch
 import torch.distributed as dist
 
-from ...comm.flat_collectives import reduce_scatter_flat
-from ...comm.flat_collectives import all_gather_flat
+from ...comm.flat_collectives import all_gather_flat, reduce_scatter_flat
 from ...comm.where import WHERE, at_work, done, forget, issued, wait_now
 from ...comm.group_rendezvous import rendezvous
 
