@@ -7,7 +7,9 @@ import torch
 import torch.distributed as dist
 
 from dsfast.comm import where
+from dsfast.zero.policy.placement import Placement
 from dsfast.zero.transport.transports import C10dComm, LocalComm, ShmComm, copy_others, gather_comm
+from dsfast.zero.units.flat_shards import FlatShards
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -63,3 +65,28 @@ def test_c10d_all_gather_fills_and_tags_its_work(tmp_path, monkeypatch):
         assert where.WHERE.works[where.WHERE.issued - 1][1] == ("gather", "a record")
     finally:
         dist.destroy_process_group()
+
+
+class _Recorder:
+    """A transport that only notes what it was asked to all-gather."""
+    def __init__(self):
+        self.calls = []
+
+    def all_gather(self, pairs, what, group=None):
+        self.calls.append((pairs, what, group))
+
+
+def test_flat_shards_gathers_the_buckets_and_group_asked_for():
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(n)) for n in (10, 30, 7)]
+    store = FlatShards(params, [0, 0, 0], torch.float32, 16, 2, 1, Placement(torch.device("cpu")))
+    assert len(store.flats) >= 3 and isinstance(store.comm, C10dComm)   # (no table: c10d)
+    store.comm = _Recorder()
+    store.all_gather(group="a worker's group", buckets=[1])   # one unit, as a worker thread gathers it
+    store.all_gather()
+    (one, what, group), (every, _, default) = store.comm.calls
+    assert what == ("updated shards",) and group == "a worker's group" and default is None
+    assert [i for i, f in enumerate(store.flats) for out, _ in one if out is f] == [1]
+    assert [out for out, _ in every] == store.flats
+    for plan, (out, shard) in zip(store.plans, every):   # rank 1's slice of each bucket, a view of it
+        assert shard.data_ptr() == out[plan.shard:].data_ptr() and shard.numel() == plan.shard
