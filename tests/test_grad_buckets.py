@@ -6,7 +6,7 @@ import torch
 from dsfast.zero.grads import buckets as grad_buckets
 from dsfast.zero.params.partitioned_param import PartitionedParam
 from dsfast.zero.grads.reducer import reducer_for
-from dsfast.zero.grads.transports import sum_rows
+from dsfast.zero.transport.transports import sum_rows
 
 
 def _records(sizes, world, rank=0):

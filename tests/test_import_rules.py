@@ -9,10 +9,11 @@
 3. Nothing in dsfast.zero imports dsfast.engine or dsfast.checkpoint (they sit above it: tests/test_layers.py).
 4. dsfast.zero is laid out as its architecture, in layers (ZERO_LAYERS, lowest first): a zero module imports zero
    modules of its own folder or of a lower layer only; folders of one layer do not import each other.
-     policy                   partition maths, placement, precision: pure data
+     policy, transport        partition maths, placement, precision: pure data; the transports (one rank, c10d,
+                              the /dev/shm table) that reduce and all-gather every layer's buffers
      nvme, step               the swap files and their window; the step's decision and its application
-     units, params, grads     the shard unit and its storage; stage 3's parameters; the gradient intake, buckets,
-                              reducer and transports
+     units, params, grads     the shard unit and its storage; stage 3's parameters; the gradient intake, buckets
+                              and reducer
      owner.py                 the protocol every owner answers
      owners                   the owners, composing the layers below (one file per owner)
      build.py                 the one place that names a stage and builds its owner
@@ -153,8 +154,8 @@ def zero_upward(scans):
             for line, target in imports if target.split(".")[:2] in (["dsfast", "engine"], ["dsfast", "checkpoint"])]
 
 
-ZERO_LAYERS = [("policy",), ("nvme", "step"), ("units", "params", "grads"), ("owner",), ("owners",), ("build",),
-               ("planning",)]
+ZERO_LAYERS = [("policy", "transport"), ("nvme", "step"), ("units", "params", "grads"), ("owner",), ("owners",),
+               ("build",), ("planning",)]
 
 
 def _zero_place(name):

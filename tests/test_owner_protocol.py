@@ -19,6 +19,7 @@ from dsfast.zero.nvme.params import NvmeParams
 from dsfast.zero.nvme.states import NvmeStates
 from dsfast.zero.policy.precision import PrecisionPolicy
 from dsfast.zero.owner import SliceRecord, StateOwner, memory_breakdown
+from dsfast.zero.units.shard_unit import ShardUnit
 
 CASES = [(0, "none", p) for p in ("fp32", "bf16")] + \
     [(stage, offload, p) for stage in (1, 2, 3) for offload in ("none", "cpu", "nvme") for p in ("fp32", "bf16")]
@@ -113,6 +114,11 @@ def test_every_owner_answers_the_protocol(tmp_path, stage, offload, precision):
     assert isinstance(owner.swap, NvmeStates) if offload == "nvme" else owner.swap is None
     assert isinstance(owner.param_swap, NvmeParams) if (offload, stage) == ("nvme", 3) else owner.param_swap is None
     assert owner.swaps == [s for s in (owner.swap, owner.param_swap) if s is not None]
+    # the units the optimizer steps: one per optimizer parameter, in its order (none at stage 0)
+    assert [id(u.shard) for u in owner.units] == ([] if stage == 0 else
+                                                  [id(p) for g in engine.optimizer.param_groups for p in g["params"]])
+    assert all(isinstance(u, ShardUnit) for u in owner.units)
+    assert stage != 3 or [u.slice16.numel() for u in owner.units] == [p.ds_tensor.numel() for p in trained.values()]
     assert owner.optimizer_device == (None if stage == 0 else torch.device("cpu"))
     built = owner.optimizer_groups(list(trained.values()))   # what the engine's optimizer was built over
     built = [p for g in built for p in (g["params"] if isinstance(g, dict) else [g])]

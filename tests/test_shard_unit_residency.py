@@ -32,7 +32,7 @@ def test_stage3_units_on_nvme_know_their_files_and_are_unloaded_between_steps(tm
                  "offload_param": {"device": "nvme", "nvme_path": str(tmp_path / "p"), "max_in_cpu": 100},
                  "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path / "s"), "buffer_count": 3}})
     owner = e.state_owner
-    units = owner.store.units
+    units = owner.units
     # max_in_cpu keeps the persistent biases (33 and 8 elements) in memory; the weights live in files
     assert [u.param_swap is owner.param_swap for u in units] == [u.slice16.numel() > 100 for u in units]
     assert sum(u.param_swap is None for u in units) == 2
@@ -54,7 +54,7 @@ def test_stage3_units_on_nvme_know_their_files_and_are_unloaded_between_steps(tm
 def test_units_in_memory_are_resident_and_always_loaded():
     e = _engine({"stage": 2, "offload_optimizer": {"device": "cpu"}})
     _train(e)
-    for u in e.state_owner.store.units:
+    for u in e.state_owner.units:
         assert u.resident and u.states_loaded and u.states_layout is None and u.states_swap is None
         with u.writing16():   # nothing to do: the slice is its own memory
             assert u.slice16.untyped_storage().nbytes() > 0
@@ -78,7 +78,7 @@ def _batches_and_checks(engine, monkeypatch):
 
 def test_the_host_step_is_the_nvme_walk_with_every_unit_resident(tmp_path, monkeypatch):
     in_memory = _engine({"stage": 3, "reduce_bucket_size": 300, "offload_optimizer": {"device": "cpu"}})
-    units = len(in_memory.state_owner.store.units)
+    units = len(in_memory.state_owner.units)
     groups = len(in_memory.optimizer.param_groups)
     assert _batches_and_checks(in_memory, monkeypatch) == ([units], groups)   # one batch of every unit
     monkeypatch.undo()

@@ -1,6 +1,8 @@
 """ZeRO: partitioned optimizer states (stage 1), gradients (stage 2) and parameters (stage 3), with CPU offload.
 
 Laid out as its architecture, in layers, lowest first (tests/test_import_rules.py holds every import to it):
+  transport/  transports.py (one rank, c10d, the /dev/shm table of shm.py: allocate, reduce, all-gather), what
+              grads/, units/ and params/ send through
   policy/     pure data: partition.py (bucket plans, each rank's slices, the memory formulas), placement.py (where a
               unit's tensors live: device / host / pinned / NVMe), precision.py (param / reduce / master dtypes)
   nvme/       NVMe offload: states.py (the units' masters and states in swap files, stepped through a window),
@@ -18,7 +20,7 @@ Laid out as its architecture, in layers, lowest first (tests/test_import_rules.p
   grads/      the gradients of every stage: intake.py (hooks, boundary, late and stray gradients, the offload copy),
               buckets.py (what a bucket holds: resident at stages 0-1, staged at 2-3), buffers.py (stages 0-1's flat
               buckets), sync.py (stages 0-1's param.grad semantics), reducer.py (buckets reduced in order as they
-              complete), transports.py (one rank, c10d, the /dev/shm table), shm.py (that table)
+              complete)
   owner.py    StateOwner: the protocol every owner answers (OwnerDefaults where a member does not apply)
   owners/     one file per owner: replicated.py (stage 0) with master_copies.py, shard_owner.py (what stages 1-3
               share), sharded.py (stages 1-2), stage3.py; set_values.py (the safe_set_* value check)

@@ -18,7 +18,7 @@ from .policy.placement import placement_of
 from .policy.precision import precision_policy
 from .owners.replicated import Replicated
 from .owners.sharded import build_sharded_owner
-from .grads.shm import shm_allocator
+from .transport.shm import shm_allocator
 from .owners.stage3 import build_stage3_owner
 
 

@@ -40,6 +40,8 @@ class StateOwner(Protocol):
     reducer: object                 # reducer.Reducer: .transport (local | gloo | shm), .collectives_launched
     collectives_launched: int       # the reducer's count (what the equivalence tests compare across stages)
     gathers_through: Optional[str]  # how parameters are gathered: "collectives" | "shm" (stage 3), None below it
+    units: List[object]             # this rank's shard units (units/shard_unit.ShardUnit: one a bucket, at stage 3
+    #                                 one a trained parameter) in the optimizer's order; [] at stage 0 (none)
 
     # NVMe: where the optimizer's units (masters and states) and stage 3's parameter shards are swapped
     swap: Optional[object]          # nvme_states.NvmeStates (offload_optimizer on NVMe), else None
@@ -89,6 +91,11 @@ class OwnerDefaults:
     gathers_through = None
     swap = None
     param_swap = None
+
+    @property
+    def units(self):
+        """Whole parameters, no shard units."""
+        return []
 
     @property
     def swaps(self):

@@ -1,1 +1,1 @@
-"""The gradients of every stage: one intake, bucket layouts, the one reducer and its transports."""
+"""The gradients of every stage: one intake, bucket layouts and the one reducer (its transports: zero/transport/)."""

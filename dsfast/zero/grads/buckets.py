@@ -1,5 +1,5 @@
 """The gradient bucket layouts of every ZeRO stage: what a bucket holds, and where its reduced sum goes. The one
-reduction over them (bucket order) is reducer.py's, the collectives are the transports' (transports.py).
+reduction over them (bucket order) is reducer.py's, the collectives are the transports' (transport/).
 
 Staged (stages 2-3: each backward's gradients are written into a staging buffer whose reduce-scatter is added into
 this rank's accumulating gradient shard `grad_flat`):
@@ -20,8 +20,8 @@ from ..policy.partition import plan_buckets
 
 
 class _Staged:
-    """What the staged layouts share: their staging buffer is reduce-scattered (transports.py), this rank's chunk of
-    the sum added into grad_flat."""
+    """What the staged layouts share: their staging buffer is reduce-scattered (transport/transports.py), this
+    rank's chunk of the sum added into grad_flat."""
     staged = True
 
     def land(self, out):

@@ -1,5 +1,5 @@
 """The one gradient reduction of every ZeRO stage: buckets reduced in bucket order as soon as they are complete,
-over one transport (transports.py: one rank, c10d collectives, or the same-host /dev/shm table). What a bucket
+over one transport (transport/transports.py: one rank, c10d collectives, or the same-host /dev/shm table). What a bucket
 holds and where its sum goes is the bucket layout's (grad_buckets.py):
 
   staged buckets    stages 2-3: each backward's gradients are written into a staging buffer that is reduce-scattered
@@ -11,7 +11,7 @@ A bucket is reduced when every one of its parameters' gradients arrived and ever
 order on every rank, whatever the arrival order: the same buckets meet in every collective); then
 `on_reduced(bucket)` runs (the offload copy to the host, where the placement asks for it).
 """
-from .transports import comm_for
+from ..transport.transports import comm_for
 
 
 class Reducer:

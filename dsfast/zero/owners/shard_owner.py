@@ -14,6 +14,11 @@ class ShardOwner(OwnerDefaults):
     """Needs `store` (a shard_unit.UnitStore) and `stage`."""
 
     @property
+    def units(self):
+        """The store's shard units (shard_unit.ShardUnit), in the optimizer's order."""
+        return self.store.units
+
+    @property
     def swap(self):
         """The NVMe placement of the units' states (nvme_states.NvmeStates), or None."""
         return self.store.swap

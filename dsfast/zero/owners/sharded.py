@@ -423,7 +423,7 @@ def build_sharded_owner(stage, params, group_of, policy, bucket_elems, world, ra
     if stage not in (1, 2):
         raise NotImplementedError(f"ZeRO stage {stage} is not implemented by the sharded owners (stages 1, 2)")
     store = FlatShards(params, group_of, dtype, bucket_elems, world, rank, placement,
-                       allocate=shared() if shared else None, master_dtype=policy.master_dtype)
+                       allocate=shared() if shared else None, master_dtype=policy.master_dtype, group=group)
     if stage == 1:
         return ShardedOptimizerState(store, policy, group, allocate=shared() if shared else None)
     return ShardedGradients(store, policy, group, allocate=shared() if shared else None)

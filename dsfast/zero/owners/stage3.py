@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ...comm.where import waiting
-from ..grads.shm import shm_allocator
+from ..transport.shm import shm_allocator
 from ..grads import buckets as grad_buckets
 from ..grads.intake import GradIntake
 from ..params.hooks import ParamCoordinator
@@ -315,7 +315,7 @@ def _adopt(rec, p, world, rank, group, device, shard_device, pin):
     if (rec.world, rec.rank) != (world, rank):
         raise RuntimeError(f"a parameter of shape {rec.shape} was partitioned by dsfast.zero.Init for rank "
                            f"{rec.rank} of {rec.world}, but initialize() runs as rank {rank} of {world}")
-    rec.group = group
+    rec.join(group)
     rec.device = torch.device(device)
     if rec.shard.device != shard_device:
         rec.shard = rec.shard.to(shard_device)

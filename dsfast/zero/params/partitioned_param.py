@@ -15,7 +15,8 @@ release it:
                             next gather allocates a new one. Safe for any reference a user kept.
 
 Gathering: ranks on one host (fp32, CPU) copy the parameter out of a shared-memory snapshot of every rank's shard
-(shared_params.py, no collective); otherwise an all-gather, one for all the records one gather() call fills.
+(shared.py, no collective); otherwise an all-gather through the records' transport (`comm`, one per process group:
+transport/transports.py), one for all the records one gather() call fills.
 
 While released, `param.data` is an empty tensor of the parameter's dtype, so nothing can read stale memory; while
 gathered it is a view of `full` with the parameter's shape.
@@ -34,10 +35,10 @@ import itertools
 
 import torch
 
-from ...comm.flat_collectives import all_gather_flat
-from ...comm.where import at_work, done, issued
+from ...comm.where import at_work, done
 from .gather_order import note_launch
 from ..policy.partition import ALIGN, BucketPlan, Entry, round_up
+from ..transport.transports import gather_comm
 
 
 class ZeroParamStatus(enum.Enum):
@@ -109,7 +110,8 @@ class PartitionedParam:
         self.shape = tuple(param.shape)
         self.numel = param.numel()
         self.dtype = dtype or param.dtype
-        self.world, self.rank, self.group = world, rank, group
+        self.world, self.rank = world, rank
+        self.join(group)
         self.device = torch.device(device) if device is not None else param.device
         self.shard_device = torch.device(shard_device) if shard_device is not None else self.device
         self.pin = bool(pin and self.shard_device.type == "cpu" and torch.cuda.is_available())
@@ -150,6 +152,11 @@ class PartitionedParam:
                                f"{self.state.value} -> {to.value} is not a valid transition (valid from "
                                f"{self.state.value}: {', '.join(sorted(m.value for m in MOVES[self.state]))})")
         self.state = to
+
+    def join(self, group):
+        """Gather over `group` (of this record's world and rank) from now on."""
+        self.group = group
+        self.comm = gather_comm(self.world, self.rank, group)
 
     # ---- layout ----------------------------------------------------------------------------------------------
     def shard_range(self):
@@ -205,7 +212,7 @@ class PartitionedParam:
             self.full.copy_(self._src())
             return None
         note_launch([self])
-        return issued(all_gather_flat(self.full, self._src(), group=self.group, async_op=True), ("gather", (self,)))
+        return self.comm.all_gather_async(self.full, self._src(), ("gather", (self,)))
 
     def _publish(self):
         self.param.data = self.full[:self.numel].view(self.shape)
@@ -290,8 +297,11 @@ def gather(records, refresh=False):
     at_work(("gather", todo))   # the hang watch's tag (where.py): only where a collective runs
     launched = []
     for recs in pending.values():
-        if len(recs) == 1:
-            alone.append(recs[0]._launch())
+        if len(recs) == 1:   # (_launch's collective branch, without its call: this path is hot)
+            r = recs[0]
+            r._alloc_full()
+            note_launch(recs)
+            alone.append(r.comm.all_gather_async(r.full, r._src(), ("gather", (r,))))
         else:
             launched.append(launch_coalesced(recs))
     for h in alone:
@@ -313,16 +323,17 @@ def launch_coalesced(recs):
     for r in recs:
         r._alloc_full()
     note_launch(recs)
-    return recs, issued(all_gather_flat(out, src, group=recs[0].group, async_op=True), ("gather", recs)), out, total
+    return recs, recs[0].comm.all_gather_async(out, src, ("gather", recs)), out, total
 
 
 def unpack_coalesced(recs, out, total):
-    """out is rank-major (chunk q: rank q's shards back to back): each record's slices into its `full`."""
+    """out is rank-major (chunk q: rank q's shards back to back): each record's slices into its `full`, one
+    strided copy a record."""
+    rows = out.view(recs[0].world, total)
     off = 0
     for r in recs:
         s = r.shard_numel
-        for q in range(r.world):
-            r.full[q * s:(q + 1) * s].copy_(out[q * total + off:q * total + off + s])
+        r.full.view(r.world, s).copy_(rows[:, off:off + s])
         off += s
 
 

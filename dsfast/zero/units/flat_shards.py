@@ -13,23 +13,22 @@ GPU is present), and where the host is distinct from the device the CPU optimize
 values into host copies (host16) that go to the device after the step.
 """
 import torch
-import torch.distributed as dist
 
-from ...comm.flat_collectives import all_gather_flat
-from ...comm.where import at_work, done, issued, wait_now
 from ..nvme.states import nvme_states
 from ..policy.partition import plan_buckets
+from ..transport.transports import comm_for
 from .shard_unit import ShardUnit, UnitStore
 
 
 class FlatShards(UnitStore):
     def __init__(self, params, group_of, model_dtype, bucket_elems, world, rank, placement, allocate=None,
-                 master_dtype=torch.float32):
+                 master_dtype=torch.float32, group=None):
         """params: trainable parameters in model order (still fp32 when model_dtype is 16-bit: the masters are
         taken from them before the cast); group_of: param-group index per param. `allocate(numel, dtype, device)`
         (shm_reduce.SharedTable), when given, provides one storage for every parameter bucket: same-host ranks then
         all-gather through shared memory (`table` is set when it did). placement: placement.Placement.
-        master_dtype: fp32, or model_dtype (16-bit masters: kept as an fp32 model's masters are)."""
+        master_dtype: fp32, or model_dtype (16-bit masters: kept as an fp32 model's masters are). group: the
+        process group of the `world` ranks (the updated shards' all-gathers go over it by default)."""
         self.params = list(params)
         self.world, self.rank = world, rank
         self.model_dtype = model_dtype
@@ -48,7 +47,7 @@ class FlatShards(UnitStore):
         self.plans = plan_buckets([p.numel() for p in self.params], group_of, kinds, bucket_elems, world)
         self.flats = []   # the parameter buckets (model dtype, padded): what the all-gather fills
         self.units = []   # one shard_unit.ShardUnit per bucket: this rank's slice of everything the bucket keeps
-        self.table, self.offsets = None, []
+        self.table = None
         storage = allocate(sum(p.padded for p in self.plans), model_dtype, self.device) if allocate else None
         if storage is not None and getattr(allocate, "table", None) is not None:
             self.table = allocate.table        # [world, numel]: row r is rank r's parameter buckets
@@ -58,7 +57,6 @@ class FlatShards(UnitStore):
         self.swap = nvme_states([p.shard for p in self.plans], placement, rank)
         with torch.no_grad():
             for plan in self.plans:
-                self.offsets.append(offset)
                 flat = storage[offset:offset + plan.padded] if self.table is not None else \
                     torch.zeros(plan.padded, dtype=model_dtype, device=self.device)
                 offset += plan.padded
@@ -92,32 +90,22 @@ class FlatShards(UnitStore):
                     self.swap.adopt(self.units[-1])
         if self.swap is not None:
             self.swap.adopted()
+        # the updated shards' all-gathers: through the shared table where the buckets live in one, else c10d
+        self.comm = comm_for([], world, rank, group, table=self.table)
         self.bucket_of = {}   # id(param) -> (plan, entry)
         for plan in self.plans:
             for e in plan.entries:
                 self.bucket_of[id(self.params[e.param])] = (plan, e)
 
     @torch.no_grad()
-    def all_gather(self, group=None):
-        """Every rank's updated slice into every rank's parameter buckets (in place: input is our own slice)."""
+    def all_gather(self, group=None, buckets=None):
+        """Every rank's updated slice into every rank's parameter buckets (in place: the input is our own slice).
+        buckets: the indices of those to gather (default all; one at a time for a worker thread that gathers each
+        unit as its step ends). group: another process group over the same ranks (default the store's)."""
         if self.world == 1:
             return
-        if self.table is not None:
-            # shared memory: once every rank wrote its slice, copy the others' slices out of their rows. A rank
-            # writes its row again only in its next step, after the next backward's barriers, so no one is
-            # still reading it then.
-            wait_now(dist.barrier(group=group, async_op=True), ("updated shards",))
-            for plan, offset in zip(self.plans, self.offsets):
-                for q in range(self.world):
-                    if q != self.rank:
-                        lo, hi = plan.shard_range(q)
-                        self.table[self.rank, offset + lo:offset + hi].copy_(self.table[q, offset + lo:offset + hi])
-            return
-        handles = []
-        for plan, flat in zip(self.plans, self.flats):
-            lo, hi = plan.shard_range(self.rank)
-            handles.append(issued(all_gather_flat(flat, flat[lo:hi], group=group, async_op=True), ("updated shards",)))
-        at_work(("updated shards",))
-        for h in handles:
-            h.wait()
-        done()
+        pairs = []
+        for i in range(len(self.flats)) if buckets is None else buckets:
+            lo, hi = self.plans[i].shard_range(self.rank)
+            pairs.append((self.flats[i], self.flats[i][lo:hi]))
+        self.comm.all_gather(pairs, ("updated shards",), group)

@@ -1,7 +1,11 @@
-"""The transports of the one gradient reduction (reducer.py): how a bucket's gradients of every rank are summed.
-One job each, as FSDP2's `Comm`: give a bucket its staging buffer (allocate), reduce it (reduce-scatter or
-all-reduce, as its layout says: grad_buckets.py), and hand it back to the reducer (`reduced(bucket)`) once its sum
-landed where the layout wants it (`bucket.land`).
+"""The transports: how ZeRO's buffers cross ranks, one object per process group and kind, as FSDP2's `Comm`.
+For the one gradient reduction (grads/reducer.py): give a bucket its staging buffer (allocate), reduce it
+(reduce-scatter or all-reduce, as its layout says: grads/buckets.py), and hand it back to the reducer
+(`reduced(bucket)`) once its sum landed where the layout wants it (`bucket.land`). For the parameters: all-gather
+every rank's shard into a whole flat buffer (`all_gather` for a list of buffers, waited for; `all_gather_async` for
+one, on c10d a work handle): stages 1-2's updated shards (units/flat_shards.py), stage 3's parameters
+(params/partitioned_param.py, through `gather_comm`). Both take another process group over the same ranks (a worker
+thread's), default the transport's.
 
   LocalComm  "local"  one rank: staged gradients are added straight into the shards, nothing is sent
   C10dComm   "gloo"   an async c10d collective per bucket (at most MAX_IN_FLIGHT running), any backend
@@ -11,17 +15,21 @@ landed where the layout wants it (`bucket.land`).
                       ones use two reused slots: a slot is reused two buckets later, by when every rank passed the
                       next bucket's rendezvous, so no one still reads it; a gradient that arrives before its slot is
                       free waits in a private buffer. The next backward writes slots again only after a rendezvous:
-                      the step's publish (shared_params.py) or its own.
+                      the step's publish (shared_params.py) or its own. An all-gather reads the other ranks'
+                      chunks of a buffer out of their rows (the buffer is a column range of the table) after a
+                      barrier: stages 1-2's parameter buckets live in such a table.
 
 A bucket's layout decides the collective: staged buckets (stages 2-3) reduce-scatter their staging buffer, whose
 chunk r is rank r's shard; resident ones (stages 0-1) are all-reduced (`chunk` None) or reduce-scattered into this
 rank's `chunk` in place.
 """
+import functools
+
 import torch
 import torch.distributed as dist
 
-from ...comm.flat_collectives import reduce_scatter_flat
-from ...comm.where import WHERE, at_work, done, forget, issued
+from ...comm.flat_collectives import all_gather_flat, reduce_scatter_flat
+from ...comm.where import WHERE, at_work, done, forget, issued, wait_now
 from ...comm.group_rendezvous import rendezvous
 
 MAX_IN_FLIGHT = 2
@@ -54,6 +62,13 @@ class _Comm:
     def memory(self):
         return []
 
+    def all_gather(self, pairs, what, group=None):
+        """For each (out, shard) of pairs: every rank's shard into `out` (rank-major: chunk q is rank q's; `shard`
+        is this rank's, possibly out's own chunk), all launched, then waited for. `what`: the hang watch's tag
+        (comm/where.py). A collective: every rank passes the same buffers' sizes in the same order."""
+        for out, shard in pairs:
+            self.all_gather_async(out, shard, what, group)
+
 
 class LocalComm(_Comm):
     """One rank: each gradient is added straight into its shard (the whole bucket); nothing to send."""
@@ -69,6 +84,11 @@ class LocalComm(_Comm):
     def reduce_late(self, b, buf):
         b.land(buf)
         self.reduced(b)
+
+    def all_gather_async(self, out, shard, what, group=None):
+        """The whole buffer is this rank's shard: copied unless it is out itself. Nothing to wait for (None)."""
+        if shard.data_ptr() != out.data_ptr():
+            out.copy_(shard)
 
 
 def _collective(b, buf, group):
@@ -105,7 +125,12 @@ class C10dComm(_Comm):
     def __init__(self, world, rank, group):
         super().__init__(world, rank, group)
         self._in_flight = []   # (bucket, handle, out, staging, its number in where.issued())
-        self._host_waits = dist.get_backend(group) == "gloo"   # a returned wait means finished (where.forget)
+
+    @functools.cached_property
+    def _host_waits(self):
+        # a returned wait means finished (where.forget); asked on first use: a transport may be made (stage 3's
+        # records, zero.Init) before the process group exists
+        return dist.get_backend(self.group) == "gloo"
 
     def staging(self, b, next_index):
         return self._private(b)
@@ -140,6 +165,18 @@ class C10dComm(_Comm):
         return super().in_flight_buffers() + [t for b, _, out, staging, _ in self._in_flight if b.staged
                                               for t in (out, staging)]
 
+    def all_gather(self, pairs, what, group=None):
+        handles = [self.all_gather_async(out, shard, what, group) for out, shard in pairs]
+        at_work(what)
+        for h in handles:
+            h.wait()
+        done()
+
+    def all_gather_async(self, out, shard, what, group=None):
+        """The async all-gather into `out`, recorded for the hang watch under `what`; returns its work handle."""
+        return issued(all_gather_flat(out, shard, group=self.group if group is None else group, async_op=True),
+                      what)
+
 
 def sum_rows(b, rows, rank, world):
     """Same-host ranks: `rows` [world, n] are every rank's copy of bucket b; this rank sums its chunk over them.
@@ -160,6 +197,17 @@ def sum_rows(b, rows, rank, world):
         rows[rank, lo:hi].copy_(total)
     else:
         cols.copy_(total.expand_as(cols))
+
+
+def copy_others(rows, rank):
+    """Same-host ranks: `rows` [world, n] are every rank's copy of one flat buffer, whose chunk q (n / world
+    elements) rank q wrote in its own row; the other ranks' chunks into this rank's row, in two strided copies."""
+    world = rows.shape[0]
+    blocks = rows.view(world, world, -1)   # [row, chunk, element]
+    mine = blocks[rank]
+    theirs = torch.diagonal(blocks, dim1=0, dim2=1).t()   # [chunk q of row q, element]
+    mine[:rank].copy_(theirs[:rank])
+    mine[rank + 1:].copy_(theirs[rank + 1:])
 
 
 class ShmComm(_Comm):
@@ -242,6 +290,41 @@ class ShmComm(_Comm):
 
     def memory(self):
         return [] if self.resident else [self.table[self.rank]]
+
+    def all_gather(self, pairs, what, group=None):
+        """Each `out` is a column range of this rank's row of the table (its `shard`, already there): once every
+        rank wrote its chunk (one barrier for all pairs), the others' chunks are copied out of their rows. A rank
+        writes its chunk again only in its next step, after the next backward's rendezvous: no one still reads."""
+        columns = [self._columns(out) for out, _ in pairs]   # (a wrong buffer fails before the barrier)
+        wait_now(dist.barrier(group=self.group if group is None else group, async_op=True), what)
+        for rows in columns:
+            copy_others(rows, self.rank)
+
+    def all_gather_async(self, out, shard, what, group=None):
+        """As all_gather, for one buffer: done when it returns (None)."""
+        self.all_gather([(out, shard)], what, group)
+
+    def _columns(self, out):
+        """The table's columns that `out`, a range of this rank's row, spans: [world, out's length]."""
+        row = self.table[self.rank]
+        lo = (out.data_ptr() - row.data_ptr()) // row.element_size()
+        if not 0 <= lo <= row.numel() - out.numel() or out.dtype != row.dtype:
+            raise ValueError(f"shm all-gather on rank {self.rank}: the buffer ({out.numel()} elements of "
+                             f"{out.dtype}) is not a range of this rank's row of the shared table ({row.numel()} "
+                             f"elements of {row.dtype}); allocate it from the table, or gather through C10dComm")
+        return self.table[:, lo:lo + out.numel()]
+
+
+def gather_comm(world, rank, group=None):
+    """The transport stage 3's records of `group` gather through (shared: one per group, world and rank)."""
+    key = (id(group), world, rank)
+    comm = _GATHER_COMMS.get(key)
+    if comm is None:   # (the transport holds the group: its id is not reused while the entry exists)
+        comm = _GATHER_COMMS[key] = LocalComm(world, rank, group) if world == 1 else C10dComm(world, rank, group)
+    return comm
+
+
+_GATHER_COMMS = {}
 
 
 def comm_for(buckets, world, rank, group, allocate=None, shared=None, table=None):
