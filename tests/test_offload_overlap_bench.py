@@ -1,0 +1,79 @@
+"""benchmarks/offload_overlap.py (issue 28's numbers) keeps working: its --quick smoke runs every row end to end
+(no timing asserted), and its refusals name what is wrong."""
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+import offload_overlap as bench  # noqa: E402
+
+
+def run(*args, timeout=600):
+    # a child process: the script pins its threads and sets OMP_NUM_THREADS / the test placement for itself
+    return subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "offload_overlap.py"), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_quick_runs_every_row(tmp_path):
+    out = tmp_path / "figures.json"
+    res = run("--quick", "--nvme-dir", str(tmp_path), "--json", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    figures = json.loads(out.read_text())
+    rows = figures["rows"]
+    wanted = {"floor", "no offload", "offload serial", "nvme serial"}
+    wanted |= {"offload overlap", "nvme overlap"} if figures["overlap_available"] else set()
+    assert set(rows) == wanted
+    steps = figures["args"]["warmup"] + figures["args"]["rounds"] * (figures["args"]["block"] + 1)
+    for name, r in rows.items():
+        assert len(r["ms_per_step"]) == figures["args"]["rounds"], name
+        assert len(r["losses"]) == steps, name
+    assert all(rd > 0 and wr > 0 for rd, wr in rows["nvme serial"]["io_per_step"])   # the row really swapped
+    assert len(rows["nvme serial"]["disk_floor_ratio"]) == figures["args"]["rounds"]
+    assert "serial host step" in res.stdout
+    if not figures["overlap_available"]:
+        assert "offload overlap   overlap: not available (zero_optimization.offload_optimizer.overlap_step" \
+            in res.stdout
+
+
+def test_overlap_detection_agrees_with_the_config():
+    from dsfast.config import DsConfigError, parse_config
+    ok, why = bench.overlap_available()
+    cfg = bench.ds_config(2, 4, 8, "cpu", overlap=True)
+    if ok:
+        assert parse_config(cfg).zero_optimization.offload_optimizer.overlap_step is True
+    else:
+        assert why.startswith(bench.OVERLAP_KEY)
+        with pytest.raises(DsConfigError, match="overlap_step"):
+            parse_config(cfg)
+
+
+def test_refusals_name_the_fault(tmp_path):
+    res = run("--nvme-dir", "/dev/shm", timeout=120)   # tmpfs: refused before anything runs
+    assert res.returncode != 0 and "/dev/shm is tmpfs" in res.stderr
+    res = run("--nvme-dir", str(tmp_path / "missing"), timeout=120)
+    assert res.returncode != 0 and "missing: no such directory" in res.stderr
+    with pytest.raises(SystemExit):
+        bench.parse(["--layers", "1"])
+    a = bench.parse(["--quick", "--nvme-buffers", "8"])
+    with pytest.raises(SystemExit, match="fit its window of 8 buffers"):
+        bench.nvme_rows(a, 8, False, str(tmp_path))
+
+
+def test_a_serial_overlap_mismatch_fails_the_run():
+    import torch
+    rows = [SimpleNamespace(name="no offload", losses=[1.0, 0.5], engine=object()),
+            SimpleNamespace(name="offload serial", losses=[1.0, 0.5], engine=object(),
+                            masters=lambda: [torch.ones(2)]),
+            SimpleNamespace(name="offload overlap", losses=[1.0, 0.5], engine=object(),
+                            masters=lambda: [torch.tensor([1.0, 1.0 + 2 ** -20])])]
+    with pytest.raises(SystemExit, match="'offload overlap' is not bitwise 'offload serial'"):
+        bench.check_equal(rows)
+    rows[2].masters, rows[1].losses = rows[1].masters, [1.0, 0.6]
+    with pytest.raises(SystemExit, match="'offload serial' row's losses"):
+        bench.check_equal(rows)
