@@ -16,6 +16,8 @@ anything starts, so a run can be sized first (--dry-run prints them only).
     # the demonstration (the default sizes): 2.54B params, 16 psi = 37.8 GiB of model states, 1.6x a 23.5 GiB machine
     python benchmarks/nvme_demo.py --dir /var/tmp --d_model 2560 --n_layer 32 --vocab 8192 --dry-run
     python benchmarks/nvme_demo.py --dir /var/tmp --d_model 2560 --n_layer 32 --vocab 8192 [--impl deepspeed]
+    python benchmarks/nvme_demo.py --dir /var/tmp --d_model 2560 --n_layer 32 --vocab 8192 --overlap-step
+                                                                    # the same with the host step overlapped
     python benchmarks/nvme_demo.py --dir /var/tmp --d_model 2560 --n_layer 32 --vocab 8192 --offload cpu
                                                                     # expected: "cannot start" (the OOM killer)
 
@@ -64,6 +66,8 @@ def ds_config(a, nvme_dir):
         par = {"device": "cpu", "pin_memory": False}
     else:
         opt = {"device": "nvme", "nvme_path": nvme_dir, "buffer_count": 4, "pin_memory": False}
+    if a.overlap_step:   # issue 28: the host step (and its swap) overlapped with the next forward
+        opt["overlap_step"] = True
         par = {"device": a.param_offload, "pin_memory": False}
         if a.param_offload == "nvme":
             # DeepSpeed requires buffer_size >= the largest parameter; max_in_cpu 0: nothing kept in memory
@@ -154,6 +158,21 @@ def worker(a):
               f"({'down' if losses[-1] < losses[0] else 'NOT down'})", flush=True)
 
 
+def overlap_refusal(a):
+    """Why --overlap-step cannot run ("" where it can): DeepSpeed has no such key; a dsfast without it refuses it."""
+    if a.impl != "dsfast":
+        return "--overlap-step is dsfast's own key (offload_optimizer.overlap_step): not with --impl deepspeed"
+    sys.path.insert(0, REPO)
+    from dsfast.config import DsConfigError, parse_config
+    try:
+        parse_config(ds_config(a, "/nonexistent"))
+    except DsConfigError as e:
+        if "overlap_step" in str(e):
+            return f"--overlap-step: this dsfast refuses offload_optimizer.overlap_step (overlap: not available):\n{e}"
+        raise
+    return ""
+
+
 def die_with_parent():
     """Runs in each rank before exec: SIGKILL it when the launcher dies (a killed launcher leaves no orphaned ranks
     holding memory and swap files)."""
@@ -176,6 +195,10 @@ def launch(a):
           f"(largest {count(largest)}); model states 16 psi = {size(16 * psi)} "
           f"({size(16 * psi / a.nprocs)} per rank over {a.nprocs}) = {16 * psi / total:.2f}x this "
           f"machine's MemTotal {total / GIB:.1f} GiB (the demonstration wants >= 1.5x)", flush=True)
+    if a.overlap_step:
+        refusal = overlap_refusal(a)
+        if refusal:
+            sys.exit(refusal)
     if a.dry_run:
         return
     nvme = a.offload == "nvme"
@@ -252,6 +275,9 @@ def main():
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--dry-run", action="store_true", help="print the sizes of the given flags only")
+    p.add_argument("--overlap-step", action="store_true",
+                   help="dsfast only: offload_optimizer.overlap_step (issue 28: the host step overlapped with the "
+                        "next forward; refused where this dsfast does not have the key)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     return worker(a) if a.worker else launch(a)

@@ -77,3 +77,22 @@ def test_a_serial_overlap_mismatch_fails_the_run():
     rows[2].masters, rows[1].losses = rows[1].masters, [1.0, 0.6]
     with pytest.raises(SystemExit, match="'offload serial' row's losses"):
         bench.check_equal(rows)
+
+
+def demo_args(**kw):
+    args = dict(impl="dsfast", offload="nvme", param_offload="nvme", param_buffers=5, d_model=64, n_layer=2,
+                n_head=4, vocab=128, seq=8, overlap_step=True)
+    return SimpleNamespace(**{**args, **kw})
+
+
+def test_the_2_5b_demonstration_takes_overlap_step():
+    import nvme_demo
+    a = demo_args()
+    assert nvme_demo.ds_config(a, "/x")["zero_optimization"]["offload_optimizer"]["overlap_step"] is True
+    assert "overlap_step" not in nvme_demo.ds_config(demo_args(overlap_step=False), "/x")["zero_optimization"][
+        "offload_optimizer"]
+    assert "not with --impl deepspeed" in nvme_demo.overlap_refusal(demo_args(impl="deepspeed"))
+    refusal = nvme_demo.overlap_refusal(a)
+    assert (refusal == "") == bench.overlap_available()[0]
+    if refusal:
+        assert "overlap: not available" in refusal and bench.OVERLAP_KEY in refusal
