@@ -66,12 +66,12 @@ def ds_config(a, nvme_dir):
         par = {"device": "cpu", "pin_memory": False}
     else:
         opt = {"device": "nvme", "nvme_path": nvme_dir, "buffer_count": 4, "pin_memory": False}
-    if a.overlap_step:   # issue 28: the host step (and its swap) overlapped with the next forward
-        opt["overlap_step"] = True
         par = {"device": a.param_offload, "pin_memory": False}
         if a.param_offload == "nvme":
             # DeepSpeed requires buffer_size >= the largest parameter; max_in_cpu 0: nothing kept in memory
             par.update(nvme_path=nvme_dir, buffer_count=a.param_buffers, buffer_size=largest, max_in_cpu=0)
+    if a.overlap_step:   # issue 28: the host step (and its swap) overlapped with the next forward
+        opt["overlap_step"] = True
     cfg = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 10 ** 9, "gradient_clipping": 1.0,
            "bf16": {"enabled": True},
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0}},
@@ -151,7 +151,7 @@ def worker(a):
             "offload_param"]["device"], "world": world, "mem_total_bytes": total, "config": cfg,
                           "ranks": everyone}), flush=True)
         peak = max(r["peak_rss_bytes"] for r in everyone)
-        print(f"{a.impl}: {count(psi)} params, model states {size(16 * psi)} = "
+        print(f"{a.impl}{' + overlap_step' if a.overlap_step else ''}: {count(psi)} params, model states {size(16 * psi)} = "
               f"{16 * psi / total:.2f}x MemTotal ({total / GIB:.1f} GiB); {world} ranks, peak RSS "
               f"{size(peak)} per rank at most ({world * peak / total:.2f}x MemTotal all together); "
               f"init {max(r['init_s'] for r in everyone):.1f} s; loss {losses[0]:.4f} -> {losses[-1]:.4f} "
