@@ -151,7 +151,8 @@ def worker(a):
             "offload_param"]["device"], "world": world, "mem_total_bytes": total, "config": cfg,
                           "ranks": everyone}), flush=True)
         peak = max(r["peak_rss_bytes"] for r in everyone)
-        print(f"{a.impl}{' + overlap_step' if a.overlap_step else ''}: {count(psi)} params, model states {size(16 * psi)} = "
+        mode = " + overlap_step" if a.overlap_step else ""
+        print(f"{a.impl}{mode}: {count(psi)} params, model states {size(16 * psi)} = "
               f"{16 * psi / total:.2f}x MemTotal ({total / GIB:.1f} GiB); {world} ranks, peak RSS "
               f"{size(peak)} per rank at most ({world * peak / total:.2f}x MemTotal all together); "
               f"init {max(r['init_s'] for r in everyone):.1f} s; loss {losses[0]:.4f} -> {losses[-1]:.4f} "
