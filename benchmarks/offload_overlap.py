@@ -311,11 +311,13 @@ def summary(r):
 
 def nvme_rows(a, rows_n, overlap_ok, work):
     import torch  # noqa: F401  (the engines below)
-    numel = a.width * a.width + a.width
-    states, window = 12 * numel * a.layers, 12 * numel * a.nvme_buffers
+    layer = a.width * a.width + a.width
+    largest = a.width * a.width if a.stage == 3 else layer   # stage 3's units are parameters, else one per layer
+    # fp32 masters and two moments: 12 bytes an element; the window holds buffer_count of the largest unit
+    states, window = 12 * layer * a.layers, 12 * largest * a.nvme_buffers
     if states <= window:
-        sys.exit(f"offload_overlap: the NVMe row's states ({states >> 20} MiB, {a.layers} units) fit its window of "
-                 f"{a.nvme_buffers} buffers ({window >> 20} MiB): give more --layers or fewer --nvme-buffers")
+        sys.exit(f"offload_overlap: the NVMe row's states ({mib(states)}) fit its window of {a.nvme_buffers} "
+                 f"buffers ({mib(window)}): give more --layers or fewer --nvme-buffers")
     out = []
     for name, overlap in (("nvme serial", False), ("nvme overlap", True)):
         if overlap and not overlap_ok:
@@ -325,6 +327,10 @@ def nvme_rows(a, rows_n, overlap_ok, work):
         cfg = ds_config(a.stage, rows_n, a.width, "nvme", overlap, d, a.nvme_buffers)
         out.append(Row(name, rows_n, a.width, build_engine(cfg, a.width, a.layers)))
     return out, states, window
+
+
+def mib(n):
+    return f"{n / 2 ** 20:.1f} MiB"
 
 
 def fs_type(path):
@@ -433,8 +439,8 @@ def main(argv=None):
         w_mbs, r_mbs = (statistics.median(x[j] for x in out["nvme"]["bandwidth_write_read_mbs"]) for j in range(2))
         print(f"{r.name}: read {rd / 2 ** 20:.1f} MiB + written {wr / 2 ** 20:.1f} MiB per step; disk O_DIRECT read "
               f"{r_mbs:.0f} MB/s, write {w_mbs:.0f} MB/s; step / disk floor {statistics.median(r.floor_ratio):.2f}x "
-              f"(median of the rounds; target <= 1.15x); states {out['nvme']['states_bytes'] >> 20} MiB > window "
-              f"{out['nvme']['window_bytes'] >> 20} MiB")
+              f"(median of the rounds; target <= 1.15x); states {mib(out['nvme']['states_bytes'])} > window "
+              f"{mib(out['nvme']['window_bytes'])}")
     if a.quick:
         print("(--quick: a smoke of every row; these figures are not measurements)")
     out.update(res)
