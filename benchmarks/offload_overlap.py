@@ -89,18 +89,17 @@ def parse(argv=None):
 
 
 # ------------------------------------------------------------------------------------------- shared with the timeline
-def overlap_available():
-    """(True, "") where this dsfast's config accepts offload_optimizer.overlap_step, else (False, why)."""
+def overlap_available(stage=2, device="cpu"):
+    """(True, "") where this dsfast's config accepts offload_optimizer.overlap_step at `stage` with the states on
+    `device` ("cpu" or "nvme"), else (False, the config's reason)."""
     from dsfast.config import DsConfigError, parse_config
-    cfg = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-           "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "overlap_step": True}}}
+    cfg = ds_config(stage, 1, 8, device, overlap=True, nvme_dir="/nvme-dir-not-read-by-the-check")
     try:
         parse_config(cfg)
     except DsConfigError as e:
         if "overlap_step" not in str(e):
             raise
-        line = next(x for x in str(e).splitlines() if "overlap_step" in x)
-        return False, line.strip(" -").split(";")[0]   # "...overlap_step: unknown key"
+        return False, next(x for x in str(e).splitlines() if "overlap_step" in x).strip(" -")
     return True, ""
 
 
@@ -361,8 +360,10 @@ def main(argv=None):
         sys.exit(f"offload_overlap: a worker thread sees torch.get_num_threads() == {seen}, not 1")
     pin = Pinning(a.device_core, a.host_core)
     pin.main()
-    overlap_ok, why = overlap_available()
-    out = {"args": vars(a), "overlap_available": overlap_ok, "overlap_refusal": why}
+    overlap_ok, why = overlap_available(a.stage, "cpu")
+    nvme_ok, nvme_why = overlap_available(a.stage, "nvme")
+    out = {"args": vars(a), "overlap_available": {"cpu": overlap_ok, "nvme": nvme_ok},
+           "overlap_refusal": {"cpu": why, "nvme": nvme_why}}
 
     host_s, fwd_s, rows_n = calibrate(a.width, a.layers, a.rows)
     numel = a.layers * (a.width * a.width + a.width)
@@ -391,7 +392,7 @@ def main(argv=None):
         from dsfast.zero.planning.host_figures import disk_bandwidth
         work = tempfile.mkdtemp(prefix="offload-overlap-", dir=a.nvme_dir)
         try:
-            nvme, states, window = nvme_rows(a, rows_n, overlap_ok, work)
+            nvme, states, window = nvme_rows(a, rows_n, nvme_ok, work)
             bw = []
             probe_bytes = (8 << 20) if a.quick else max(64 << 20, states)
 
@@ -421,9 +422,9 @@ def main(argv=None):
         med, lo, hi = by[r.name]
         print(f"{r.name:<18}{med:>9.2f}{lo:>8.2f}{hi:>8.2f}{100 * (med / base - 1):>+14.1f}%"
               f"{100 * (med / floor - 1):>+9.1f}%")
-    if not overlap_ok:
-        for name in ("offload overlap",) + (("nvme overlap",) if nvme else ()):
-            print(f"{name:<18}overlap: not available ({why})")
+    for name, ok, reason in (("offload overlap", overlap_ok, why), ("nvme overlap", nvme_ok or not nvme, nvme_why)):
+        if not ok:
+            print(f"{name:<18}overlap: not available ({reason})")
     print(f"serial host step (engine.step() of the offload serial row): {serial_host:.2f} ms")
     res = {"rows": {r.name: {"ms_per_step": [1e3 * t for t in r.per_step], "median_ms": by[r.name][0],
                              "losses": r.losses, "io_per_step": r.io, "disk_floor_ratio": r.floor_ratio}

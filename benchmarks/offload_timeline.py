@@ -226,7 +226,7 @@ def main(argv=None):
     host_s, fwd_s, rows = calibrate(a.width, a.layers, a.rows, sync=sync, device=device)
     print(f"{device}: {a.layers} x Linear({a.width}, {a.width}), ZeRO stage {a.stage}, fp32; host step (CPUAdam, "
           f"{torch.get_num_threads()} threads) {1e3 * host_s:.2f} ms, forward at {rows} rows {1e3 * fwd_s:.2f} ms")
-    overlap_ok, why = overlap_available()
+    overlap_ok, why = overlap_available(a.stage, "cpu")
     configs = [("no offload", ds_config(a.stage, rows, a.width)),
                ("offload serial", ds_config(a.stage, rows, a.width, "cpu"))]
     if overlap_ok:

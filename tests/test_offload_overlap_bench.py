@@ -43,7 +43,8 @@ def test_quick_runs_every_row(tmp_path):
     figures = json.loads(out.read_text())
     rows = figures["rows"]
     wanted = {"floor", "no offload", "offload serial", "nvme serial"}
-    wanted |= {"offload overlap", "nvme overlap"} if figures["overlap_available"] else set()
+    wanted |= {"offload overlap"} if figures["overlap_available"]["cpu"] else set()
+    wanted |= {"nvme overlap"} if figures["overlap_available"]["nvme"] else set()
     assert set(rows) == wanted
     steps = figures["args"]["warmup"] + figures["args"]["rounds"] * (figures["args"]["block"] + 1)
     for name, r in rows.items():
@@ -52,15 +53,17 @@ def test_quick_runs_every_row(tmp_path):
     assert all(rd > 0 and wr > 0 for rd, wr in rows["nvme serial"]["io_per_step"])   # the row really swapped
     assert len(rows["nvme serial"]["disk_floor_ratio"]) == figures["args"]["rounds"]
     assert "serial host step" in res.stdout
-    if not figures["overlap_available"]:
-        assert "offload overlap   overlap: not available (zero_optimization.offload_optimizer.overlap_step" \
-            in res.stdout
+    for device, row in (("cpu", "offload overlap"), ("nvme", "nvme overlap")):
+        if not figures["overlap_available"][device]:
+            assert f"{row:<18}overlap: not available ({bench.OVERLAP_KEY}: " in res.stdout
 
 
-def test_overlap_detection_agrees_with_the_config():
+@pytest.mark.parametrize("stage", [1, 3])
+@pytest.mark.parametrize("device", ["cpu", "nvme"])
+def test_overlap_detection_agrees_with_the_config(stage, device, tmp_path):
     from dsfast.config import DsConfigError, parse_config
-    ok, why = bench.overlap_available()
-    cfg = bench.ds_config(2, 4, 8, "cpu", overlap=True)
+    ok, why = bench.overlap_available(stage, device)
+    cfg = bench.ds_config(stage, 4, 8, device, overlap=True, nvme_dir=str(tmp_path))
     if ok:
         assert parse_config(cfg).zero_optimization.offload_optimizer.overlap_step is True
     else:
@@ -109,6 +112,6 @@ def test_the_2_5b_demonstration_takes_overlap_step():
         "offload_optimizer"]
     assert "not with --impl deepspeed" in nvme_demo.overlap_refusal(demo_args(impl="deepspeed"))
     refusal = nvme_demo.overlap_refusal(a)
-    assert (refusal == "") == bench.overlap_available()[0]
+    assert (refusal == "") == bench.overlap_available(3, "nvme")[0]
     if refusal:
         assert "overlap: not available" in refusal and bench.OVERLAP_KEY in refusal
