@@ -36,7 +36,8 @@ overhead against no offload (target: overlap <= +20%) and against the floor, the
 of the serial row), and the share of it hidden: (serial - overlap) / host step.
 
 NVMe (--nvme-dir, default /var/tmp; "none" skips it; a tmpfs is refused): offload_optimizer nvme with
---nvme-buffers buffers (the model's states must exceed that window), serial and with overlap_step, interleaved with
+--nvme-buffers buffers (the model's states must exceed that window), serial and with overlap_step (where the config
+accepts it with nvme; else the row says "overlap: not available" and why), interleaved with
 the disk's O_DIRECT bandwidth (dsfast.zero.planning.host_figures.disk_bandwidth, the probe `dsfast plan` uses) in
 each round; the bytes read and written per step (/proc/self/io) over that bandwidth are the disk's floor, and the
 step time over it is the figure (target <= 1.15x), median of the per-round ratios.
@@ -415,7 +416,8 @@ def main(argv=None):
 
     by = {r.name: summary(r) for r in rows + nvme}
     base, floor = by["no offload"][0], by["floor"][0]
-    serial_host = 1e3 * statistics.median(next(r for r in rows if r.name == "offload serial").step_call)
+    serial_row = next(r for r in rows if r.name == "offload serial")
+    serial_host = 1e3 * statistics.median(serial_row.step_call[a.warmup:])   # the rounds' steps only
     print(f"\n{'row':<18}{'ms/step':>9}{'min':>8}{'max':>8}{'vs no offload':>15}{'vs floor':>10}"
           f"   ({a.rounds} rounds x {a.block} steps, median)")
     for r in rows + nvme:
