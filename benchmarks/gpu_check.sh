@@ -5,6 +5,9 @@
 #              skips, exit 0)
 #   2. build   the cuda_optim op through the loader (JIT; DSFAST_REQUIRE_OPS=1 so no silent fallback),
 #              and, only if that fails, ahead of time via setup.py as a second try
+#   2b. overlap benchmarks/offload_timeline.py: the offloaded step's timeline with torch.cuda.Events (gradient
+#              copies to the host, host step, uploads, next forward), the same model without offload, with offload
+#              serial and with overlap_step where the config has it (issue 28); offload_timeline.json in $OUT
 #   3. tests   tests/gpu (parity for every dtype combination, tails, >2^31 elements, overflow skip, clip)
 #   4. bench   benchmarks/gpu_optim.py (copy ceiling, Adam 1B / 10k tensors, mixed-precision step)
 #   5. zero    benchmarks/gpu_zero_step.py: one rank at every ZeRO stage with and without offload, against stage 0
@@ -68,13 +71,18 @@ fi
 
 LOAD='import time, dsfast.ops as o
 t = time.time(); m = o.load("cuda_optim")
-print("cuda_optim loaded from", o.loaded_from("cuda_optim"), "in", round(time.time() - t, 1), "s:", m.__file__)'
+print("cuda_optim loaded from", o.loaded_from("cuda_optim"), "in", round(time.time() - t, 1), "s:", m.__file__)
+t = time.time(); m = o.load("cpu_optim")   # the host optimizer of the offload stages (overlap, zero)
+print("cpu_optim loaded from", o.loaded_from("cpu_optim"), "in", round(time.time() - t, 1), "s:", m.__file__)'
 if ! DSFAST_REQUIRE_OPS=1 stage build 300 $PY -c "$LOAD"; then
   if $PY -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null; then
     DSFAST_BUILD_OPS=cuda_optim stage build_aot 300 $PY setup.py build_ext --inplace \
       && DSFAST_REQUIRE_OPS=1 stage build_check 60 $PY -c "$LOAD"
   fi
 fi
+
+# right after the build (both ops cached): tens of seconds; without a GPU it says so and exits 0
+DSFAST_REQUIRE_OPS=1 stage overlap 60 $PY benchmarks/offload_timeline.py --out "$OUT_DIR"
 
 DSFAST_REQUIRE_OPS=1 stage tests 200 $PY -m pytest -q -rs -p no:cacheprovider tests/gpu \
   --junitxml="$OUT_DIR/tests_gpu.xml"
@@ -87,6 +95,7 @@ DSFAST_REQUIRE_OPS=1 stage zero 120 $PY benchmarks/gpu_zero_step.py --steps 10
   echo "=== total $(($(date +%s) - START))s, failed stages: $FAILED"
   grep -A20 "^=== summary" "$OUT_DIR/bench.log" 2>/dev/null
   grep -A8 "^=== summary" "$OUT_DIR/zero.log" 2>/dev/null
+  grep -E "^(=== summary|offload_timeline: skipped)" "$OUT_DIR/overlap.log" 2>/dev/null
   grep -E "^(=== summary|hang_nccl: skipped)" "$OUT_DIR/hang.log" 2>/dev/null
   grep -E "passed|failed|error" "$OUT_DIR/tests.log" 2>/dev/null | tail -n 3
 } | tee -a "$SUMMARY"

@@ -16,6 +16,8 @@ anything starts, so a run can be sized first (--dry-run prints them only).
     # the demonstration (the default sizes): 2.54B params, 16 psi = 37.8 GiB of model states, 1.6x a 23.5 GiB machine
     python benchmarks/nvme_demo.py --dir /var/tmp --d_model 2560 --n_layer 32 --vocab 8192 --dry-run
     python benchmarks/nvme_demo.py --dir /var/tmp --d_model 2560 --n_layer 32 --vocab 8192 [--impl deepspeed]
+    python benchmarks/nvme_demo.py --dir /var/tmp --d_model 2560 --n_layer 32 --vocab 8192 --overlap-step
+                                                                    # the same with the host step overlapped
     python benchmarks/nvme_demo.py --dir /var/tmp --d_model 2560 --n_layer 32 --vocab 8192 --offload cpu
                                                                     # expected: "cannot start" (the OOM killer)
 
@@ -68,6 +70,8 @@ def ds_config(a, nvme_dir):
         if a.param_offload == "nvme":
             # DeepSpeed requires buffer_size >= the largest parameter; max_in_cpu 0: nothing kept in memory
             par.update(nvme_path=nvme_dir, buffer_count=a.param_buffers, buffer_size=largest, max_in_cpu=0)
+    if a.overlap_step:   # issue 28: the host step (and its swap) overlapped with the next forward
+        opt["overlap_step"] = True
     cfg = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 10 ** 9, "gradient_clipping": 1.0,
            "bf16": {"enabled": True},
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0}},
@@ -147,11 +151,27 @@ def worker(a):
             "offload_param"]["device"], "world": world, "mem_total_bytes": total, "config": cfg,
                           "ranks": everyone}), flush=True)
         peak = max(r["peak_rss_bytes"] for r in everyone)
-        print(f"{a.impl}: {count(psi)} params, model states {size(16 * psi)} = "
+        mode = " + overlap_step" if a.overlap_step else ""
+        print(f"{a.impl}{mode}: {count(psi)} params, model states {size(16 * psi)} = "
               f"{16 * psi / total:.2f}x MemTotal ({total / GIB:.1f} GiB); {world} ranks, peak RSS "
               f"{size(peak)} per rank at most ({world * peak / total:.2f}x MemTotal all together); "
               f"init {max(r['init_s'] for r in everyone):.1f} s; loss {losses[0]:.4f} -> {losses[-1]:.4f} "
               f"({'down' if losses[-1] < losses[0] else 'NOT down'})", flush=True)
+
+
+def overlap_refusal(a):
+    """Why --overlap-step cannot run ("" where it can): DeepSpeed has no such key; a dsfast without it refuses it."""
+    if a.impl != "dsfast":
+        return "--overlap-step is dsfast's own key (offload_optimizer.overlap_step): not with --impl deepspeed"
+    sys.path.insert(0, REPO)
+    from dsfast.config import DsConfigError, parse_config
+    try:
+        parse_config(ds_config(a, "/nonexistent"))
+    except DsConfigError as e:
+        if "overlap_step" in str(e):
+            return f"--overlap-step: this dsfast refuses offload_optimizer.overlap_step (overlap: not available):\n{e}"
+        raise
+    return ""
 
 
 def die_with_parent():
@@ -176,6 +196,10 @@ def launch(a):
           f"(largest {count(largest)}); model states 16 psi = {size(16 * psi)} "
           f"({size(16 * psi / a.nprocs)} per rank over {a.nprocs}) = {16 * psi / total:.2f}x this "
           f"machine's MemTotal {total / GIB:.1f} GiB (the demonstration wants >= 1.5x)", flush=True)
+    if a.overlap_step:
+        refusal = overlap_refusal(a)
+        if refusal:
+            sys.exit(refusal)
     if a.dry_run:
         return
     nvme = a.offload == "nvme"
@@ -252,6 +276,9 @@ def main():
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--dry-run", action="store_true", help="print the sizes of the given flags only")
+    p.add_argument("--overlap-step", action="store_true",
+                   help="dsfast only: offload_optimizer.overlap_step (issue 28: the host step overlapped with the "
+                        "next forward; refused where this dsfast does not have the key)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     return worker(a) if a.worker else launch(a)
