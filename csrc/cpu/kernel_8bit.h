@@ -49,12 +49,13 @@ inline void block_absmax(const float* m, const float* v, int64_t n, float* m_abs
 inline uint32_t magnitude_bits(uint32_t k, uint32_t bias) { return k ? (k + bias) << 20 : 0u; }
 
 // Nearest magnitude code of y >= 0 given by its bits u, clamped to kCodeTop (a NaN too): round the fp32 to 3
-// mantissa bits (ties to even; a carry moves to the next binade) and re-bias the exponent. Below code 1 the
-// result is <= 0: the callers choose 0 or 1 there. All int32 arithmetic, so the loops vectorize.
+// mantissa bits (ties away from zero, one add: a tie needs the 19 bits below the half to be zero, which a computed
+// moment almost never has; a carry moves to the next binade) and re-bias the exponent. Below code 1 the result
+// is <= 0: the callers choose 0 or 1 there. All int32 arithmetic, so the loops vectorize.
 inline int32_t rounded_code(int32_t u, int32_t bias) {
   const int32_t top = int32_t(float_bits(kCodeTop));
   u = u < top ? u : top;
-  return ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - bias;
+  return ((u + 0x80000) >> 20) - bias;
 }
 
 #ifdef DSFAST_8BIT_AVX512
@@ -140,8 +141,7 @@ inline int64_t decode_wide(const uint8_t* mc, const uint8_t* vc, float ms, float
 
 inline __m256i rounded_codes8(__m256i u, uint32_t bias) {
   u = _mm256_min_epi32(u, splat8(0x3FF00000u));   // kCodeTop's bits (1.875f)
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 20), splat8(1));
-  return _mm256_srai_epi32(_mm256_add_epi32(_mm256_add_epi32(u, splat8(0x7FFFFu - (bias << 20))), odd), 20);
+  return _mm256_srai_epi32(_mm256_add_epi32(u, splat8(0x80000u - (bias << 20))), 20);
 }
 
 inline int64_t encode_wide(const float* m, const float* v, int64_t n, float m_inv, float v_inv, uint8_t* mc,

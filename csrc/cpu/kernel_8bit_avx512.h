@@ -12,8 +12,7 @@ inline __m512i splat(uint32_t x) { return _mm512_set1_epi32(int(x)); }
 // arithmetic shift gives the same result)
 inline __m512i rounded_codes16(__m512i u, uint32_t bias) {
   u = _mm512_min_epi32(u, splat(0x3FF00000u));   // kCodeTop's bits (1.875f)
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 20), splat(1));
-  return _mm512_srai_epi32(_mm512_add_epi32(_mm512_add_epi32(u, splat(0x7FFFFu - (bias << 20))), odd), 20);
+  return _mm512_srai_epi32(_mm512_add_epi32(u, splat(0x80000u - (bias << 20))), 20);
 }
 
 // One vector of each moment decoded from 16 codes: the value's bits (magnitude + bias) << 20 | sign << 31 where
