@@ -152,6 +152,28 @@ def test_vector_encoding_is_bit_identical_to_the_scalar_body(native, isa):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_every_code_decodes_and_reencodes_to_itself_on_every_isa(native, isa):
+    if isa not in native.available_isas():
+        pytest.skip(f"{isa} not supported by this CPU")
+    # betas 1: the new moments are the decoded ones exactly (m + 0 * (g - m), 1 * v + 0 * g * g), so each code must
+    # come back unchanged (but 128, exp_avg's -0, as 0) and each scale too: a decode that got any code's sign, bias
+    # or zero wrong changes them.
+    # Every code 0..255 in each block (code 127 / 255, the top, sets the absmax), blocks scaled 2^-40 .. 2^20.
+    n = 256 * 8 + 100
+    codes = torch.arange(n, dtype=torch.int32).remainder(256)
+    m_codes, v_codes = codes.to(torch.uint8), codes.flip(0).to(torch.uint8)
+    v_codes[-100:] = 255   # the short last block needs its own top code
+    m_codes[-100:][0] = 127
+    scales = torch.tensor([2.0 ** e for e in range(-40, 21, 7)][:Q.num_blocks(n)])
+    lists = [[torch.randn(n)], [torch.randn(n)], [m_codes.clone()], [scales.clone()], [v_codes.clone()],
+             [scales.clone() * 3], [], [torch.tensor(0.0)]]
+    native.adam8bit_step(*lists, 1e-3, 1.0, 1.0, 1e-8, 0.0, True, False, isa=isa)
+    m_want = torch.where(m_codes == 128, 0, m_codes)
+    for got, want in ((lists[2][0], m_want), (lists[3][0], scales), (lists[4][0], v_codes), (lists[5][0], scales * 3)):
+        assert torch.equal(got, want)
+
+
 def test_threads_split_on_block_boundaries(native):
     # 3 x 100k elements: up to 9 threads; chunk boundaries must fall on 256-element blocks (bits equal to 1 thread)
     sizes = [100_000, 99_999, 70_001]

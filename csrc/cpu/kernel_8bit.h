@@ -78,13 +78,12 @@ inline __m256i splat8(uint32_t x) { return _mm256_set1_epi32(int(x)); }
 inline __m256i load8_codes(const uint8_t* p) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
+// kernel_8bit_avx512.h's decode_m16 layout: the sign-extended code << 20, bits 27..29 set (the bias), 30 cleared
 inline Vec decode_m_vec(const uint8_t* mc, const Vec& ms) {
-  const __m256i c = load8_codes(mc);
-  const __m256i mag = _mm256_and_si256(c, splat8(127));
-  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, splat8(128)), 24);
-  const __m256i bits = _mm256_or_si256(_mm256_slli_epi32(_mm256_add_epi32(mag, splat8(kMomentBias)), 20), sign);
-  const __m256i mb = _mm256_andnot_si256(_mm256_cmpeq_epi32(mag, _mm256_setzero_si256()), bits);
-  return Vec(_mm256_mul_ps(_mm256_castsi256_ps(mb), ms.v));
+  const __m256i x = _mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mc))), 20);
+  const __m256i bits = _mm256_or_si256(_mm256_andnot_si256(splat8(0x40000000u), x), splat8(0x38000000u));
+  const __m256i zero = _mm256_cmpeq_epi32(_mm256_and_si256(x, splat8(0x07F00000u)), _mm256_setzero_si256());
+  return Vec(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_andnot_si256(zero, bits)), ms.v));
 }
 inline Vec decode_v_vec(const uint8_t* vc, const Vec& vs) {
   const __m256i d = load8_codes(vc);

@@ -16,14 +16,18 @@ inline __m512i rounded_codes16(__m512i u, uint32_t bias) {
 }
 
 // One vector of each moment decoded from 16 codes: the value's bits (magnitude + bias) << 20 | sign << 31 where
-// the magnitude is nonzero, times the scale (code 0's bits are 0, as decode_moments has them, so 0 * a NaN scale is NaN there too).
+// the magnitude is nonzero, times the scale (code 0's bits are 0, as decode_moments has them, so 0 * a NaN scale is
+// NaN too). exp_avg in 3 ops: kMomentBias (0x380) has no bit in the magnitude's 7, so "+ bias" is "| bias"; the
+// code sign-extended and shifted by 20 has the magnitude in bits 20..26 and the sign in 27..31, and one ternary
+// logic op sets bits 27..29 (the bias) and clears 30, leaving the sign in 31.
 inline __m512 decode_m16(const uint8_t* mc, __m512 ms) {
-  const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mc)));
-  const __m512i mag = _mm512_and_si512(c, splat(127));
-  const __m512i b = _mm512_slli_epi32(_mm512_add_epi32(mag, splat(kMomentBias)), 20);
-  // b | (c << 24 & 0x80000000): ternary logic A | (B & C)
-  const __m512i bits = _mm512_ternarylogic_epi32(b, _mm512_slli_epi32(c, 24), splat(0x80000000u), 0xF8);
-  return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_maskz_mov_epi32(_mm512_test_epi32_mask(c, splat(127)), bits)), ms);
+  static_assert(kMomentBias == 0x380u, "decode_m16's bit layout assumes exp_avg's bias 0x380");
+  const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mc)));
+  const __m512i x = _mm512_slli_epi32(c, 20);
+  // bitwise (x & 0xBFFFFFFF) | 0x38000000: imm 0xBA is A & ~B | C with A = x, B = 0x40000000, C = 0x38000000
+  const __m512i bits = _mm512_maskz_ternarylogic_epi32(_mm512_test_epi32_mask(c, splat(127)), x,
+                                                       splat(0x40000000u), splat(0x38000000u), 0xBA);
+  return _mm512_mul_ps(_mm512_castsi512_ps(bits), ms);
 }
 inline __m512 decode_v16(const uint8_t* vc, __m512 vs) {
   const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vc)));
