@@ -174,6 +174,58 @@ def test_every_code_decodes_and_reencodes_to_itself_on_every_isa(native, isa):
         assert torch.equal(got, want)
 
 
+def _extreme_lists():
+    """One tensor of 8 blocks from zero states: plain; +inf, -inf and NaN gradients (absmax inf / NaN); denormal
+    gradients and zeros (kCodeTop / absmax overflows); g * g overflowing (v's absmax inf, m's finite); g * g
+    underflowing; zeros. Params span 1e-30 .. 1e30."""
+    B = Q.QUANT_BLOCK
+    g = torch.Generator().manual_seed(3)
+    grads = torch.randn(8 * B, generator=g)
+    grads[B + 5], grads[2 * B + 7], grads[3 * B + 9] = float("inf"), -float("inf"), float("nan")
+    grads[4 * B:5 * B] = torch.randn(B, generator=g) * 1e-40
+    grads[4 * B:5 * B:3] = 0.0
+    grads[5 * B:6 * B] *= 1e25
+    grads[6 * B:7 * B] *= 1e-20
+    grads[7 * B:] = 0.0
+    n = grads.numel()
+    params = torch.randn(n, generator=g) * torch.logspace(-30, 30, n)
+    blocks = Q.num_blocks(n)
+    return [[params], [grads], [torch.zeros(n, dtype=torch.uint8)], [torch.zeros(blocks)],
+            [torch.zeros(n, dtype=torch.uint8)], [torch.zeros(blocks)], [torch.zeros(n, dtype=torch.bfloat16)],
+            [torch.tensor(0.0)]]
+
+
+@pytest.mark.parametrize("betas", [(0.0, 0.0), (0.9, 0.999)])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_extreme_inputs_codes_equal_the_reference_and_params_within_the_fma_tolerance(native, isa, betas):
+    if isa not in native.available_isas():
+        pytest.skip(f"{isa} not supported by this CPU")
+    want = _extreme_lists()
+    p0 = want[0][0].clone()
+    Q.adam8bit_step(*want, 1e-3, *betas, 1e-8, 0.1, True, True)
+    got = _extreme_lists()
+    native.adam8bit_step(*got, 1e-3, *betas, 1e-8, 0.1, True, True, isa=isa)
+    # from zero states the moments are computed alike on every ISA, so codes and scales are the reference's bits,
+    # in the blocks with infinities, NaNs and tiny absmaxes too
+    for k in (2, 3, 4, 5):
+        a, b = got[k][0], want[k][0]
+        assert torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
+                           b.view(torch.int32) if b.is_floating_point() else b), k
+    a, b = got[0][0], want[0][0]
+    assert torch.equal(a.isnan(), b.isnan()) and torch.equal(got[6][0].isnan(), want[6][0].isnan())
+    finite = ~b.isnan()
+    if isa == "scalar":   # the scalar body rounds every fp32 op as the reference does (NaN payloads aside)
+        assert torch.equal(a[finite], b[finite]) and torch.equal(got[6][0][finite], want[6][0][finite])
+        return
+    # Stated tolerance: the vector bodies contract multiply-adds into FMAs (one rounding where the scalar body and
+    # the reference round twice: the moments' multiply-adds, the denominator's, p * (1 - lr * wd) - update), each
+    # moving the update or the result by up to half an ulp: within 4 * 2^-24 of |p0| + |p1| (measured: 2.8, i.e. up
+    # to 2 ulps of a result the update dominates; 1 ulp where the moments start at zero and betas are 0)
+    tol = 2.0 ** -22 * (p0.abs() + b.abs())
+    assert bool(((a - b).abs()[finite] <= tol[finite]).all())
+    assert bool((a != b).any()) or betas == (0.0, 0.0)   # the difference is real (it is what this test states)
+
+
 def test_threads_split_on_block_boundaries(native):
     # 3 x 100k elements: up to 9 threads; chunk boundaries must fall on 256-element blocks (bits equal to 1 thread)
     sizes = [100_000, 99_999, 70_001]

@@ -13,6 +13,7 @@
 // The formats are cpu_optim.h's (kMomentBias / kSquareBias); dsfast/ops/reference/adam8bit.py computes the same bits.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 
 namespace dsfast {
@@ -138,11 +139,14 @@ inline int64_t decode_wide(const uint8_t* mc, const uint8_t* vc, float ms, float
   return k;
 }
 
+template <bool Clamp>   // kernel_8bit_avx512.h's rounded_codes16
 inline __m256i rounded_codes8(__m256i u, uint32_t bias) {
-  u = _mm256_min_epi32(u, splat8(0x3FF00000u));   // kCodeTop's bits (1.875f)
+  if constexpr (Clamp) u = _mm256_min_epi32(u, splat8(0x3FF00000u));   // kCodeTop's bits (1.875f)
   return _mm256_srai_epi32(_mm256_add_epi32(u, splat8(0x80000u - (bias << 20))), 20);
 }
 
+// Finite: as kernel_8bit_avx512.h's encode_wide
+template <bool Finite>
 inline int64_t encode_wide(const float* m, const float* v, int64_t n, float m_inv, float v_inv, uint8_t* mc,
                            uint8_t* vc) {
   const __m256 miv = _mm256_set1_ps(m_inv), viv = _mm256_set1_ps(v_inv);
@@ -151,13 +155,14 @@ inline int64_t encode_wide(const float* m, const float* v, int64_t n, float m_in
   int64_t k = 0;
   for (; k + 8 <= n; k += 8) {
     const __m256i ux = _mm256_castps_si256(_mm256_loadu_ps(m + k));
-    const __m256i u = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(ux, abs_mask)), miv));
+    __m256i u = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(ux, abs_mask)), miv));
+    if constexpr (!Finite) u = _mm256_and_si256(u, abs_mask);
     const __m256i nonzero = _mm256_cmpgt_epi32(u, below_half);   // all ones where q != 0 (max(q, 1) there)
-    __m256i q = _mm256_max_epi32(rounded_codes8(u, kMomentBias), _mm256_srli_epi32(nonzero, 31));
+    __m256i q = _mm256_max_epi32(rounded_codes8<!Finite>(u, kMomentBias), _mm256_srli_epi32(nonzero, 31));
     q = _mm256_or_si256(q, _mm256_srli_epi32(_mm256_and_si256(_mm256_and_si256(ux, nonzero), splat8(0x80000000u)), 24));
-    const __m256i w = _mm256_castps_si256(_mm256_mul_ps(
-        _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(v + k)), abs_mask)), viv));
-    const __m256i r = _mm256_max_epi32(rounded_codes8(w, kSquareBias),
+    __m256i w = _mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(v + k), viv));
+    if constexpr (!Finite) w = _mm256_and_si256(w, abs_mask);
+    const __m256i r = _mm256_max_epi32(rounded_codes8<!Finite>(w, kSquareBias),
                                        _mm256_srli_epi32(_mm256_cmpgt_epi32(w, _mm256_setzero_si256()), 31));
     // dwords per 128-bit lane after the two packs: (m0-3, v0-3, ..) | (m4-7, v4-7, ..); reorder to m0-7, v0-7
     const __m256i w16 = _mm256_packus_epi32(q, r);
@@ -188,20 +193,26 @@ inline void decode_moments(const uint8_t* mc, const uint8_t* vc, float ms, float
 // (code 1 at least): m / (sqrt(v) + eps) must not blow up where v is tiny but m is not.
 inline void encode_moments(const float* m, const float* v, int64_t n, float m_abs, float v_abs, uint8_t* mc,
                            uint8_t* vc) {
-  const float m_inv = m_abs > 0.0f ? kCodeTop / m_abs : 0.0f;
-  const float v_inv = v_abs > 0.0f ? kCodeTop / v_abs : 0.0f;
+  // kCodeTop / absmax, at most FLT_MAX: a block of tiny moments (absmax below about 5.5e-39) would otherwise get
+  // an infinite inverse, and its zeros 0 * inf = NaN, the top code
+  const float big = 3.4028235e38f;   // FLT_MAX
+  const float m_inv = m_abs > 0.0f ? std::min(kCodeTop / m_abs, big) : 0.0f;
+  const float v_inv = v_abs > 0.0f ? std::min(kCodeTop / v_abs, big) : 0.0f;
   const int32_t half_smallest = int32_t(float_bits(kMomentHalfSmallest));
   int64_t k = 0;
 #ifdef DSFAST_8BIT_WIDE
-  k = encode_wide(m, v, n, m_inv, v_inv, mc, vc);
+  if (m_abs <= big && v_abs <= big) k = encode_wide<true>(m, v, n, m_inv, v_inv, mc, vc);
+  else k = encode_wide<false>(m, v, n, m_inv, v_inv, mc, vc);
 #endif
+  // |x| * inv's sign bit cleared: inf * 0 (a block holding an infinity has inv 0) is a NaN with the sign set, which
+  // must clamp to the top code as any other NaN
   for (; k < n; ++k) {
     const uint32_t ux = float_bits(m[k]);
-    const int32_t u = int32_t(float_bits(bits_float(ux & 0x7FFFFFFFu) * m_inv));
+    const int32_t u = int32_t(float_bits(bits_float(ux & 0x7FFFFFFFu) * m_inv) & 0x7FFFFFFFu);
     int32_t q = rounded_code(u, int32_t(kMomentBias));
     q = q < 1 ? int32_t(u >= half_smallest) : q;
     mc[k] = uint8_t(q | (q ? int32_t((ux >> 24) & 128u) : 0));
-    const int32_t w = int32_t(float_bits(bits_float(float_bits(v[k]) & 0x7FFFFFFFu) * v_inv));
+    const int32_t w = int32_t(float_bits(bits_float(float_bits(v[k]) & 0x7FFFFFFFu) * v_inv) & 0x7FFFFFFFu);
     const int32_t r = rounded_code(w, int32_t(kSquareBias));
     vc[k] = uint8_t(r < 1 ? int32_t(w > 0) : r);
   }

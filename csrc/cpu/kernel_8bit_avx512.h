@@ -9,9 +9,11 @@
 inline __m512i splat(uint32_t x) { return _mm512_set1_epi32(int(x)); }
 
 // kernel_8bit.h's rounded_code, 16 lanes, with the bias folded into the rounding add (a multiple of 2^20: the
-// arithmetic shift gives the same result)
+// arithmetic shift gives the same result). Clamp: false where the block's absmax is finite (encode_moments; its
+// inverse always is), since then |x| * inv <= 1.875 * (1 + 2^-23), which rounds to the top code anyway.
+template <bool Clamp>
 inline __m512i rounded_codes16(__m512i u, uint32_t bias) {
-  u = _mm512_min_epi32(u, splat(0x3FF00000u));   // kCodeTop's bits (1.875f)
+  if constexpr (Clamp) u = _mm512_min_epi32(u, splat(0x3FF00000u));   // kCodeTop's bits (1.875f)
   return _mm512_srai_epi32(_mm512_add_epi32(u, splat(0x80000u - (bias << 20))), 20);
 }
 
@@ -48,6 +50,10 @@ inline int64_t decode_wide(const uint8_t* mc, const uint8_t* vc, float ms, float
 // Encode, 16 lanes. exp_avg: "q < 1 ? (u >= half_smallest) : q" is max(q, 1) where u >= half_smallest and 0
 // elsewhere (there the value is below half of code 1, itself a 3-bit value, so q <= 0); the sign bit only where
 // x < 0 and q != 0. exp_avg_sq: "r < 1 ? (w > 0) : r" is max(r, 1) where w > 0 and 0 elsewhere (w <= 0: r < 0).
+// Finite (both absmaxes finite): no clamp, and no sign to clear from the products (encode_moments clears it, for
+// inf * 0 = -NaN): v >= +0 there (a finite block holds no NaN, and beta2 * v + (1 - beta2) * g * g of v >= +0 is
+// never -0).
+template <bool Finite>
 inline int64_t encode_wide(const float* m, const float* v, int64_t n, float m_inv, float v_inv, uint8_t* mc,
                            uint8_t* vc) {
   const __m512 miv = _mm512_set1_ps(m_inv), viv = _mm512_set1_ps(v_inv);
@@ -56,16 +62,17 @@ inline int64_t encode_wide(const float* m, const float* v, int64_t n, float m_in
   int64_t k = 0;
   for (; k + 16 <= n; k += 16) {
     const __m512i ux = _mm512_castps_si512(_mm512_loadu_ps(m + k));
-    const __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(ux, abs_mask)), miv));
+    __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(ux, abs_mask)), miv));
+    if constexpr (!Finite) u = _mm512_and_si512(u, abs_mask);
     const __mmask16 nonzero = _mm512_cmpge_epi32_mask(u, half_smallest);   // q != 0 exactly there
-    __m512i q = _mm512_maskz_max_epi32(nonzero, rounded_codes16(u, kMomentBias), one);
+    __m512i q = _mm512_maskz_max_epi32(nonzero, rounded_codes16<!Finite>(u, kMomentBias), one);
     const __mmask16 neg = _mm512_mask_cmplt_epi32_mask(nonzero, ux, zero);
     q = _mm512_mask_or_epi32(q, neg, q, splat(128));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(mc + k), _mm512_cvtepi32_epi8(q));
-    const __m512i w = _mm512_castps_si512(
-        _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(v + k)), abs_mask)),
-                      viv));
-    const __m512i r = _mm512_maskz_max_epi32(_mm512_cmpgt_epi32_mask(w, zero), rounded_codes16(w, kSquareBias), one);
+    __m512i w = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(v + k), viv));
+    if constexpr (!Finite) w = _mm512_and_si512(w, abs_mask);
+    const __m512i r =
+        _mm512_maskz_max_epi32(_mm512_cmpgt_epi32_mask(w, zero), rounded_codes16<!Finite>(w, kSquareBias), one);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(vc + k), _mm512_cvtepi32_epi8(r));
   }
   return k;

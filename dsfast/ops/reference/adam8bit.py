@@ -66,7 +66,8 @@ def quantize(x, signed):
     rows = _blocks(flat)
     absmax = rows.abs().amax(dim=1)
     top = torch.tensor(CODE_TOP)
-    inv = torch.where(absmax > 0, top / absmax, torch.zeros_like(absmax))
+    # at most FLT_MAX, as the kernel's: a block of tiny moments would get an infinite inverse (and 0 * inf = NaN)
+    inv = torch.where(absmax > 0, (top / absmax).clamp(max=torch.finfo(torch.float32).max), torch.zeros_like(absmax))
     codes = encode(rows, inv[:, None], signed).reshape(-1)[:flat.numel()]
     return codes, absmax / top
 
