@@ -226,6 +226,25 @@ def test_extreme_inputs_codes_equal_the_reference_and_params_within_the_fma_tole
     assert bool((a != b).any()) or betas == (0.0, 0.0)   # the difference is real (it is what this test states)
 
 
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_outputs_streamed_when_aligned_and_copied_when_not_are_the_same(native, isa):
+    if isa not in native.available_isas():
+        pytest.skip(f"{isa} not supported by this CPU")
+    # the vector bodies write a block's 16-bit outputs with non-temporal stores where the output is aligned to the
+    # vector, else with a plain copy: both must give the output the aligned run gives, and the same params
+    sizes = [5000, 300]
+    aligned = _run(native.adam8bit_step, _lists(sizes, out_dtype=torch.bfloat16), steps=2, isa=isa)
+    shifted = _lists(sizes, out_dtype=torch.bfloat16)
+    backing = [torch.zeros(n + 1, dtype=torch.bfloat16) for n in sizes]
+    shifted[6] = [b[1:] for b in backing]   # 2 bytes past an aligned allocation
+    assert all(o.data_ptr() % 32 == 2 for o in shifted[6])
+    _run(native.adam8bit_step, shifted, steps=2, isa=isa)
+    for k in (0, 2, 3, 4, 5, 6):
+        for a, b in zip(shifted[k], aligned[k]):
+            assert torch.equal(a, b), k
+    assert all(bool((o != 0).all()) for o in aligned[6])
+
+
 def test_threads_split_on_block_boundaries(native):
     # 3 x 100k elements: up to 9 threads; chunk boundaries must fall on 256-element blocks (bits equal to 1 thread)
     sizes = [100_000, 99_999, 70_001]
