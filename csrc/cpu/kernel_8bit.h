@@ -3,13 +3,16 @@
 // (adam8bit_fused, AVX2 / AVX-512):
 //   1. per vector: decode m and v from their codes (value(code) * scale, the value from the code's bits, no table),
 //      the fp32 Adam update of kernel_body.h's adam_vec (the same adam_update on the same Vec, so bit for bit the
-//      fp32-state kernel's), param / output stores, the fresh moments into a small L1 buffer, |max| in registers;
+//      fp32-state kernel's), the param store, the 16-bit output into an L1 buffer (streamed out after the loop),
+//      the fresh moments into a small L1 buffer, |max| in registers;
 //   2. encode from the buffer with the block's fresh absmax: the nearest minifloat code of |x| * (kCodeTop /
-//      absmax), computed by rounding the fp32 bit pattern to 3 mantissa bits (integer adds and shifts, no search,
-//      no division).
+//      absmax), computed by rounding the fp32 bit pattern to 3 mantissa bits (ties away from zero: one integer add
+//      and a shift, no search, no division).
 // The scalar body, and a block whose length is not a multiple of the vector width, run the same steps as separate
-// loops (decode_moments, adam_span, block_absmax, encode_moments). Every operation is exact or a single correctly
-// rounded fp32 op, so all ISAs give the same codes and scales.
+// loops (decode_moments, adam_span, block_absmax, encode_moments). Decode and encode are exact integer work and
+// single correctly rounded fp32 multiplies, so all ISAs give the same codes and scales for the same moments; the
+// vector bodies' update contracts multiply-adds into FMAs, an ulp or two off the scalar body's params (the
+// tolerance is stated in tests/test_cpu_optim_8bit.py).
 // The formats are cpu_optim.h's (kMomentBias / kSquareBias); dsfast/ops/reference/adam8bit.py computes the same bits.
 #pragma once
 
