@@ -223,7 +223,6 @@ def test_extreme_inputs_codes_equal_the_reference_and_params_within_the_fma_tole
     # to 2 ulps of a result the update dominates; 1 ulp where the moments start at zero and betas are 0)
     tol = 2.0 ** -22 * (p0.abs() + b.abs())
     assert bool(((a - b).abs()[finite] <= tol[finite]).all())
-    assert bool((a != b).any()) or betas == (0.0, 0.0)   # the difference is real (it is what this test states)
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
