@@ -152,6 +152,98 @@ def test_vector_encoding_is_bit_identical_to_the_scalar_body(native, isa):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_every_code_decodes_and_reencodes_to_itself_on_every_isa(native, isa):
+    if isa not in native.available_isas():
+        pytest.skip(f"{isa} not supported by this CPU")
+    # betas 1: the new moments are the decoded ones exactly (m + 0 * (g - m), 1 * v + 0 * g * g), so each code must
+    # come back unchanged (but 128, exp_avg's -0, as 0) and each scale too: a decode that got any code's sign, bias
+    # or zero wrong changes them.
+    # Every code 0..255 in each block (code 127 / 255, the top, sets the absmax), blocks scaled 2^-40 .. 2^20.
+    n = 256 * 8 + 100
+    codes = torch.arange(n, dtype=torch.int32).remainder(256)
+    m_codes, v_codes = codes.to(torch.uint8), codes.flip(0).to(torch.uint8)
+    v_codes[-100:] = 255   # the short last block needs its own top code
+    m_codes[-100:][0] = 127
+    scales = torch.tensor([2.0 ** e for e in range(-40, 21, 7)][:Q.num_blocks(n)])
+    lists = [[torch.randn(n)], [torch.randn(n)], [m_codes.clone()], [scales.clone()], [v_codes.clone()],
+             [scales.clone() * 3], [], [torch.tensor(0.0)]]
+    native.adam8bit_step(*lists, 1e-3, 1.0, 1.0, 1e-8, 0.0, True, False, isa=isa)
+    m_want = torch.where(m_codes == 128, 0, m_codes)
+    for got, want in ((lists[2][0], m_want), (lists[3][0], scales), (lists[4][0], v_codes), (lists[5][0], scales * 3)):
+        assert torch.equal(got, want)
+
+
+def _extreme_lists():
+    """One tensor of 8 blocks from zero states: plain; +inf, -inf and NaN gradients (absmax inf / NaN); denormal
+    gradients and zeros (kCodeTop / absmax overflows); g * g overflowing (v's absmax inf, m's finite); g * g
+    underflowing; zeros. Params span 1e-30 .. 1e30."""
+    B = Q.QUANT_BLOCK
+    g = torch.Generator().manual_seed(3)
+    grads = torch.randn(8 * B, generator=g)
+    grads[B + 5], grads[2 * B + 7], grads[3 * B + 9] = float("inf"), -float("inf"), float("nan")
+    grads[4 * B:5 * B] = torch.randn(B, generator=g) * 1e-40
+    grads[4 * B:5 * B:3] = 0.0
+    grads[5 * B:6 * B] *= 1e25
+    grads[6 * B:7 * B] *= 1e-20
+    grads[7 * B:] = 0.0
+    n = grads.numel()
+    params = torch.randn(n, generator=g) * torch.logspace(-30, 30, n)
+    blocks = Q.num_blocks(n)
+    return [[params], [grads], [torch.zeros(n, dtype=torch.uint8)], [torch.zeros(blocks)],
+            [torch.zeros(n, dtype=torch.uint8)], [torch.zeros(blocks)], [torch.zeros(n, dtype=torch.bfloat16)],
+            [torch.tensor(0.0)]]
+
+
+@pytest.mark.parametrize("betas", [(0.0, 0.0), (0.9, 0.999)])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_extreme_inputs_codes_equal_the_reference_and_params_within_the_fma_tolerance(native, isa, betas):
+    if isa not in native.available_isas():
+        pytest.skip(f"{isa} not supported by this CPU")
+    want = _extreme_lists()
+    p0 = want[0][0].clone()
+    Q.adam8bit_step(*want, 1e-3, *betas, 1e-8, 0.1, True, True)
+    got = _extreme_lists()
+    native.adam8bit_step(*got, 1e-3, *betas, 1e-8, 0.1, True, True, isa=isa)
+    # from zero states the moments are computed alike on every ISA, so codes and scales are the reference's bits,
+    # in the blocks with infinities, NaNs and tiny absmaxes too
+    for k in (2, 3, 4, 5):
+        a, b = got[k][0], want[k][0]
+        assert torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
+                           b.view(torch.int32) if b.is_floating_point() else b), k
+    a, b = got[0][0], want[0][0]
+    assert torch.equal(a.isnan(), b.isnan()) and torch.equal(got[6][0].isnan(), want[6][0].isnan())
+    finite = ~b.isnan()
+    if isa == "scalar":   # the scalar body rounds every fp32 op as the reference does (NaN payloads aside)
+        assert torch.equal(a[finite], b[finite]) and torch.equal(got[6][0][finite], want[6][0][finite])
+        return
+    # Stated tolerance: the vector bodies contract multiply-adds into FMAs (one rounding where the scalar body and
+    # the reference round twice: the moments' multiply-adds, the denominator's, p * (1 - lr * wd) - update), each
+    # moving the update or the result by up to half an ulp: within 4 * 2^-24 of |p0| + |p1| (measured: 2.8, i.e. up
+    # to 2 ulps of a result the update dominates; 1 ulp where the moments start at zero and betas are 0)
+    tol = 2.0 ** -22 * (p0.abs() + b.abs())
+    assert bool(((a - b).abs()[finite] <= tol[finite]).all())
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_outputs_streamed_when_aligned_and_copied_when_not_are_the_same(native, isa):
+    if isa not in native.available_isas():
+        pytest.skip(f"{isa} not supported by this CPU")
+    # the vector bodies write a block's 16-bit outputs with non-temporal stores where the output is aligned to the
+    # vector, else with a plain copy: both must give the output the aligned run gives, and the same params
+    sizes = [5000, 300]
+    aligned = _run(native.adam8bit_step, _lists(sizes, out_dtype=torch.bfloat16), steps=2, isa=isa)
+    shifted = _lists(sizes, out_dtype=torch.bfloat16)
+    backing = [torch.zeros(n + 1, dtype=torch.bfloat16) for n in sizes]
+    shifted[6] = [b[1:] for b in backing]   # 2 bytes past an aligned allocation
+    assert all(o.data_ptr() % 32 == 2 for o in shifted[6])
+    _run(native.adam8bit_step, shifted, steps=2, isa=isa)
+    for k in (0, 2, 3, 4, 5, 6):
+        for a, b in zip(shifted[k], aligned[k]):
+            assert torch.equal(a, b), k
+    assert all(bool((o != 0).all()) for o in aligned[6])
+
+
 def test_threads_split_on_block_boundaries(native):
     # 3 x 100k elements: up to 9 threads; chunk boundaries must fall on 256-element blocks (bits equal to 1 thread)
     sizes = [100_000, 99_999, 70_001]

@@ -9,22 +9,27 @@
 inline __m512i splat(uint32_t x) { return _mm512_set1_epi32(int(x)); }
 
 // kernel_8bit.h's rounded_code, 16 lanes, with the bias folded into the rounding add (a multiple of 2^20: the
-// arithmetic shift gives the same result)
+// arithmetic shift gives the same result). Clamp: false where the block's absmax is finite (encode_moments; its
+// inverse always is), since then |x| * inv <= 1.875 * (1 + 2^-23), which rounds to the top code anyway.
+template <bool Clamp>
 inline __m512i rounded_codes16(__m512i u, uint32_t bias) {
-  u = _mm512_min_epi32(u, splat(0x3FF00000u));   // kCodeTop's bits (1.875f)
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 20), splat(1));
-  return _mm512_srai_epi32(_mm512_add_epi32(_mm512_add_epi32(u, splat(0x7FFFFu - (bias << 20))), odd), 20);
+  if constexpr (Clamp) u = _mm512_min_epi32(u, splat(0x3FF00000u));   // kCodeTop's bits (1.875f)
+  return _mm512_srai_epi32(_mm512_add_epi32(u, splat(0x80000u - (bias << 20))), 20);
 }
 
 // One vector of each moment decoded from 16 codes: the value's bits (magnitude + bias) << 20 | sign << 31 where
-// the magnitude is nonzero, times the scale (code 0's bits are 0, as decode_moments has them, so 0 * a NaN scale is NaN there too).
+// the magnitude is nonzero, times the scale (code 0's bits are 0, as decode_moments has them, so 0 * a NaN scale is
+// NaN too). exp_avg in 3 ops: kMomentBias (0x380) has no bit in the magnitude's 7, so "+ bias" is "| bias"; the
+// code sign-extended and shifted by 20 has the magnitude in bits 20..26 and the sign in 27..31, and one ternary
+// logic op sets bits 27..29 (the bias) and clears 30, leaving the sign in 31.
 inline __m512 decode_m16(const uint8_t* mc, __m512 ms) {
-  const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mc)));
-  const __m512i mag = _mm512_and_si512(c, splat(127));
-  const __m512i b = _mm512_slli_epi32(_mm512_add_epi32(mag, splat(kMomentBias)), 20);
-  // b | (c << 24 & 0x80000000): ternary logic A | (B & C)
-  const __m512i bits = _mm512_ternarylogic_epi32(b, _mm512_slli_epi32(c, 24), splat(0x80000000u), 0xF8);
-  return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_maskz_mov_epi32(_mm512_test_epi32_mask(c, splat(127)), bits)), ms);
+  static_assert(kMomentBias == 0x380u, "decode_m16's bit layout assumes exp_avg's bias 0x380");
+  const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mc)));
+  const __m512i x = _mm512_slli_epi32(c, 20);
+  // bitwise (x & 0xBFFFFFFF) | 0x38000000: imm 0xBA is A & ~B | C with A = x, B = 0x40000000, C = 0x38000000
+  const __m512i bits = _mm512_maskz_ternarylogic_epi32(_mm512_test_epi32_mask(c, splat(127)), x,
+                                                       splat(0x40000000u), splat(0x38000000u), 0xBA);
+  return _mm512_mul_ps(_mm512_castsi512_ps(bits), ms);
 }
 inline __m512 decode_v16(const uint8_t* vc, __m512 vs) {
   const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vc)));
@@ -45,6 +50,10 @@ inline int64_t decode_wide(const uint8_t* mc, const uint8_t* vc, float ms, float
 // Encode, 16 lanes. exp_avg: "q < 1 ? (u >= half_smallest) : q" is max(q, 1) where u >= half_smallest and 0
 // elsewhere (there the value is below half of code 1, itself a 3-bit value, so q <= 0); the sign bit only where
 // x < 0 and q != 0. exp_avg_sq: "r < 1 ? (w > 0) : r" is max(r, 1) where w > 0 and 0 elsewhere (w <= 0: r < 0).
+// Finite (both absmaxes finite): no clamp, and no sign to clear from the products (encode_moments clears it, for
+// inf * 0 = -NaN): v >= +0 there (a finite block holds no NaN, and beta2 * v + (1 - beta2) * g * g of v >= +0 is
+// never -0).
+template <bool Finite>
 inline int64_t encode_wide(const float* m, const float* v, int64_t n, float m_inv, float v_inv, uint8_t* mc,
                            uint8_t* vc) {
   const __m512 miv = _mm512_set1_ps(m_inv), viv = _mm512_set1_ps(v_inv);
@@ -53,16 +62,17 @@ inline int64_t encode_wide(const float* m, const float* v, int64_t n, float m_in
   int64_t k = 0;
   for (; k + 16 <= n; k += 16) {
     const __m512i ux = _mm512_castps_si512(_mm512_loadu_ps(m + k));
-    const __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(ux, abs_mask)), miv));
+    __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(ux, abs_mask)), miv));
+    if constexpr (!Finite) u = _mm512_and_si512(u, abs_mask);
     const __mmask16 nonzero = _mm512_cmpge_epi32_mask(u, half_smallest);   // q != 0 exactly there
-    __m512i q = _mm512_maskz_max_epi32(nonzero, rounded_codes16(u, kMomentBias), one);
+    __m512i q = _mm512_maskz_max_epi32(nonzero, rounded_codes16<!Finite>(u, kMomentBias), one);
     const __mmask16 neg = _mm512_mask_cmplt_epi32_mask(nonzero, ux, zero);
     q = _mm512_mask_or_epi32(q, neg, q, splat(128));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(mc + k), _mm512_cvtepi32_epi8(q));
-    const __m512i w = _mm512_castps_si512(
-        _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(v + k)), abs_mask)),
-                      viv));
-    const __m512i r = _mm512_maskz_max_epi32(_mm512_cmpgt_epi32_mask(w, zero), rounded_codes16(w, kSquareBias), one);
+    __m512i w = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(v + k), viv));
+    if constexpr (!Finite) w = _mm512_and_si512(w, abs_mask);
+    const __m512i r =
+        _mm512_maskz_max_epi32(_mm512_cmpgt_epi32_mask(w, zero), rounded_codes16<!Finite>(w, kSquareBias), one);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(vc + k), _mm512_cvtepi32_epi8(r));
   }
   return k;

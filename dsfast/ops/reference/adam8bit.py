@@ -46,13 +46,13 @@ def _blocks(x):
 
 def encode(x, inv, signed):
     """The kernel's codes of fp32 x times inv (kCodeTop / the block's absmax, broadcast): round |x| * inv to 3
-    mantissa bits on its fp32 bits (ties to even), re-bias the exponent, clamp to the top code; below code 1:
+    mantissa bits on its fp32 bits (ties away from zero), re-bias the exponent, clamp to the top code; below code 1:
     nearest of 0 and code 1 (signed), any positive value to code 1 (unsigned)."""
     y = x.abs() * inv
     top = torch.tensor(CODE_TOP)
     y = torch.where(y < top, y, top)            # NaN too, as the kernel's (y < top ? y : top)
     u = y.view(torch.int32)
-    k = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - _BIAS[bool(signed)]
+    k = ((u + 0x80000) >> 20) - _BIAS[bool(signed)]
     low = (y >= _MOMENT_HALF_SMALLEST) if signed else (y > 0)
     k = torch.where(k < 1, low.to(torch.int32), k)
     if signed:
@@ -66,7 +66,8 @@ def quantize(x, signed):
     rows = _blocks(flat)
     absmax = rows.abs().amax(dim=1)
     top = torch.tensor(CODE_TOP)
-    inv = torch.where(absmax > 0, top / absmax, torch.zeros_like(absmax))
+    # at most FLT_MAX, as the kernel's: a block of tiny moments would get an infinite inverse (and 0 * inf = NaN)
+    inv = torch.where(absmax > 0, (top / absmax).clamp(max=torch.finfo(torch.float32).max), torch.zeros_like(absmax))
     codes = encode(rows, inv[:, None], signed).reshape(-1)[:flat.numel()]
     return codes, absmax / top
 
