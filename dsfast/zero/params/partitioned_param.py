@@ -35,6 +35,7 @@ import itertools
 
 import torch
 
+from ...accelerator.streams import LaneError
 from ...comm.where import at_work, done
 from .gather_order import note_launch
 from ..policy.partition import ALIGN, BucketPlan, Entry, round_up
@@ -207,7 +208,10 @@ class PartitionedParam:
     def _await_step(self):
         """The overlapped step (step/overlap.py) has written this shard before anything reads it."""
         if self.step_unit is not None:
-            self.step_unit.step_event.wait()
+            try:
+                self.step_unit.step_event.wait()
+            except LaneError:   # (a gather is a collective: the next settle raises it, on every rank alike)
+                pass
 
     def _launch(self):
         """Start filling `full` from every rank's shard; returns a handle (None when done already)."""
@@ -307,6 +311,7 @@ def gather(records, refresh=False):
     for recs in pending.values():
         if len(recs) == 1:   # (_launch's collective branch, without its call: this path is hot)
             r = recs[0]
+            r._await_step()
             r._alloc_full()
             note_launch(recs)
             alone.append(r.comm.all_gather_async(r.full, r._src(), ("gather", (r,))))

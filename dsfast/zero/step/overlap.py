@@ -7,14 +7,15 @@
 The decision (decide.py) is taken on the main thread as in the serial step, so every rank knows at once whether the
 step applies; the worker then steps unit by unit with the same per-unit entry (optim/amp_step.py prepare_step) and
 the same kernels on the same values, so the result is bitwise the serial one. Units go in the order the next
-forward first uses them (recorded once by the hooks; before that, the store's order reversed, as the reduction
-lands them). Each unit's item waits its gradient's event (u.grad_event), steps it, copies its 16-bit values back
+forward first uses them (recorded once by the hooks; before that, the model's parameter order, the reverse of the
+reduction's). Each unit's item waits its gradient's event (u.grad_event), steps it, copies its 16-bit values back
 (finish_step) and, at stages 1-2 with several ranks, all-gathers its bucket on a process group of its own (every
 rank issues them in the same order, never in the middle of the forward's collectives); u.step_event is its event.
 """
 import torch
 import torch.distributed as dist
 
+from ...accelerator.streams import LaneError
 from ...optim.amp_step import prepare_step
 from ...optim.element_wise import element_wise_names
 from .apply import _positions, _step_batch
@@ -110,8 +111,8 @@ class OverlappedStep:
     # ---- the step --------------------------------------------------------------------------------------------
     def units_in_order(self, first=()):
         units = self.store.units
-        if self.order is None:   # the reduction lands the store's units last first: the forward wants them in order
-            ordered = list(units)
+        if self.order is None:   # the model's parameter order (the reverse of the reduction's)
+            ordered = sorted(units, key=lambda u: min(e.param for e in u.plan.entries))
         else:
             by_index = {u.index: u for u in units}
             ordered = [by_index[i] for i in self.order]
@@ -154,20 +155,18 @@ class OverlappedStep:
         return f"unit {u.index} (parameters {shown})"
 
     # ---- waiting -------------------------------------------------------------------------------------------------
-    def _wait(self, u):
+    @staticmethod
+    def _wait(u):
+        """Unit u stepped. A failure is not raised here (one rank's forward would leave the others waiting in a
+        collective): the next settle raises it, on every rank."""
         try:
             u.step_event.wait()
-        except Exception:
-            self.raise_failure()
-            raise
+        except LaneError:
+            pass
 
     def wait_all(self):
-        """Every unit stepped (a failure is kept for raise_failure, not raised)."""
         for u in self.store.units:
-            try:
-                u.step_event.wait()
-            except Exception:
-                pass
+            self._wait(u)
 
     def settle(self, agree=False):
         """Every unit stepped. A failure in the worker is raised here; agree=True (a call every rank makes: the
