@@ -139,15 +139,16 @@ class OverlappedStep:
 
     @torch.no_grad()
     def _item(self, u, n, step, where, decision, gather):
-        try:
-            u.grad_event.wait()
-            _step_batch(self.store, step, where, decision, [u])
-            if gather is not None:
-                gather(u, self.gather_group)
-        except BaseException as e:
-            if self._failure is None:
+        """One unit's update and gather. A failure is kept for the next settle, not raised into the lane: the
+        later units' gathers still run (the other ranks' workers wait in them), their updates do not."""
+        if self._failure is None:
+            try:
+                u.grad_event.wait()
+                _step_batch(self.store, step, where, decision, [u])
+            except Exception as e:
                 self._failure = (n, u.index, e)
-            raise
+        if gather is not None:
+            gather(u, self.gather_group)
 
     def unit_name(self, u):
         names = [self.names.get(id(self.store.params[e.param]), f"parameter {e.param}") for e in u.plan.entries]

@@ -1,0 +1,58 @@
+"""One rank of the overlap_step runs on 2 gloo ranks (tests/distributed/test_overlap_step_dp.py); each rank saves
+its results to OUT.<rank>.
+
+    worker_overlap.py OUT stage:precision:overlap ... [fail:stage]
+"""
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+import dsfast  # noqa: E402
+from _overlap_helpers import engine, snapshot, train  # noqa: E402
+from dsfast.zero.step.overlap import OverlapFailure  # noqa: E402
+
+
+def failing_run(stage, rank):
+    """Rank 1's worker fails in the second step: every rank must raise, naming the unit and the step."""
+    eng = engine(stage, world=2)
+    train(eng, 1, rank=rank)
+    eng.state_owner.settle()
+    if rank == 1:
+        opt, own = eng.optimizer, eng.optimizer._step_group
+        calls = []
+
+        def failing(gi, group, *args):
+            calls.append(gi)
+            if len(calls) == 2:
+                raise OSError("disk on fire")
+            return own(gi, group, *args)
+        opt._step_group = failing
+    train(eng, 1, rank=rank)   # returns: the failure is in rank 1's worker
+    try:
+        train(eng, 1, rank=rank)
+    except OverlapFailure as e:
+        return str(e)
+    return None
+
+
+def main():
+    dsfast.init_distributed()
+    rank = torch.distributed.get_rank()
+    results = {}
+    for run in sys.argv[2:]:
+        if run.startswith("fail:"):
+            results[run] = failing_run(int(run.split(":")[1]), rank)
+            continue
+        stage, precision, overlap = run.split(":")
+        eng = engine(int(stage), precision=precision, overlap=overlap == "1", clip=0.05, scheduler=True, world=2)
+        losses = train(eng, 3, rank=rank)
+        results[run] = {"losses": losses, **snapshot(eng)}
+    torch.save(results, f"{sys.argv[1]}.{rank}")
+
+
+if __name__ == "__main__":
+    main()
