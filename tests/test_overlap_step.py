@@ -43,6 +43,15 @@ def test_bitwise_the_serial_step_with_clipping_and_a_scheduler(stage, precision)
     assert_same(s0, s1)
 
 
+@pytest.mark.parametrize("stage", [1, 2])
+def test_bitwise_without_the_test_placement(stage, monkeypatch):
+    # host and "device" the same memory: the worker reads the gradients in place, and zeroing them waits for it
+    monkeypatch.delenv("DSFAST_TEST_PLACEMENT")
+    (l0, s0), (l1, s1) = _both(stage, clip=0.05)
+    assert l0 == l1
+    assert_same(s0, s1)
+
+
 @pytest.mark.parametrize("stage", [1, 3])
 def test_fp16_overflow_skip_and_gradient_accumulation(stage):
     (l0, s0), (l1, s1) = _both(stage, steps=4, gas=2, overflow_at=1, precision="fp16", clip=1.0)
@@ -72,27 +81,35 @@ def test_the_forward_waits_per_module_in_first_use_order():
 
 # ---- whatever reads the model right after step() gets the updated values ------------------------------------
 def _readers_after_step(stage, monkeypatch, tmp_path, overlap):
+    """After step s the first reader is: s=0 an eval forward, s=1 a checkpoint save, s=2 safe_get_full_fp32_param
+    (each the one that must wait); then the other two read too."""
     monkeypatch.setenv("DSFAST_STREAM_CHAOS_MS", "15")   # a worker far behind the main thread
     eng = engine(stage, overlap=overlap, precision="bf16")
     seen = []
 
-    def read(e, s):
-        params = list(e.module.parameters())
-        seen.append([dsfast.utils.safe_get_full_fp32_param(p) for p in params])
+    def evaluate(e):
         e.eval()
         with torch.no_grad():
             seen.append([e(batch(99, torch.bfloat16)[0])])
         e.train()
+
+    def masters(e):
+        seen.append([dsfast.utils.safe_get_full_fp32_param(p) for p in e.module.parameters()])
+
+    def read(e, s):
         if s == 1:
             e.save_checkpoint(str(tmp_path / f"ckpt{int(overlap)}"), tag="t")
-    train(eng, 2, after_step=read)
+        (masters if s == 2 else evaluate)(e)
+        (evaluate if s == 2 else masters)(e)
+    train(eng, 3, after_step=read)
     return seen
 
 
 @pytest.mark.parametrize("stage", [1, 3])
-def test_safe_get_eval_forward_and_checkpoint_right_after_step(stage, monkeypatch, tmp_path):
+def test_eval_forward_checkpoint_and_safe_get_right_after_step(stage, monkeypatch, tmp_path):
     serial = _readers_after_step(stage, monkeypatch, tmp_path, False)
     overlapped = _readers_after_step(stage, monkeypatch, tmp_path, True)
+    assert len(serial) == len(overlapped) == 6
     for a, b in zip(serial, overlapped):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
     files = sorted(p.name for p in (tmp_path / "ckpt0" / "t").iterdir())
@@ -130,9 +147,10 @@ def test_a_worker_failure_is_raised_at_the_next_call_naming_unit_and_step(stage)
     x, y = batch(5)
     eng.backward(torch.nn.functional.mse_loss(eng(x), y))
     eng.step()   # returns: the failure is in the worker
-    with pytest.raises(OverlapFailure, match=r"optimizer step 2 failed on rank 0 at unit \d+ \(parameters "
-                                             r"\d\.(weight|bias).*OSError: disk on fire"):
-        train(eng, 1)   # the forward runs (its waits raise nothing: a collective could hang); the backward raises
+    loss = torch.nn.functional.mse_loss(eng(x), y)   # the forward runs (its waits raise nothing: on several
+    with pytest.raises(OverlapFailure, match=r"optimizer step 2 failed on rank 0 at unit \d+ \(parameters "   # ranks
+                                             r"\d\.(weight|bias).*OSError: disk on fire"):   # one could hang);
+        eng.backward(loss)                                                         # the next backward raises
     with pytest.raises(OverlapFailure, match="step 2"):   # and at every later call that reads the model
         dsfast.utils.safe_get_full_fp32_param(next(eng.module.parameters()))
 

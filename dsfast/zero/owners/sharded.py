@@ -139,8 +139,9 @@ class ShardedBase(ShardOwner):
         if not self._refresh_pending:
             return
         self._refresh_pending = False
-        for u in (self.store.units if self.store.shared is not None else self._whole_units()):
-            self.overlap._wait(u)   # (/dev/shm publishes every shard at once)
+        if self.store.shared is not None:   # /dev/shm publishes every shard at once (a gather waits its own unit)
+            for u in self.store.units:
+                self.overlap._wait(u)
         self.store.all_gather(self.group)
 
     def settle(self, agree=False):
