@@ -1,7 +1,7 @@
 """One rank of the overlap_step runs on 2 gloo ranks (tests/distributed/test_overlap_step_dp.py); each rank saves
 its results to OUT.<rank>.
 
-    worker_overlap.py OUT stage:precision:overlap ... [fail:stage]
+    worker_overlap.py OUT stage:precision:overlap[:plain] ... [fail:stage]
 """
 import os
 import sys
@@ -44,13 +44,16 @@ def main():
     rank = torch.distributed.get_rank()
     results = {}
     for run in sys.argv[2:]:
-        if run.startswith("fail:"):
+        if run.startswith("fail:"):   # (host and device the same memory: the worker reads the gradients in place)
+            os.environ["DSFAST_TEST_PLACEMENT"] = ""
             results[run] = failing_run(int(run.split(":")[1]), rank)
             continue
-        stage, precision, overlap = run.split(":")
+        stage, precision, overlap, *placement = run.split(":")
+        # (":plain": host and device the same memory, so that stage 3's same-host ranks gather through /dev/shm)
+        os.environ["DSFAST_TEST_PLACEMENT"] = "" if placement == ["plain"] else "distinct-host"
         eng = engine(int(stage), precision=precision, overlap=overlap == "1", clip=0.05, scheduler=True, world=2)
         losses = train(eng, 3, rank=rank)
-        results[run] = {"losses": losses, **snapshot(eng)}
+        results[run] = {"losses": losses, "gathers": eng.state_owner.gathers_through, **snapshot(eng)}
     torch.save(results, f"{sys.argv[1]}.{rank}")
 
 

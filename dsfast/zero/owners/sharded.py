@@ -154,7 +154,7 @@ class ShardedBase(ShardOwner):
     def _settle_device_grads(self):
         """Before the gradients are zeroed: the worker reads them in place where no host copy was made."""
         if self.overlap is not None and not self.store.placement.copies_states:
-            self.settle()
+            self.overlap.wait_all()   # (a failure is raised by the next settle, where every rank agrees)
 
     def host_copies(self):
         """Offload to a distinct host: stage 1's gradient shards copied for the CPU optimizer at step time, where
