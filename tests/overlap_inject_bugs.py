@@ -22,7 +22,7 @@ ROOT = HERE.parent
 # (name, file under dsfast/, exact text, replacement, the wait it removes)
 BUGS = [
     ("per-module-wait", "zero/step/overlap.py",
-     "        if waits:\n            for u in units:\n                self._wait(u)\n",
+     "        if waits:\n            for u in units:\n                self.wait_unit(u)\n",
      "        if waits:\n            pass\n",
      "stages 1-2: a module's forward does not wait for the units holding its parameters"),
     ("stage3-gather-wait", "zero/params/partitioned_param.py",
@@ -30,7 +30,7 @@ BUGS = [
      "        if False:\n            try:",
      "stage 3: a shard is gathered before its unit's step wrote it"),
     ("stage3-publish-wait", "zero/owners/sharded.py",
-     "            for u in self.store.units:\n                self.overlap._wait(u)\n",
+     "            for u in self.store.units:\n                self.overlap.wait_unit(u)\n",
      "            pass\n",
      "stage 3, same-host ranks: the /dev/shm snapshot is published before every unit is stepped"),
     ("grad-event-wait", "zero/step/overlap.py",

@@ -141,7 +141,7 @@ class ShardedBase(ShardOwner):
         self._refresh_pending = False
         if self.store.shared is not None:   # /dev/shm publishes every shard at once (a gather waits its own unit)
             for u in self.store.units:
-                self.overlap._wait(u)
+                self.overlap.wait_unit(u)
         self.store.all_gather(self.group)
 
     def settle(self, agree=False):

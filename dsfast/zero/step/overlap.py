@@ -16,9 +16,8 @@ import torch
 import torch.distributed as dist
 
 from ...accelerator.streams import LaneError
-from ...optim.amp_step import prepare_step
 from ...optim.element_wise import element_wise_names
-from .apply import _positions, _step_batch
+from .apply import unit_stepper
 
 
 def per_unit_optimizer_names():
@@ -89,7 +88,7 @@ class OverlappedStep:
                     self._seen[u.index] = None
         if waits:
             for u in units:
-                self._wait(u)
+                self.wait_unit(u)
 
     def start_forward(self):
         """The first training forward records the order (once)."""
@@ -129,22 +128,21 @@ class OverlappedStep:
             return
         store = self.store
         store.placement.synchronize()   # the host copies of the gradients queued so far (a GPU's compute stream)
-        step = prepare_step(optimizer, **decision.step_kwargs())
-        where = _positions(optimizer)
+        step = unit_stepper(store, optimizer, decision)   # (hyperparameters read now, before the scheduler steps)
         lane = store.lanes.host_lane("step")
         n = self.steps
         for u in self.units_in_order(first):
-            u.step_event = lane.submit(lambda u=u: self._item(u, n, step, where, decision, gather),
+            u.step_event = lane.submit(lambda u=u: self._item(u, n, step, gather),
                                        f"optimizer step {n}, {self.unit_name(u)}")
 
     @torch.no_grad()
-    def _item(self, u, n, step, where, decision, gather):
+    def _item(self, u, n, step, gather):
         """One unit's update and gather. A failure is kept for the next settle, not raised into the lane: the
         later units' gathers still run (the other ranks' workers wait in them), their updates do not."""
         if self._failure is None:
             try:
                 u.grad_event.wait()
-                _step_batch(self.store, step, where, decision, [u])
+                step(u)
             except Exception as e:
                 self._failure = (n, u.index, e)
         if gather is not None:
@@ -157,7 +155,7 @@ class OverlappedStep:
 
     # ---- waiting -------------------------------------------------------------------------------------------------
     @staticmethod
-    def _wait(u):
+    def wait_unit(u):
         """Unit u stepped. A failure is not raised here (one rank's forward would leave the others waiting in a
         collective): the next settle raises it, on every rank."""
         try:
@@ -167,7 +165,7 @@ class OverlappedStep:
 
     def wait_all(self):
         for u in self.store.units:
-            self._wait(u)
+            self.wait_unit(u)
 
     def settle(self, agree=False):
         """Every unit stepped. A failure in the worker is raised here; agree=True (a call every rank makes: the
