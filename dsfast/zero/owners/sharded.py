@@ -289,10 +289,12 @@ class ShardedBase(ShardOwner):
         self.intake.prepare_step(names)
 
     def detach(self):
-        if self.overlap is not None:
-            self.settle()
-            self.overlap.detach()
-        self.intake.detach()
+        try:   # (engine.destroy(), on every rank: a failed overlapped step is raised on each, after the unhooking)
+            self.settle(agree=True)
+        finally:
+            if self.overlap is not None:
+                self.overlap.detach()
+            self.intake.detach()
 
     def clear_grads(self):
         """Every gradient this rank holds for the model, gone (accumulated partitions and any param.grad)."""

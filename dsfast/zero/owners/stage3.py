@@ -188,8 +188,8 @@ class Stage3(ShardedBase):
     def detach(self):
         """Hooks off and every parameter whole again (a collective), so the module is an ordinary one."""
         if self.overlap is not None:
-            self.settle()
             self.overlap.detach()
+        self.settle(agree=True)   # (every rank raises a failed overlapped step alike, before the gather below)
         self.intake.detach()
         self.coordinator.detach()
         recs = self.store.all_records
