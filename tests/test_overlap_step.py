@@ -199,3 +199,14 @@ def test_explain_shows_it_as_dsfast_own_key(tmp_path, capsys):
     main([str(path), "--explain"])
     line = [x for x in capsys.readouterr().out.splitlines() if "overlap_step" in x]
     assert len(line) == 1 and "= False" in line[0] and "dsfast's own key" in line[0] and "half-updated" in line[0]
+
+
+def test_a_data_parallel_group_short_of_every_rank_is_refused(monkeypatch):
+    # (the workers' gather group is made by every rank of the default group alike: model or pipeline parallel
+    # groups would need one per data-parallel group)
+    from dsfast.zero.step import overlap as overlap_module
+    monkeypatch.setattr(overlap_module.dist, "get_process_group_ranks", lambda group: [0, 2])
+    monkeypatch.setattr(overlap_module.dist, "get_world_size", lambda group=None: 4)
+    step = overlap_module.OverlappedStep(store=None, world=2, rank=0, group=object())
+    with pytest.raises(ValueError, match=r"overlap_step: true needs the data-parallel group to be every rank"):
+        step.make_gather_group()
