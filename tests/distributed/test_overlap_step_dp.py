@@ -1,7 +1,7 @@
 """offload_optimizer.overlap_step on 2 gloo ranks (same host: stages 1-2 gather through /dev/shm from the worker on
 a group of their own; stage 3 by collectives, and through its /dev/shm snapshot where host and device are one), under the test placement and the chaos delays: every
 parameter, fp32 master and Adam state bitwise those of the serial step, on each rank; a failure in one rank's
-worker is raised on both ranks at the next call, naming the unit and the step."""
+worker is raised on both ranks at the next call, naming the unit and the step, and again at every later call."""
 import os
 import sys
 

@@ -35,8 +35,14 @@ def failing_run(stage, rank):
     try:
         train(eng, 1, rank=rank)
     except OverlapFailure as e:
-        return str(e)
-    return None
+        first = str(e)
+    else:
+        return None
+    try:   # and again at every later call, on every rank
+        dsfast.utils.safe_get_full_fp32_param(next(eng.module.parameters()))
+    except OverlapFailure as e:
+        return first if str(e) == first else f"a different second failure: {e}"
+    return "no second failure"
 
 
 def main():

@@ -43,6 +43,8 @@ class OverlappedStep:
         self.order = None                 # unit indices in the order the forward first used them
         self._seen = None                 # the first forward's record in progress
         self._failure = None              # (step, unit index, exception) of the first failed item
+        self._unagreed = False            # a step was submitted since the ranks last compared failures
+        self._remote = None               # another rank's failure, as every later settle raises it
         self._units_of = {}               # id(module) -> units holding its direct parameters
         self._handles = []
 
@@ -131,6 +133,7 @@ class OverlappedStep:
         step = unit_stepper(store, optimizer, decision)   # (hyperparameters read now, before the scheduler steps)
         lane = store.lanes.host_lane("step")
         n = self.steps
+        self._unagreed = True
         for u in self.units_in_order(first):
             u.step_event = lane.submit(lambda u=u: self._item(u, n, step, gather),
                                        f"optimizer step {n}, {self.unit_name(u)}")
@@ -171,7 +174,8 @@ class OverlappedStep:
         """Every unit stepped. A failure in the worker is raised here; agree=True (a call every rank makes: the
         next backward or step) shares it first, so every rank raises it."""
         self.wait_all()
-        if agree and self.world > 1:
+        if agree and self.world > 1 and self._unagreed:   # (once per submitted step: every rank submits alike)
+            self._unagreed = False
             row = torch.zeros(self.world, 3, dtype=torch.int64)
             if self._failure is not None:
                 row[self.rank] = torch.tensor([1, self._failure[0], self._failure[1]])
@@ -181,12 +185,15 @@ class OverlappedStep:
                 r = bad[0]
                 unit = self.store.units[int(row[r, 2])] if int(row[r, 2]) < len(self.store.units) else None
                 what = self.unit_name(unit) if unit is not None else f"unit {int(row[r, 2])}"
-                raise OverlapFailure(f"the overlapped optimizer step {int(row[r, 1])} failed on rank {r} at {what} "
-                                     "(zero_optimization.offload_optimizer.overlap_step): that rank raised the "
-                                     "error; this engine's parameters are not usable")
+                self._remote = (f"the overlapped optimizer step {int(row[r, 1])} failed on rank {r} at {what} "
+                                "(zero_optimization.offload_optimizer.overlap_step): that rank raised the error; "
+                                "this engine's parameters are not usable")
         self.raise_failure()
 
     def raise_failure(self):
+        """The failure again at every later settle (the engine's parameters are not usable after it)."""
+        if self._remote is not None:
+            raise OverlapFailure(self._remote)
         if self._failure is not None:
             n, index, e = self._failure
             raise OverlapFailure(f"the overlapped optimizer step {n} failed on rank {self.rank} at "
