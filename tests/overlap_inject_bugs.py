@@ -56,9 +56,9 @@ BUGS = [
      "",
      "GatheredParameters reads the parameters before the step ends"),
     ("settle-zero-grads", "zero/owners/sharded.py",
-     "        if self.overlap is not None and not self.store.placement.copies_states:\n"
+     "        if not self.store.placement.copies_states:\n"
      "            self.overlap.wait_all()   # (a failure is raised by the next settle, where every rank agrees)\n",
-     "        pass\n",
+     "",
      "the gradients are zeroed while the worker reads them in place (no host copy)"),
     ("settle-next-step-backward", "engine/engine.py",
      "        self._owner.settle(agree=True)   # overlap_step: the last step done; a failure there raised on every rank\n",

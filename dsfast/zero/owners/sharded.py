@@ -151,9 +151,14 @@ class ShardedBase(ShardOwner):
             self.overlap.settle(agree)
             self._refresh_whole()
 
-    def _settle_device_grads(self):
-        """Before the gradients are zeroed: the worker reads them in place where no host copy was made."""
-        if self.overlap is not None and not self.store.placement.copies_states:
+    def _before_zeroing_grads(self):
+        """The gradients are zeroed right after step() returns: their host copies (copies' lanes, u.grad_event)
+        must have read them, and where no host copy was made the worker reads them in place."""
+        if self.overlap is None:
+            return   # (the serial step waited for both)
+        for u in self.store.units:
+            u.grad_event.wait()
+        if not self.store.placement.copies_states:
             self.overlap.wait_all()   # (a failure is raised by the next settle, where every rank agrees)
 
     def host_copies(self):
@@ -437,7 +442,7 @@ class ShardedOptimizerState(ShardedBase):
         return self._copied_at is not None and self._copied_at == self.buffers.version()
 
     def zero_grads(self):
-        self._settle_device_grads()
+        self._before_zeroing_grads()
         self.buffers.zero()
         self.intake.reset()
         self._copied_at = None
@@ -477,7 +482,7 @@ class ShardedGradients(ShardedBase):
         u.host_grad.copy_(u.grad, non_blocking=True)
 
     def zero_grads(self):
-        self._settle_device_grads()
+        self._before_zeroing_grads()
         for u in self.store.units:
             u.grad.zero_()
 

@@ -180,7 +180,7 @@ class Stage3(ShardedBase):
             r.release()
 
     def zero_grads(self):
-        self._settle_device_grads()
+        self._before_zeroing_grads()
         for g in self.store.grads:
             g.zero_()
 
