@@ -128,6 +128,19 @@ def _same_tree(a, b, where):
             _same_tree(a[k], b[k], f"{where}.{k}")
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_destroy_waits_for_the_step_and_stops_the_worker(stage):
+    serial, overlapped = engine(stage, overlap=False), engine(stage)
+    for eng in (serial, overlapped):
+        train(eng, 2)
+    worker = overlapped.state_owner.store.lanes.host_lane("step")
+    overlapped.destroy()   # right after step(): the module keeps the updated values
+    serial.destroy()
+    for a, b in zip(serial.module.parameters(), overlapped.module.parameters()):
+        assert torch.equal(a, b)
+    assert not worker._thread.is_alive()
+
+
 # ---- a failure in the worker --------------------------------------------------------------------------------
 @pytest.mark.parametrize("stage", [1, 3])
 def test_a_worker_failure_is_raised_at_the_next_call_naming_unit_and_step(stage):

@@ -105,9 +105,11 @@ class OverlappedStep:
         self._seen = None
 
     def detach(self):
+        """Hooks off and the worker stopped (engine.destroy(); after the settle)."""
         for h in self._handles:
             h.remove()
         self._handles = []
+        self.store.lanes.close()
 
     # ---- the step --------------------------------------------------------------------------------------------
     def units_in_order(self, first=()):
