@@ -100,6 +100,7 @@ def test_every_owner_answers_the_protocol(tmp_path, stage, offload, precision):
     # every member is there, on every owner
     missing = [m for m in protocol_members() if not hasattr(owner, m)]
     assert missing == [], f"stage {stage} owner ({type(owner).__name__}) lacks {missing}"
+    assert owner.settle() is None and owner.settle(agree=True) is None   # (no overlap_step: nothing in flight)
 
     # what the owner is
     assert owner.stage == stage

@@ -14,6 +14,7 @@ from .extras import (IGNORED_SECTIONS, UNSUPPORTED_FEATURES, ActivationCheckpoin
                      HangWatchConfig, TensorboardConfig, TimersConfig, WandbConfig, check_unsupported_feature,
                      aio_notes, check_aio, normalize_dtype)
 from .master_precision import master_precision_errors
+from .overlap_step import overlap_step_errors
 from .optimizer import OptimizerConfig
 from .precision import AmpConfig, Bf16Config, Fp16Config, TorchAutocastConfig
 from .scheduler import SchedulerConfig
@@ -204,7 +205,7 @@ class DsConfig(StrictModel):
 
     @model_validator(mode="after")
     def _master_precision(self):
-        errors = master_precision_errors(self)
+        errors = master_precision_errors(self) + overlap_step_errors(self)
         if errors:
             raise nested_error(errors)
         return self

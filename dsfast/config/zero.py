@@ -66,6 +66,15 @@ class OffloadOptimizerConfig(_OffloadTarget):
     # dsfast's own key: the precision of the host optimizer's Adam moments. "fp32" (default: as bf16.* set them) or
     # "int8" (alias "8bit"): 8-bit block-wise moments, dsfast.optim.CPUAdam8bit (config/master_precision.py's rules)
     state_precision: str = "fp32"
+    # dsfast's own key: the host step runs in a worker after engine.step() returns (config/overlap_step.py's rules)
+    overlap_step: bool = False
+
+    @field_validator("overlap_step", mode="before")
+    @classmethod
+    def _check_overlap_step(cls, v):
+        if not isinstance(v, bool):   # (pydantic would read "yes" or 1 as true)
+            raise plain_error(f"must be true or false (got {v!r})")
+        return v
 
     @field_validator("state_precision", mode="before")
     @classmethod

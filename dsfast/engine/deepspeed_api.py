@@ -256,6 +256,7 @@ class DeepSpeedQueries:
 
     # ---- the module's weights alone ------------------------------------------------------------------------
     def module_state_dict(self, destination=None, prefix="", keep_vars=False, exclude_frozen_parameters=False):
+        self.state_owner.settle()   # overlap_step: the updated values
         sd = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
         if exclude_frozen_parameters:
             frozen = {prefix + n for n, p in self.module.named_parameters() if not p.requires_grad}

@@ -175,6 +175,8 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         """module(*inputs, **kwargs). Under fp16/bf16, fp32 tensors in the inputs are cast to the model's dtype
         (whatever fp16.auto_cast says: DeepSpeed would fail with a dtype mismatch; integer inputs are untouched)."""
         self.require_states("forward")
+        if not (self.module.training and torch.is_grad_enabled()):
+            self._owner.settle()   # overlap_step: an evaluation reads every parameter (training waits per module)
         where.forward(self.global_steps, self.micro_steps, self.module.training)   # for the hang watch
         if self._precision.dtype is not None:
             inputs, kwargs = _cast_floats((inputs, kwargs), self._precision.dtype)
@@ -207,6 +209,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
             raise ValueError(f"engine.backward expects a scalar loss tensor; got "
                              f"{type(loss).__name__ if not torch.is_tensor(loss) else tuple(loss.shape)}")
         where.backward(self.global_steps, self.micro_steps)
+        self._owner.settle(agree=True)   # overlap_step: the last step done; a failure there raised on every rank
         self._progress.start("bwd")
         self._progress.record_loss(loss)
         self.monitor.record_loss(loss)
@@ -273,6 +276,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
                               "inside engine.no_sync(); leave the block first (outside it the accumulated gradients "
                               "are reduced before a step applies them)")
         where.call("step", self.global_steps, self.micro_steps)
+        self._owner.settle(agree=True)
         self._step_applied = False
         if self._unmanaged:
             self._unmanaged_boundary()
@@ -364,6 +368,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         if client_sd is not None and client_state is not None:
             raise TypeError("save_checkpoint: pass client_state or client_sd (the same thing), not both")
         where.call("save_checkpoint", self.global_steps, self.micro_steps)
+        self._owner.settle()
         return save_checkpoint(self, save_dir, tag, client_state if client_state is not None else client_sd,
                                save_latest, async_save=async_save, exclude_frozen_parameters=exclude_frozen_parameters)
 
@@ -372,6 +377,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         """DeepSpeed's load_checkpoint -> (path, client_state), or (None, None) when there is no checkpoint."""
         from dsfast.checkpoint import load_checkpoint
         where.call("load_checkpoint", self.global_steps, self.micro_steps)
+        self._owner.settle()
         return load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
                                load_lr_scheduler_states, load_module_only)
 
@@ -401,6 +407,10 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
             object.__delattr__(self.module, "_dsfast_owner")
         for p in self.module.parameters():
             p.grad = None
+
+    def state_dict(self, *args, **kwargs):
+        self._owner.settle()   # overlap_step: the updated values
+        return super().state_dict(*args, **kwargs)
 
     def memory_breakdown(self):
         """Bytes this rank holds per category (params, masters, grads, optimizer_states, comm_buffers) and per
@@ -436,6 +446,7 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         (call it on every rank) and, as in DeepSpeed, only when zero_optimization.gather_16bit_weights_on_model_save
         is true; otherwise a warning says so and False is returned."""
         from dsfast.checkpoint.model16 import save_16bit_model
+        self._owner.settle()
         if self.config.zero_stage == 3 and not self.config.zero_optimization.gather_16bit_weights_on_model_save:
             if self.global_rank == 0:
                 print("[dsfast] save_16bit_model: nothing saved: under ZeRO stage 3 set zero_optimization."

@@ -63,6 +63,7 @@ class PlainBackward:
                 "the loss: use engine.backward(loss), or engine.scale(loss).backward()")
         e.require_states("backward")
         self.active = True
+        e._owner.settle(agree=True)   # overlap_step: the last step done (engine.backward's, for a plain one)
         e._owner.begin_backward(e._backward_reduces())
         torch.autograd.Variable._execution_engine.queue_callback(self._epilogue)
 

@@ -50,6 +50,7 @@ class StateOffload:
         if self._offloaded is not None:
             raise RuntimeError("engine.offload_states(): the states are offloaded already; call "
                                "engine.reload_states() first")
+        self._owner.settle()   # overlap_step: nothing writes the states while they move
         pin = bool(pin_memory) and torch.cuda.is_available()
         storages = self._state_storages(kinds)
         moved = []

@@ -16,13 +16,17 @@ given to initialize) returns None, as DeepSpeed does, and a setter leaves it alo
 
 
 def _owner(param):
-    """The engine's state owner of `param` (dsfast.zero.owner.StateOwner), None for one it does not train."""
-    return getattr(param, "_dsfast_owner", None)
+    """The engine's state owner of `param` (dsfast.zero.owner.StateOwner), None for one it does not train; its
+    overlapped step (offload_optimizer.overlap_step) done, so that what is read or written is the updated value."""
+    owner = getattr(param, "_dsfast_owner", None)
+    if owner is not None:
+        owner.settle()
+    return owner
 
 
 def _tell(param, method, *args):
     """The owner writes `param`'s value; DeepSpeed ignores a parameter no engine trains: say so, then do that."""
-    owner = getattr(param, "_dsfast_owner", None)
+    owner = _owner(param)
     if owner is None:
         logger.warning(f"deepspeed.utils.safe_{method}: the parameter (shape {tuple(param.shape)}) is not trained "
                        "by any engine (frozen, or not given to initialize): nothing was set")

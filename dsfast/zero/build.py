@@ -24,6 +24,14 @@ from .owners.stage3 import build_stage3_owner
 
 def build_owner(cfg, model, trainable, groups, bucket, dp, device):
     """dp: the comm.data_parallel.DataParallel the engine trains over (its group, this rank, the world)."""
+    owner = _build_owner(cfg, model, trainable, groups, bucket, dp, device)
+    off = cfg.zero_optimization.offload_optimizer
+    if off is not None and off.overlap_step and cfg.zero_stage in (1, 2, 3):   # (config/overlap_step.py checked)
+        owner.overlap_on(model)
+    return owner
+
+
+def _build_owner(cfg, model, trainable, groups, bucket, dp, device):
     group_of = group_index(groups, trainable)
     world, rank, group = dp.world, dp.rank, dp.group
     device = torch.device(device or "cpu")

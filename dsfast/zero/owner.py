@@ -81,6 +81,9 @@ class StateOwner(Protocol):
     def set_full_optimizer_state(self, param, value, key: str) -> None: ...
     def memory_tensors(self) -> Dict[str, List[torch.Tensor]]: ...
     def empty_partition_cache(self) -> None: ...             # stage 3: release what stays gathered
+    def settle(self, agree: bool = False) -> None: ...   # offload_optimizer.overlap_step: the step in its worker
+    #                                     done before anything reads or writes parameters or states; a failure
+    #                                     there raised (agree=True: on every rank, where every rank calls it)
     def detach(self) -> None: ...
 
 
@@ -130,6 +133,9 @@ class OwnerDefaults:
 
     def empty_partition_cache(self):
         """Nothing stays gathered: every rank holds whole parameters."""
+
+    def settle(self, agree=False):
+        """The step ran on the main thread: nothing is in flight."""
 
 
 def memory_breakdown(categories):

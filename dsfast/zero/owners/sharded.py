@@ -28,6 +28,8 @@ from ..policy.precision import PrecisionPolicy
 from ..grads.reducer import reducer_for
 from .shard_owner import ShardOwner
 from ..step.apply import step_shards
+from ..step.overlap import OverlappedStep, per_unit_optimizer_names
+from ...optim.element_wise import is_element_wise
 from .set_values import checked_value
 from ..owner import SliceRecord
 
@@ -82,6 +84,8 @@ class ShardedBase(ShardOwner):
         decision = decide(self.grad_shards(), factor, clip, check_overflow, self.world, self.group,
                           device=self.store.device, pieces=self.norm_pieces(), stage=self.stage, groups=groups)
         self.host_copies()
+        if self.overlap is not None:   # the update runs in a worker; this returns at once (step/overlap.py)
+            return self._submit_step(optimizer, decision), decision.norm
         with agreed_swap_errors(self.swaps, self.world, self.rank, self.group):
             step_shards(self.store, optimizer, decision)
         applied = decision.applied()
@@ -90,6 +94,72 @@ class ShardedBase(ShardOwner):
         if self.param_swap is not None:   # the next pass reads the shards in this one's order
             self.param_swap.new_pass()
         return applied, decision.norm
+
+    # ---- offload_optimizer.overlap_step: the host step behind the next forward (step/overlap.py) -------------
+    overlap = None           # step/overlap.OverlappedStep when the key is on
+    _refresh_pending = False   # stage 3: parameters kept whole still to be gathered again after a step
+
+    def overlap_on(self, model):
+        """Step in a worker from now on; the module hooks wait for the units a forward uses (a collective at
+        stages 1-2 with several ranks: their gather group)."""
+        self.overlap = OverlappedStep(self.store, self.world, self.rank, self.group)
+        if not self.partitions_params:
+            self.overlap.make_gather_group()
+        else:   # stage 3 waits before each gather of a shard (partitioned_param.py), not per module
+            for r, u in zip(self.store.records, self.store.units):
+                r.step_unit = u
+        self.overlap.hook(model, self._unit_of, waits=not self.partitions_params,
+                          before_forward=self._refresh_whole)
+
+    def _unit_of(self, param):
+        found = self.store.bucket_of.get(id(param))
+        return self.store.units[found[0].index] if found is not None else None
+
+    def _submit_step(self, optimizer, decision):
+        applied = decision.applied()
+        several = self.world > 1 and not self.partitions_params
+        self.overlap.submit(optimizer, decision, gather=self._gather_unit if several else None,
+                            first=self._whole_units())
+        self._refresh_pending = applied and self.partitions_params
+        return applied
+
+    def _gather_unit(self, unit, group):
+        """Stages 1-2: one bucket's updated slices to every rank (the worker, on its own group)."""
+        self.store.all_gather(group, buckets=[unit.index])
+
+    def _whole_units(self):
+        """Stage 3: the units whose parameters are whole between uses (persistent ones): the step refreshes them."""
+        if not self.partitions_params:
+            return ()
+        return [u for u, r in zip(self.store.units, self.store.records) if r.gathered]
+
+    def _refresh_whole(self):
+        """Stage 3, as a forward starts or at a settle: the parameters kept whole get their updated values (a
+        collective on the main thread, every rank at the same point), once their units are stepped."""
+        if not self._refresh_pending:
+            return
+        self._refresh_pending = False
+        if self.store.shared is not None:   # /dev/shm publishes every shard at once (a gather waits its own unit)
+            for u in self.store.units:
+                self.overlap.wait_unit(u)
+        self.store.all_gather(self.group)
+
+    def settle(self, agree=False):
+        """Every unit's overlapped step done (and its failure raised: agree=True, where every rank calls it,
+        raises it on every rank)."""
+        if self.overlap is not None:
+            self.overlap.settle(agree)
+            self._refresh_whole()
+
+    def _before_zeroing_grads(self):
+        """The gradients are zeroed right after step() returns: their host copies (copies' lanes, u.grad_event)
+        must have read them, and where no host copy was made the worker reads them in place."""
+        if self.overlap is None:
+            return   # (the serial step waited for both)
+        for u in self.store.units:
+            u.grad_event.wait()
+        if not self.store.placement.copies_states:
+            self.overlap.wait_all()   # (a failure is raised by the next settle, where every rank agrees)
 
     def host_copies(self):
         """Offload to a distinct host: stage 1's gradient shards copied for the CPU optimizer at step time, where
@@ -189,6 +259,13 @@ class ShardedBase(ShardOwner):
                 for swap in self.swaps:
                     swap.close()   # initialize fails: its swap files go now, not at the process's exit
                 raise
+        if self.overlap is not None and optimizer is not None and not (
+                is_element_wise(optimizer) and hasattr(optimizer, "prepare_amp_step")):
+            raise ValueError(f"zero_optimization.offload_optimizer.overlap_step: true steps the optimizer unit by "
+                             f"unit in a worker, which needs an element-wise optimizer with dsfast's per-unit entry; "
+                             f"{type(optimizer).__name__} is not one. Valid: dsfast's optimizers "
+                             f"({', '.join(per_unit_optimizer_names())}) or the config's optimizer section; or "
+                             "set overlap_step to false")
         if self.swap is not None:
             self.swap.optimizer = optimizer
         elif self.store.master_device.type == "cpu" and optimizer is not None and not len(optimizer.state):
@@ -212,10 +289,17 @@ class ShardedBase(ShardOwner):
         self.intake.end_backward()
 
     def prepare_step(self, names):
+        if self.overlap is not None:
+            self.overlap.names = names
         self.intake.prepare_step(names)
 
     def detach(self):
-        self.intake.detach()
+        try:   # (engine.destroy(), on every rank: a failed overlapped step is raised on each, after the unhooking)
+            self.settle(agree=True)
+        finally:
+            if self.overlap is not None:
+                self.overlap.detach()
+            self.intake.detach()
 
     def clear_grads(self):
         """Every gradient this rank holds for the model, gone (accumulated partitions and any param.grad)."""
@@ -358,6 +442,7 @@ class ShardedOptimizerState(ShardedBase):
         return self._copied_at is not None and self._copied_at == self.buffers.version()
 
     def zero_grads(self):
+        self._before_zeroing_grads()
         self.buffers.zero()
         self.intake.reset()
         self._copied_at = None
@@ -397,6 +482,7 @@ class ShardedGradients(ShardedBase):
         u.host_grad.copy_(u.grad, non_blocking=True)
 
     def zero_grads(self):
+        self._before_zeroing_grads()
         for u in self.store.units:
             u.grad.zero_()
 

@@ -180,12 +180,16 @@ class Stage3(ShardedBase):
             r.release()
 
     def zero_grads(self):
+        self._before_zeroing_grads()
         for g in self.store.grads:
             g.zero_()
 
     @torch.no_grad()
     def detach(self):
         """Hooks off and every parameter whole again (a collective), so the module is an ordinary one."""
+        if self.overlap is not None:
+            self.overlap.detach()
+        self.settle(agree=True)   # (every rank raises a failed overlapped step alike, before the gather below)
         self.intake.detach()
         self.coordinator.detach()
         recs = self.store.all_records

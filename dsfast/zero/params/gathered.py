@@ -22,8 +22,11 @@ class GatheredParameters:
     def __init__(self, params, modifier_rank=None, fwd_module=None, enabled=True):
         if isinstance(params, torch.Tensor):
             params = [params]
-        seen, self.records = set(), []
+        seen, self.records, self.owners = set(), [], {}
         for p in (params or []):
+            owner = getattr(p, "_dsfast_owner", None)
+            if owner is not None:
+                self.owners[id(owner)] = owner
             rec = record_of(p)
             if rec is not None and id(rec) not in seen:
                 seen.add(id(rec))
@@ -41,6 +44,8 @@ class GatheredParameters:
     def __enter__(self):
         if not self.enabled:
             return self
+        for owner in self.owners.values():   # overlap_step: the values the step is writing, whole first
+            owner.settle()
         fresh = [r for r in self.records if not r.gathered]
         for r in self.records:
             r.refs += 1

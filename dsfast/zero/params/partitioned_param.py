@@ -35,6 +35,7 @@ import itertools
 
 import torch
 
+from ...accelerator.streams import LaneError
 from ...comm.where import at_work, done
 from .gather_order import note_launch
 from ..policy.partition import ALIGN, BucketPlan, Entry, round_up
@@ -202,8 +203,19 @@ class PartitionedParam:
         src = self.shard if self.swap is None else self.swap.copy_of(self)
         return src if src.device == self.device else src.to(self.device, non_blocking=True)
 
+    step_unit = None   # overlap_step: the shard unit whose step_event says this shard is updated (stage3.py)
+
+    def _await_step(self):
+        """The overlapped step (step/overlap.py) has written this shard before anything reads it."""
+        if self.step_unit is not None:
+            try:
+                self.step_unit.step_event.wait()
+            except LaneError:   # (a gather is a collective: the next settle raises it, on every rank alike)
+                pass
+
     def _launch(self):
         """Start filling `full` from every rank's shard; returns a handle (None when done already)."""
+        self._await_step()
         self._alloc_full()
         if self.shared is not None:   # same-host ranks: a copy out of the last published snapshot
             self.shared.fill(self, self.full)
@@ -299,6 +311,7 @@ def gather(records, refresh=False):
     for recs in pending.values():
         if len(recs) == 1:   # (_launch's collective branch, without its call: this path is hot)
             r = recs[0]
+            r._await_step()
             r._alloc_full()
             note_launch(recs)
             alone.append(r.comm.all_gather_async(r.full, r._src(), ("gather", (r,))))
@@ -317,6 +330,8 @@ def gather(records, refresh=False):
 
 
 def launch_coalesced(recs):
+    for r in recs:
+        r._await_step()
     total = sum(r.shard_numel for r in recs)
     src = torch.cat([r._src() for r in recs])
     out = torch.empty(recs[0].world * total, dtype=recs[0].dtype, device=recs[0].device)

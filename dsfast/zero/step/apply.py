@@ -44,6 +44,14 @@ def step_shards(store, optimizer, decision):
         store.param_swap.flush()
 
 
+def unit_stepper(store, optimizer, decision):
+    """step(unit): one resident unit's update (and its 16-bit copy back) exactly as step_shards makes it; prepared
+    once per step, on the caller's thread (the overlapped step's worker then calls it: step/overlap.py)."""
+    step = prepare_step(optimizer, **decision.step_kwargs())
+    where = _positions(optimizer)
+    return lambda unit: _step_batch(store, step, where, decision, [unit])
+
+
 def _walk(store):
     """Yield the units in batches whose bytes are in host memory while the batch is stepped: all of them at once
     when every unit is resident; else one at a time through the states' window (read ahead, written behind), its

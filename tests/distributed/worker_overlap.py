@@ -1,0 +1,67 @@
+"""One rank of the overlap_step runs on 2 gloo ranks (tests/distributed/test_overlap_step_dp.py); each rank saves
+its results to OUT.<rank>.
+
+    worker_overlap.py OUT stage:precision:overlap[:plain] ... [fail:stage]
+"""
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+import dsfast  # noqa: E402
+from _overlap_helpers import engine, snapshot, train  # noqa: E402
+from dsfast.zero.step.overlap import OverlapFailure  # noqa: E402
+
+
+def failing_run(stage, rank):
+    """Rank 1's worker fails in the second step: every rank must raise, naming the unit and the step."""
+    eng = engine(stage, world=2)
+    train(eng, 1, rank=rank)
+    eng.state_owner.settle()
+    if rank == 1:
+        opt, own = eng.optimizer, eng.optimizer._step_group
+        calls = []
+
+        def failing(gi, group, *args):
+            calls.append(gi)
+            if len(calls) == 2:
+                raise OSError("disk on fire")
+            return own(gi, group, *args)
+        opt._step_group = failing
+    train(eng, 1, rank=rank)   # returns: the failure is in rank 1's worker
+    try:
+        train(eng, 1, rank=rank)
+    except OverlapFailure as e:
+        first = str(e)
+    else:
+        return None
+    try:   # and again at every later call, on every rank
+        dsfast.utils.safe_get_full_fp32_param(next(eng.module.parameters()))
+    except OverlapFailure as e:
+        return first if str(e) == first else f"a different second failure: {e}"
+    return "no second failure"
+
+
+def main():
+    dsfast.init_distributed()
+    rank = torch.distributed.get_rank()
+    results = {}
+    for run in sys.argv[2:]:
+        if run.startswith("fail:"):   # (host and device the same memory: the worker reads the gradients in place)
+            os.environ["DSFAST_TEST_PLACEMENT"] = ""
+            results[run] = failing_run(int(run.split(":")[1]), rank)
+            continue
+        stage, precision, overlap, *placement = run.split(":")
+        # (":plain": host and device the same memory, so that stage 3's same-host ranks gather through /dev/shm)
+        os.environ["DSFAST_TEST_PLACEMENT"] = "" if placement == ["plain"] else "distinct-host"
+        eng = engine(int(stage), precision=precision, overlap=overlap == "1", clip=0.05, scheduler=True, world=2)
+        losses = train(eng, 3, rank=rank)
+        results[run] = {"losses": losses, "gathers": eng.state_owner.gathers_through, **snapshot(eng)}
+    torch.save(results, f"{sys.argv[1]}.{rank}")
+
+
+if __name__ == "__main__":
+    main()
