@@ -27,12 +27,13 @@ _FIRST = itemgetter(0)
 def step_shards(store, optimizer, decision):
     """Update every unit of `store` as `decision` (decide.py) says; the model-dtype slices hold the new values
     afterwards (all-gather not included)."""
-    store.placement.synchronize()   # the host copies of the gradients must land before the CPU reads them
     swaps = [s for s in (store.swap, store.param_swap) if s is not None]
     for s in swaps:   # (named in I/O errors: the optimizer steps of this engine, skipped ones included)
         s.steps += 1
         s.window.step = s.steps
     if swaps and not decision.applied():   # (a skipped step reads and writes nothing from NVMe)
+        for u in store.units:   # (no copy outlives the step: zero_grads() clears what they read next)
+            u.grad_event.wait()
         return
     step = prepare_step(optimizer, **decision.step_kwargs())
     where = _positions(optimizer)
@@ -64,6 +65,8 @@ def _positions(optimizer):
 
 
 def _step_batch(store, step, where, decision, units):
+    for u in units:   # each unit's gradient copy to the host has landed (its own event, not the whole stream)
+        u.grad_event.wait()
     members = _by_group(where, units)
     mixed = store.mixed
     parts = [([j for j, _ in ms], [_on(u.update_grad, u.shard) for _, u in ms],
@@ -73,8 +76,9 @@ def _step_batch(store, step, where, decision, units):
     if copies_back or (not mixed and not store.masters_are_params):
         # the host read is free here: a CPU optimizer (the one writing host copies) has read the flag already
         if decision.applied():
+            lane = store.upload_lane()   # (the h2d lane where the slices are device memory: step_event each)
             for u in units:
-                u.finish_step(mixed, store.masters_are_params)
+                u.finish_step(mixed, store.masters_are_params, lane)
 
 
 def _by_group(where, units):
