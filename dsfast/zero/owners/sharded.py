@@ -19,6 +19,7 @@ from ...optim.quant_state import FLOAT_KEYS, dequantize_moments, is_quantized
 from ..grads import buckets as grad_buckets
 from ..step.decide import decide
 from ..units.flat_shards import FlatShards
+from ..units.shard_unit import copy_on_lane
 from ..grads.buffers import GradBuffers
 from ..grads.intake import GradIntake
 from ..grads.sync import build_grad_sync
@@ -113,9 +114,8 @@ class ShardedBase(ShardOwner):
         """Offload to a distinct host: u's reduced gradient into its host copy on the device's d2h lane (a side
         stream: the compute stream goes on with backward); u.grad_event says when the step may read it. (A second
         copy of the same unit, after a late gradient, queues behind the first: the last one wins.)"""
-        host, grad = u.host_grad, u.grad
-        u.grad_event = self.store.lanes.device_lane("d2h").submit(
-            lambda: host.copy_(grad, non_blocking=True), f"gradient of unit {u.index} to the host")
+        u.grad_event = copy_on_lane(self.store.lanes.device_lane("d2h"), u.host_grad, u.grad,
+                                    f"gradient of unit {u.index} to the host")
 
     def update_grads(self):
         """The gradient shards the optimizer reads (their host copies where the placement made some)."""

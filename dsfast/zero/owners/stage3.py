@@ -27,7 +27,7 @@ from ..params.gather_order import check_same_gathers
 from ..params.leaf_granularity import set_leaves_by_granularity
 from ..params.ds_methods import attach as attach_ds_methods
 from ..params.partitioned_param import DS_PARAM_ATTRS, PartitionedParam, gather, record_of
-from ..units.shard_unit import ShardUnit, UnitStore
+from ..units.shard_unit import ShardUnit, UnitStore, copy_on_lane
 from ..params.shared import SharedParams, shareable
 from .sharded import ShardedBase
 from ..owner import SliceRecord
@@ -161,9 +161,8 @@ class Stage3(ShardedBase):
     def _bucket_to_host(self, bucket):
         """A bucket's reduced gradient shards to the host as soon as they are final (offload, distinct host), on
         the d2h lane: one copy for the bucket, its event every member unit's grad_event."""
-        host, grad = self.store.bucket_host[bucket.index], bucket.grad_flat
-        event = self.store.lanes.device_lane("d2h").submit(
-            lambda: host.copy_(grad, non_blocking=True), f"gradient bucket {bucket.index} to the host")
+        event = copy_on_lane(self.store.lanes.device_lane("d2h"), self.store.bucket_host[bucket.index],
+                             bucket.grad_flat, f"gradient bucket {bucket.index} to the host")
         for i, _ in bucket.members:
             self.store.units[i].grad_event = event
 

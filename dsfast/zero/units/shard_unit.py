@@ -34,6 +34,15 @@ from ...accelerator.streams import DoneEvent, Lanes
 from ..policy.partition import owned_pieces
 
 
+def copy_on_lane(lane, dst, src, what):
+    """dst.copy_(src) queued on `lane`; returns its event. Outside autograd: the caller's no_grad does not follow
+    into a lane's worker thread."""
+    def copy():
+        with torch.no_grad():
+            dst.copy_(src, non_blocking=True)
+    return lane.submit(copy, what)
+
+
 @dataclass(eq=False)
 class ShardUnit:
     plan: object
@@ -93,8 +102,7 @@ class ShardUnit:
         if lane is None:
             dst.copy_(src, non_blocking=True)
             return
-        self.step_event = lane.submit(lambda: dst.copy_(src, non_blocking=True),
-                                      f"updated 16-bit values of unit {self.index} to the device")
+        self.step_event = copy_on_lane(lane, dst, src, f"updated 16-bit values of unit {self.index} to the device")
 
 
 class UnitStore:
