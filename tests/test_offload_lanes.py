@@ -188,4 +188,6 @@ def test_a_grad_setter_waits_for_the_units_copy_in_flight(monkeypatch):
     e = owner.store.bucket_of[id(p)][1]
     lo, hi = max(a, e.offset), min(b, e.offset + e.numel)
     assert lo < hi
-    assert torch.equal(u.host_grad[lo - a:hi - a], u.grad[lo - a:hi - a])
+    u.grad_event.wait()   # whatever was in flight has landed: the host copy the optimizer reads has the new values
+    assert torch.equal(u.host_grad[lo - a:hi - a], torch.full((hi - lo,), 0.25))
+    assert torch.equal(u.grad[lo - a:hi - a], torch.full((hi - lo,), 0.25))

@@ -165,14 +165,14 @@ class NvmeStates(SwapSpace):
         # a new layout may move bytes within the buffer: copy the sources out first
         sources = [(k, t.clone()) for k, t in tensors] if moved else tensors
         self.relayouts += int(moved and u.states_layout is not None)
-        # the step's upload out of the buffer (an fp32 master to the device slice) lands before it is written over
+        # the step's upload out of the buffer (an fp32 master to the device slice) lands before the buffer is
+        # regrown, parked or reused (a visit outside the step comes after the step's uploads landed)
         u.step_event.wait()
         self.window.store(u.index, fill, offset)
         u.states_layout = layout
         self._park_all(u)
 
     def _park_all(self, u):
-        u.step_event.wait()   # (as in _evict: nothing on a lane still reads the buffer given back)
         for _, t in self._tensors(u):
             park(t)
         u.states_loaded = False

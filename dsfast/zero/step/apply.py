@@ -32,8 +32,6 @@ def step_shards(store, optimizer, decision):
         s.steps += 1
         s.window.step = s.steps
     if swaps and not decision.applied():   # (a skipped step reads and writes nothing from NVMe)
-        for u in store.units:   # (no copy outlives the step: zero_grads() clears what they read next)
-            u.grad_event.wait()
         return
     step = prepare_step(optimizer, **decision.step_kwargs())
     where = _positions(optimizer)
