@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CHAOS = {"DSFAST_STREAM_CHAOS": "11", "DSFAST_STREAM_CHAOS_MS": "4"}   # (the tests set their own too)
-LANE_TESTS = ["tests/test_offload_lanes.py"]
+LANE_TESTS = ["tests/test_offload_lanes.py", "tests/distributed/test_offload_lanes_dp.py"]
 
 # (name, file under dsfast/, exact text, replacement, what an author might have done, tests that should catch it)
 BUGS = [
