@@ -17,7 +17,7 @@ import torch
 import dsfast
 from dsfast.accelerator.streams import CHAOS_ENV, CHAOS_MS_ENV, DoneEvent, LaneError, ThreadEvent, ThreadLane
 from dsfast.utils import safe_get_full_fp32_param, safe_set_full_grad
-from dsfast.zero.policy.placement import TEST_PLACEMENT_ENV
+from dsfast.zero.policy.placement import TEST_PLACEMENT_ENV, Placement
 
 CHAOS_SEED, CHAOS_MS = "11", "4"   # copies land up to 4 ms late: longer than this model's step or forward
 
@@ -42,17 +42,18 @@ def _cfg(stage, precision, offload="cpu", gas=2):
     return cfg
 
 
-def _train(cfg, steps=3):
-    """(losses, full fp32 masters, model-dtype parameters as the forward sees them) after `steps` optimizer steps."""
+def _train(cfg, steps=3, overflow_first=False):
+    """(losses, full fp32 masters, model-dtype parameters as the forward sees them) after `steps` optimizer steps.
+    overflow_first: the first backward's loss is inf (an fp16 overflow: that step is skipped)."""
     model = _model()
     engine = dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg,
                                dist_init_required=False)[0]
     g = torch.Generator().manual_seed(1)
     losses = []
-    for _ in range(steps * cfg["gradient_accumulation_steps"]):
+    for i in range(steps * cfg["gradient_accumulation_steps"]):
         x, y = torch.randn(4, 16, generator=g), torch.randn(4, 8, generator=g)
         loss = torch.nn.functional.mse_loss(engine(x).float(), y)
-        engine.backward(loss)
+        engine.backward(loss * float("inf") if overflow_first and i == 0 else loss)
         engine.step()
         losses.append(loss.detach().clone())
     masters = [safe_get_full_fp32_param(p).clone() for p in engine.module.parameters()]
@@ -61,13 +62,13 @@ def _train(cfg, steps=3):
     return engine, (losses, masters, seen)
 
 
-def _run(monkeypatch, cfg, placement, chaos):
+def _run(monkeypatch, cfg, placement, chaos, **train):
     for name, value in ((TEST_PLACEMENT_ENV, placement), (CHAOS_ENV, chaos), (CHAOS_MS_ENV, CHAOS_MS)):
         if value:
             monkeypatch.setenv(name, value)
         else:
             monkeypatch.delenv(name, raising=False)
-    return _train(cfg)
+    return _train(cfg, **train)
 
 
 def _same(got, want):
@@ -93,6 +94,32 @@ def test_copies_on_lanes_under_chaos_train_bitwise_as_without(monkeypatch, stage
     # every upload landed before step() returned (the serial step)
     assert isinstance(store.upload_lane(), ThreadLane)
     assert all(isinstance(u.step_event, ThreadEvent) and u.step_event.query() for u in store.units)
+    # the staging buffers are exactly the size of what they hold (pinned too, with a GPU: placement.host_empty)
+    assert all(u.host_grad.numel() == u.grad.numel() for u in store.units)
+    if precision == "bf16":
+        assert all(u.host16.shape == u.slice16.shape for u in store.units)
+    if stage == 3:
+        assert sum(b.numel() for b in store.bucket_host) == sum(u.grad.numel() for u in store.units)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_skipped_fp16_step_under_chaos_trains_bitwise_as_without(monkeypatch, stage):
+    # the first step overflows: nothing is uploaded, and the next steps read the new gradients, not stale ones
+    cfg = _cfg(stage, "fp16", gas=1)
+    cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    _, plain = _run(monkeypatch, cfg, None, None, overflow_first=True)
+    engine, chaotic = _run(monkeypatch, cfg, "distinct-host", CHAOS_SEED, overflow_first=True)
+    assert engine.skipped_steps == 1 and engine.global_steps == 3
+    _same(chaotic, plain)
+
+
+def test_the_step_waits_per_unit_never_for_a_whole_lane_or_stream(monkeypatch):
+    def whole(*args, **kwargs):
+        raise AssertionError("the step waited for everything at once")
+    monkeypatch.setattr(ThreadLane, "drain", whole)
+    monkeypatch.setattr(Placement, "synchronize", whole)
+    for stage in (1, 2, 3):
+        _run(monkeypatch, _cfg(stage, "bf16"), "distinct-host", CHAOS_SEED)   # (raises if it did)
 
 
 def test_nvme_copies_on_lanes_under_chaos_train_bitwise_as_cpu_offload(monkeypatch, tmp_path):
