@@ -37,7 +37,7 @@ def step_shards(store, optimizer, decision):
     where = _positions(optimizer)
     with contextlib.closing(_walk(store)) as batches:
         for batch in batches:
-            _step_batch(store, step, where, decision, batch)
+            _step_batch(store, step, where, decision, batch, defer_uploads=True)
     if store.param_swap is not None:
         # every rank learns of a failed write in this step (sharded.step), not in the next forward
         store.param_swap.flush()
@@ -62,7 +62,11 @@ def _positions(optimizer):
     return len(groups), {id(p): (gi, j) for gi, g in enumerate(groups) for j, p in enumerate(g["params"])}
 
 
-def _step_batch(store, step, where, decision, units):
+def _step_batch(store, step, where, decision, units, defer_uploads=False):
+    """Step `units` (in host memory). Their 16-bit values go back on the h2d lane where the slices are device
+    memory: defer_uploads, each copy's event becomes the unit's step_event (the serial step waits them all before
+    its all-gather; an NVMe window before reusing the buffer); else they are waited here (one unit stepped in a
+    worker: the item's own event then covers its upload)."""
     for u in units:   # each unit's gradient copy to the host has landed (its own event, not the whole stream)
         u.grad_event.wait()
     members = _by_group(where, units)
@@ -76,7 +80,11 @@ def _step_batch(store, step, where, decision, units):
         if decision.applied():
             lane = store.upload_lane()   # (the h2d lane where the slices are device memory: step_event each)
             for u in units:
-                u.finish_step(mixed, store.masters_are_params, lane)
+                event = u.finish_step(mixed, store.masters_are_params, lane)
+                if defer_uploads:
+                    u.step_event = event
+                else:
+                    event.wait()
 
 
 def _by_group(where, units):

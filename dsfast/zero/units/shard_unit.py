@@ -90,19 +90,19 @@ class ShardUnit:
         """After an applied update: the 16-bit values onto the device slice (host copies), or, for masters in the
         slice's own dtype (fp32 model, 16-bit masters) kept apart from it, the masters into the slice. `mixed`: the
         masters are fp32 beside a 16-bit model. (A skipped step wrote nothing to copy.) lane: the h2d lane where
-        the slice is device memory apart from the host (UnitStore.upload_lane): the copy is queued there and
-        step_event is its event; None: copied here."""
+        the slice is device memory apart from the host (UnitStore.upload_lane): the copy is queued there; None:
+        copied here. Returns the copy's event (the caller decides who waits for it: apply.py)."""
         if mixed:
             src = self.host16
         else:
             src = None if masters_are_params else self.master
         if src is None:
-            return
+            return DoneEvent()
         dst = self.slice16
         if lane is None:
             dst.copy_(src, non_blocking=True)
-            return
-        self.step_event = copy_on_lane(lane, dst, src, f"updated 16-bit values of unit {self.index} to the device")
+            return DoneEvent()
+        return copy_on_lane(lane, dst, src, f"updated 16-bit values of unit {self.index} to the device")
 
 
 class UnitStore:
