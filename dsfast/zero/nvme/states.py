@@ -56,7 +56,7 @@ def check_unit_by_unit(optimizer, key="offload_optimizer"):
 
 class NvmeStates(SwapSpace):
     def __init__(self, numels, nvme_path, buffer_count, rank, pin=False, threads=2, block_size=1 << 20,
-                 key="offload_optimizer", synchronize=None):
+                 key="offload_optimizer"):
         """numels: the elements of every unit's master, to come (the files go under nvme_path, checked first,
         with host memory, before anything is written or allocated). The owner hands each unit over with adopt()
         as soon as its master holds the initial values, so that the masters go to their files one by one (they
@@ -68,8 +68,6 @@ class NvmeStates(SwapSpace):
                          pin=pin, threads=threads, block_size=block_size, key=key,
                          lower=f"{key}.buffer_count or zero_optimization.reduce_bucket_size (the unit size)")
         self.optimizer = None
-        # a device's copies out of a unit's buffer (its 16-bit values) must land before the buffer is reused
-        self.synchronize = synchronize or (lambda: None)
         self.relayouts = 0     # units whose file layout changed (states appeared) since the last trim
         self.steps = 0         # the engine's optimizer steps so far (shard_step counts them): named in I/O errors
 
@@ -167,13 +165,14 @@ class NvmeStates(SwapSpace):
         # a new layout may move bytes within the buffer: copy the sources out first
         sources = [(k, t.clone()) for k, t in tensors] if moved else tensors
         self.relayouts += int(moved and u.states_layout is not None)
-        self.synchronize()
+        # the step's upload out of the buffer (an fp32 master to the device slice) lands before the buffer is
+        # regrown, parked or reused (a visit outside the step comes after the step's uploads landed)
+        u.step_event.wait()
         self.window.store(u.index, fill, offset)
         u.states_layout = layout
         self._park_all(u)
 
     def _park_all(self, u):
-        self.synchronize()
         for _, t in self._tensors(u):
             park(t)
         u.states_loaded = False
@@ -186,7 +185,7 @@ def nvme_states(numels, placement, rank):
     if target is None:
         return None
     return NvmeStates(numels, target.path, target.buffer_count, rank, pin=target.pin, threads=target.threads,
-                      block_size=target.block_size, synchronize=placement.synchronize)
+                      block_size=target.block_size)
 
 
 class Visitor:

@@ -19,6 +19,7 @@ from ...optim.quant_state import FLOAT_KEYS, dequantize_moments, is_quantized
 from ..grads import buckets as grad_buckets
 from ..step.decide import decide
 from ..units.flat_shards import FlatShards
+from ..units.shard_unit import copy_on_lane
 from ..grads.buffers import GradBuffers
 from ..grads.intake import GradIntake
 from ..grads.sync import build_grad_sync
@@ -88,6 +89,9 @@ class ShardedBase(ShardOwner):
             return self._submit_step(optimizer, decision), decision.norm
         with agreed_swap_errors(self.swaps, self.world, self.rank, self.group):
             step_shards(self.store, optimizer, decision)
+        # the serial step: every unit's 16-bit values are back on the device before the all-gather publishes
+        # them and before step() returns (the uploads ran on the h2d lane, one event per unit)
+        self.store.wait_uploads()
         applied = decision.applied()
         if applied:
             self.store.all_gather(self.group)
@@ -170,7 +174,18 @@ class ShardedBase(ShardOwner):
         for u in self.store.units:
             if u.host_grad is None:
                 u.host_grad = placement.host_empty(u.grad.numel(), u.grad.dtype)
-            u.host_grad.copy_(u.grad, non_blocking=True)
+            self._grad_to_host(u)
+
+    def _to_host(self, bucket):
+        """Stages 1-2: a bucket's reduction landed (intake.py's to_host): its unit's gradient to the host."""
+        self._grad_to_host(self.store.units[bucket.index])
+
+    def _grad_to_host(self, u):
+        """Offload to a distinct host: u's reduced gradient into its host copy on the device's d2h lane (a side
+        stream: the compute stream goes on with backward); u.grad_event says when the step may read it. (A second
+        copy of the same unit, after a late gradient, queues behind the first: the last one wins.)"""
+        u.grad_event = copy_on_lane(self.store.lanes.device_lane("d2h"), u.host_grad, u.grad,
+                                    f"gradient of unit {u.index} to the host")
 
     def update_grads(self):
         """The gradient shards the optimizer reads (their host copies where the placement made some)."""
@@ -332,8 +347,13 @@ class ShardedBase(ShardOwner):
         if kind == "param":
             return lambda i: [self.store.masters[i]]
         if kind == "grad":
-            return lambda i: [t for t in (self.grad_shards()[i], self.store.units[i].host_grad) if t is not None]
+            return self._grad_targets
         return lambda i: [self._state_tensor(i, key)]
+
+    def _grad_targets(self, i):
+        unit = self.store.units[i]
+        unit.grad_event.wait()   # a host copy still in flight would overwrite the new values with the old ones
+        return [t for t in (self.grad_shards()[i], unit.host_grad) if t is not None]
 
     @torch.no_grad()
     def _set_piece(self, param, targets, value, local, api):
@@ -430,10 +450,6 @@ class ShardedOptimizerState(ShardedBase):
         self.reducer = self.intake.reducer
         self._copied_at = None   # buffers.version() when the host copies were last made whole (None: not since)
 
-    def _to_host(self, bucket):
-        u = self.store.units[bucket.index]
-        u.host_grad.copy_(u.grad, non_blocking=True)
-
     def end_backward(self):
         if self.intake.end_backward():   # every bucket was reduced, so copied
             self._copied_at = self.buffers.version()
@@ -476,10 +492,6 @@ class ShardedGradients(ShardedBase):
         entries = [store.bucket_of[id(p)][1] for p in store.params]   # (entry.param: the position in params)
         self.intake = GradIntake(store.params, self.reducer, self.world, entries=entries, stage=self.stage,
                                  to_host=self._to_host if store.placement.copies_states else None)
-
-    def _to_host(self, bucket):
-        u = self.store.units[bucket.index]
-        u.host_grad.copy_(u.grad, non_blocking=True)
 
     def zero_grads(self):
         self._before_zeroing_grads()

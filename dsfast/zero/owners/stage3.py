@@ -27,7 +27,7 @@ from ..params.gather_order import check_same_gathers
 from ..params.leaf_granularity import set_leaves_by_granularity
 from ..params.ds_methods import attach as attach_ds_methods
 from ..params.partitioned_param import DS_PARAM_ATTRS, PartitionedParam, gather, record_of
-from ..units.shard_unit import ShardUnit, UnitStore
+from ..units.shard_unit import ShardUnit, UnitStore, copy_on_lane
 from ..params.shared import SharedParams, shareable
 from .sharded import ShardedBase
 from ..owner import SliceRecord
@@ -54,6 +54,7 @@ class Stage3Store(UnitStore):
         self.rank = records[0].rank if records else 0
         self.offload = placement.offload_states
         self.master_device = placement.states_device
+        self.slices_on_device = not placement.offload_params
         self.masters_are_params = placement.masters_alias(self.mixed, params_offloaded=placement.offload_params)
         self.plans = [r.plan(i, g, i) for i, (r, g) in enumerate(zip(self.records, group_of))]
         self.units = []   # one shard_unit.ShardUnit per trained parameter (a one-parameter bucket)
@@ -81,6 +82,7 @@ class Stage3Store(UnitStore):
                 if self.mixed and placement.copies_states and not placement.offload_params else None
             # (the gradient: a view of its bucket's flat shard, set by build_stage3_owner once buckets exist)
             self.units.append(ShardUnit(plan, r.shard, master, shard, host16))
+            r.unit = self.units[-1]   # (a gather of the shard waits for the unit's upload: partitioned_param.py)
             if self.swap is not None:
                 self.swap.adopt(self.units[-1])
         if self.swap is not None:
@@ -157,8 +159,12 @@ class Stage3(ShardedBase):
                 unit.master.copy_(unit.slice16)
 
     def _bucket_to_host(self, bucket):
-        """A bucket's reduced gradient shards to the host as soon as they are final (offload, distinct host)."""
-        self.store.bucket_host[bucket.index].copy_(bucket.grad_flat, non_blocking=True)
+        """A bucket's reduced gradient shards to the host as soon as they are final (offload, distinct host), on
+        the d2h lane: one copy for the bucket, its event every member unit's grad_event."""
+        event = copy_on_lane(self.store.lanes.device_lane("d2h"), self.store.bucket_host[bucket.index],
+                             bucket.grad_flat, f"gradient bucket {bucket.index} to the host")
+        for i, _ in bucket.members:
+            self.store.units[i].grad_event = event
 
     def module_slices(self, names, exclude_frozen=False, values=True):
         """SliceRecords of this rank's slice of every partitioned parameter's model-dtype values (trained or

@@ -132,6 +132,7 @@ class PartitionedParam:
         self.swap = None                             # nvme_params.NvmeParams when the shard lives in a swap file
         self.position = None                         # its index among its model's parameters (stage 3 owner)
         self.name = None                             # and its name there (for errors)
+        self.unit = None                             # the shard unit stepping this shard (trained, stage 3 owner)
         param.data = self._empty()
         param._dsfast_z3 = self
         param.ds_id, param.ds_shape, param.ds_numel = next(_ids), torch.Size(self.shape), self.numel
@@ -200,6 +201,8 @@ class PartitionedParam:
             self.full.untyped_storage().resize_(self.padded * self.full.element_size())
 
     def _src(self):
+        if self.unit is not None:
+            self.unit.step_event.wait()   # the step's upload of new 16-bit values into the shard has landed
         src = self.shard if self.swap is None else self.swap.copy_of(self)
         return src if src.device == self.device else src.to(self.device, non_blocking=True)
 

@@ -10,12 +10,13 @@
     pin          the host fp32 masters are page-locked (offload_optimizer.pin_memory, with a GPU); the staging
                  buffers of the copies always are, with a GPU
     distinct     host memory is not the device's: offloaded tensors need copies (gradient shards to the host as
-                 their reduction completes, updated 16-bit values back), a stream sync before the CPU reads them
+                 their reduction completes, updated 16-bit values back), each on a side stream (the store's lanes)
+                 with an event per unit that the reader waits for
 
 With a GPU `distinct` is true. On CPU ranks host and device are one memory, so offload changes nothing there, and the
 copies, their order and the buffers they read would run only on a GPU, that is, never in CI. The test placement
 (DSFAST_TEST_PLACEMENT=distinct-host) makes them distinct CPU buffers: every offload copy then runs on CPU ranks,
-with the same code a GPU runs (the stream sync is the only no-op).
+with the same code a GPU runs (the side streams are worker threads there: accelerator/streams.py).
 """
 import os
 from dataclasses import dataclass
@@ -79,7 +80,8 @@ class Placement:
         return out.copy_(t)
 
     def synchronize(self):
-        """The device's queued copies to the host have landed (the CPU reads them next)."""
+        """The device's queued copies on the compute stream have landed (stage 3's NVMe parameter buffers: their
+        gathers copy out of them there)."""
         if self.distinct and self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
 

@@ -27,7 +27,6 @@ _FIRST = itemgetter(0)
 def step_shards(store, optimizer, decision):
     """Update every unit of `store` as `decision` (decide.py) says; the model-dtype slices hold the new values
     afterwards (all-gather not included)."""
-    store.placement.synchronize()   # the host copies of the gradients must land before the CPU reads them
     swaps = [s for s in (store.swap, store.param_swap) if s is not None]
     for s in swaps:   # (named in I/O errors: the optimizer steps of this engine, skipped ones included)
         s.steps += 1
@@ -38,7 +37,7 @@ def step_shards(store, optimizer, decision):
     where = _positions(optimizer)
     with contextlib.closing(_walk(store)) as batches:
         for batch in batches:
-            _step_batch(store, step, where, decision, batch)
+            _step_batch(store, step, where, decision, batch, defer_uploads=True)
     if store.param_swap is not None:
         # every rank learns of a failed write in this step (sharded.step), not in the next forward
         store.param_swap.flush()
@@ -71,7 +70,13 @@ def _positions(optimizer):
     return len(groups), {id(p): (gi, j) for gi, g in enumerate(groups) for j, p in enumerate(g["params"])}
 
 
-def _step_batch(store, step, where, decision, units):
+def _step_batch(store, step, where, decision, units, defer_uploads=False):
+    """Step `units` (in host memory). Their 16-bit values go back on the h2d lane where the slices are device
+    memory: defer_uploads, each copy's event becomes the unit's step_event (the serial step waits them all before
+    its all-gather; an NVMe window before reusing the buffer); else they are waited here (one unit stepped in a
+    worker: the item's own event then covers its upload)."""
+    for u in units:   # each unit's gradient copy to the host has landed (its own event, not the whole stream)
+        u.grad_event.wait()
     members = _by_group(where, units)
     mixed = store.mixed
     parts = [([j for j, _ in ms], [_on(u.update_grad, u.shard) for _, u in ms],
@@ -81,8 +86,13 @@ def _step_batch(store, step, where, decision, units):
     if copies_back or (not mixed and not store.masters_are_params):
         # the host read is free here: a CPU optimizer (the one writing host copies) has read the flag already
         if decision.applied():
+            lane = store.upload_lane()   # (the h2d lane where the slices are device memory: step_event each)
             for u in units:
-                u.finish_step(mixed, store.masters_are_params)
+                event = u.finish_step(mixed, store.masters_are_params, lane)
+                if defer_uploads:
+                    u.step_event = event
+                else:
+                    event.wait()
 
 
 def _by_group(where, units):

@@ -34,6 +34,15 @@ from ...accelerator.streams import DoneEvent, Lanes
 from ..policy.partition import owned_pieces
 
 
+def copy_on_lane(lane, dst, src, what):
+    """dst.copy_(src) queued on `lane`; returns its event. Outside autograd: the caller's no_grad does not follow
+    into a lane's worker thread."""
+    def copy():
+        with torch.no_grad():
+            dst.copy_(src, non_blocking=True)
+    return lane.submit(copy, what)
+
+
 @dataclass(eq=False)
 class ShardUnit:
     plan: object
@@ -77,21 +86,30 @@ class ShardUnit:
         return self.host_grad if self.host_grad is not None else self.grad
 
     @torch.no_grad()
-    def finish_step(self, mixed, masters_are_params):
+    def finish_step(self, mixed, masters_are_params, lane=None):
         """After an applied update: the 16-bit values onto the device slice (host copies), or, for masters in the
         slice's own dtype (fp32 model, 16-bit masters) kept apart from it, the masters into the slice. `mixed`: the
-        masters are fp32 beside a 16-bit model. (A skipped step wrote nothing to copy.)"""
+        masters are fp32 beside a 16-bit model. (A skipped step wrote nothing to copy.) lane: the h2d lane where
+        the slice is device memory apart from the host (UnitStore.upload_lane): the copy is queued there; None:
+        copied here. Returns the copy's event (the caller decides who waits for it: apply.py)."""
         if mixed:
-            if self.host16 is not None:
-                self.slice16.copy_(self.host16, non_blocking=True)
-        elif not masters_are_params:
-            self.slice16.copy_(self.master, non_blocking=True)
+            src = self.host16
+        else:
+            src = None if masters_are_params else self.master
+        if src is None:
+            return DoneEvent()
+        dst = self.slice16
+        if lane is None:
+            dst.copy_(src, non_blocking=True)
+            return DoneEvent()
+        return copy_on_lane(lane, dst, src, f"updated 16-bit values of unit {self.index} to the device")
 
 
 class UnitStore:
     """What the two storages of units (flat_shards.FlatShards, stage3.Stage3Store) share: per-unit views and the
     masters -> 16-bit write-back. Needs `units`, `rank` and `masters_are_params`."""
     swap = None         # nvme_states.NvmeStates where the states are on NVMe (the storages set it)
+    slices_on_device = True   # the 16-bit slices are device memory (stage 3 with offload_param: host memory)
     param_swap = None   # stage 3: nvme_params.NvmeParams where the shards are on NVMe
     _lanes = None
 
@@ -102,6 +120,19 @@ class UnitStore:
         if self._lanes is None:
             self._lanes = Lanes(self.placement.device, emulate=self.placement.distinct)
         return self._lanes
+
+    def upload_lane(self):
+        """The h2d lane the updated 16-bit values go to the device on: offload to a distinct host, with the 16-bit
+        slices in device memory (`slices_on_device`, the storages set it); None where the slice is host memory
+        (stage 3's offload_param: the optimizer's values are written there directly)."""
+        if not (self.placement.copies_states and self.slices_on_device):
+            return None
+        return self.lanes.device_lane("h2d")
+
+    def wait_uploads(self):
+        """Every unit's upload of its updated 16-bit values has landed (raises a failed copy's error)."""
+        for u in self.units:
+            u.step_event.wait()
 
     @property
     def masters(self):

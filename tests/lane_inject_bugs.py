@@ -1,0 +1,125 @@
+"""Removes each wait of the offloaded step's lanes (issue 28) in turn, in a copy of the package, and shows that the
+lane tests under the chaos mode catch it: a bug counts as caught when the named tests fail. The clean copy must pass
+first. Run on demand (minutes; not part of the pytest run):
+
+    python tests/lane_inject_bugs.py                 # all bugs; prints a markdown table
+    python tests/lane_inject_bugs.py no-grad-wait    # some of them
+
+Exit status 1 when a bug went uncaught or the clean copy failed. To add a bug: one more BUGS entry (the text must
+occur exactly once in its file) naming the tests that should catch it.
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+CHAOS = {"DSFAST_STREAM_CHAOS": "11", "DSFAST_STREAM_CHAOS_MS": "4"}   # (the tests set their own too)
+LANE_TESTS = ["tests/test_offload_lanes.py", "tests/distributed/test_offload_lanes_dp.py"]
+
+# (name, file under dsfast/, exact text, replacement, what an author might have done, tests that should catch it)
+BUGS = [
+    ("no-grad-wait", "zero/step/apply.py",
+     "    for u in units:   # each unit's gradient copy to the host has landed (its own event, not the whole stream)\n"
+     "        u.grad_event.wait()\n",
+     "",
+     "the step reads each unit's host gradient without waiting for its copy (the whole-stream sync removed, no "
+     "per-unit wait put in its place)", LANE_TESTS),
+    ("no-upload-wait", "zero/owners/sharded.py",
+     "        self.store.wait_uploads()\n",
+     "",
+     "step() all-gathers and returns while the 16-bit uploads are still on the h2d lane", LANE_TESTS),
+    ("no-stage3-gather-wait", "zero/params/partitioned_param.py",
+     "        if self.unit is not None:\n            self.unit.step_event.wait()",
+     "        if False:\n            pass",
+     "stage 3 gathers a shard whose upload is still in flight", LANE_TESTS),
+    ("no-nvme-window-wait", "zero/nvme/states.py",
+     "        u.step_event.wait()\n        self.window.store(",
+     "        self.window.store(",
+     "the NVMe window parks a unit's buffer while its fp32 master is still being uploaded from it", LANE_TESTS),
+    ("no-setter-wait", "zero/owners/sharded.py",
+     "        unit.grad_event.wait()   # a host copy still in flight",
+     "        pass   # a host copy still in flight",
+     "safe_set_full_grad writes the host gradient while the reduction's copy to it is still in flight", LANE_TESTS),
+]
+
+
+def run_tests(work, tests, timeout):
+    # cwd = the copy: `python -m pytest` puts it first on sys.path, so its dsfast is the one imported
+    env = dict(os.environ, **CHAOS, PYTHONPATH=str(work))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", *tests]
+    t0 = time.time()
+    r = subprocess.run(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout)
+    failed = re.search(r"^(?:FAILED|ERROR) (\S+)", r.stdout, re.M)
+    err = re.search(r"^E +(.+)$", r.stdout, re.M)
+    if err is None and r.returncode != 0:   # (a crash: no pytest report; its last words instead)
+        crash = re.search(r"^(Fatal Python error: .+)$", r.stdout, re.M)
+        how = f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit {r.returncode}"
+        err = [None, f"{how}: {crash[1] if crash else 'no pytest report'}"]
+    return r.returncode, (failed[1].split("::")[-1] if failed else ""), (err[1].strip() if err else ""), \
+        time.time() - t0, r.stdout
+
+
+def copy_tree(work):
+    for name in ("dsfast", "tests"):
+        shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
+    for so in (ROOT / "dsfast").rglob("*.so"):   # built extensions, if any, as they are
+        shutil.copy(so, work / so.relative_to(ROOT))
+    where = subprocess.run([sys.executable, "-c", "import dsfast; print(dsfast.__file__)"], cwd=work,
+                           env=dict(os.environ, PYTHONPATH=str(work)), stdout=subprocess.PIPE, text=True).stdout
+    if not where.strip().startswith(str(work)):
+        sys.exit(f"the copy's dsfast is not the one imported (got {where.strip()!r}): nothing would be tested")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bugs", nargs="*", help="names to run (default: all): " + ", ".join(b[0] for b in BUGS))
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per test run")
+    args = ap.parse_args()
+    unknown = [b for b in args.bugs if b not in {x[0] for x in BUGS}]
+    if unknown:
+        sys.exit(f"unknown bug(s) {unknown}: valid names are {[b[0] for b in BUGS]}")
+    chosen = [b for b in BUGS if not args.bugs or b[0] in args.bugs]
+    work = Path(tempfile.mkdtemp(prefix="dsfast-lane-bugs-"))
+    try:
+        copy_tree(work)
+        every = sorted({t for b in chosen for t in b[5]})
+        rc, failed, err, secs, out = run_tests(work, every, args.timeout)
+        print(f"clean copy: tests {'pass' if rc == 0 else 'FAIL'} ({secs:.0f} s)", flush=True)
+        if rc != 0:
+            print(out[-4000:])
+            sys.exit(1)
+        rows, ok = [], True
+        for name, fname, old, new, what, tests in chosen:
+            path = work / "dsfast" / fname
+            original = path.read_text()
+            assert original.count(old) == 1, f"{name}: the text to replace is not found exactly once in {fname}"
+            path.write_text(original.replace(old, new))
+            try:
+                rc, failed, err, secs, out = run_tests(work, tests, args.timeout)
+            finally:
+                path.write_text(original)
+            caught = rc != 0
+            ok &= caught
+            rows.append((name, fname, what, caught, failed, err[:160]))
+            print(f"{name}: {'caught' if caught else 'NOT CAUGHT'} by {failed or '-'} ({secs:.0f} s): {err[:160]}",
+                  flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("\n| bug | file | injected | caught | first failing test | message |")
+    print("|---|---|---|---|---|---|")
+    for name, fname, what, caught, failed, err in rows:
+        print(f"| {name} | {fname} | {what} | {'yes' if caught else '**no**'} | {failed} | {err.replace('|', '/')} |")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
