@@ -1,5 +1,5 @@
-"""Removes each wait of the offloaded step's lanes (issue 28) in turn, in a copy of the package, and shows that the
-lane tests under the chaos mode catch it: a bug counts as caught when the named tests fail. The clean copy must pass
+"""Removes each wait of the offloaded step (issue 28: its lanes, and the overlapped step's worker, module waits and
+settles) in turn, in a copy of the package, and shows that the tests under the chaos mode catch it: a bug counts as caught when the named tests fail. The clean copy must pass
 first. Run on demand (minutes; not part of the pytest run):
 
     python tests/lane_inject_bugs.py                 # all bugs; prints a markdown table
@@ -22,8 +22,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CHAOS = {"DSFAST_STREAM_CHAOS": "11", "DSFAST_STREAM_CHAOS_MS": "4"}   # (the tests set their own too)
 LANE_TESTS = ["tests/test_offload_lanes.py", "tests/distributed/test_offload_lanes_dp.py"]
+OVERLAP_TESTS = ["tests/test_overlap_step.py", "tests/distributed/test_overlap_step_dp.py"]
 
-# (name, file under dsfast/, exact text, replacement, what an author might have done, tests that should catch it)
+# (name, file under dsfast/, exact text, replacement, what an author might have done, tests that should catch it).
+# Not listed, being redundant where the tests can reach them: the eval forward's settle (its module waits read the
+# same events; the settle is there to raise a worker failure at once) and stage 3's wait before a /dev/shm publish
+# (shared memory runs only without the test placement, where zeroing the gradients already waits for every unit).
 BUGS = [
     ("no-grad-wait", "zero/step/apply.py",
      "    for u in units:   # each unit's gradient copy to the host has landed (its own event, not the whole stream)\n"
@@ -36,9 +40,9 @@ BUGS = [
      "",
      "step() all-gathers and returns while the 16-bit uploads are still on the h2d lane", LANE_TESTS),
     ("no-stage3-gather-wait", "zero/params/partitioned_param.py",
-     "        if self.unit is not None:\n            self.unit.step_event.wait()",
-     "        if False:\n            pass",
-     "stage 3 gathers a shard whose upload is still in flight", LANE_TESTS),
+     "            try:\n                self.unit.step_event.wait()",
+     "            try:\n                pass",
+     "stage 3 gathers a shard whose upload (or overlapped update) is still in flight", LANE_TESTS + OVERLAP_TESTS),
     ("no-nvme-window-wait", "zero/nvme/states.py",
      "        u.step_event.wait()\n        self.window.store(",
      "        self.window.store(",
@@ -47,6 +51,32 @@ BUGS = [
      "        unit.grad_event.wait()   # a host copy still in flight",
      "        pass   # a host copy still in flight",
      "safe_set_full_grad writes the host gradient while the reduction's copy to it is still in flight", LANE_TESTS),
+    ("per-module-wait", "zero/step/overlap.py",
+     "        if waits:\n            for u in units:\n                self.wait_unit(u)\n",
+     "        if waits:\n            pass\n",
+     "stages 1-2: a module's forward does not wait for the units holding its parameters", OVERLAP_TESTS),
+    ("settle-safe-get", "utils/__init__.py",
+     "    if owner is not None:\n        owner.settle()\n",
+     "",
+     "safe_get_* / safe_set_* read the states while the worker writes them", OVERLAP_TESTS),
+    ("settle-checkpoint", "engine/engine.py",
+     "        where.call(\"save_checkpoint\", self.global_steps, self.micro_steps)\n        self._owner.settle()\n",
+     "        where.call(\"save_checkpoint\", self.global_steps, self.micro_steps)\n",
+     "save_checkpoint writes the states while the worker updates them", OVERLAP_TESTS),
+    ("settle-gathered-parameters", "zero/params/gathered.py",
+     "        for owner in self.owners.values():   # overlap_step: the values the step is writing, whole first\n"
+     "            owner.settle()\n",
+     "",
+     "GatheredParameters reads the parameters before the step ends", OVERLAP_TESTS),
+    ("settle-zero-grads", "zero/owners/sharded.py",
+     "        if not self.store.placement.copies_states:\n"
+     "            self.overlap.wait_all()   # (a failure is raised by the next settle, where every rank agrees)\n",
+     "",
+     "the gradients are zeroed while the worker reads them in place (no host copy)", OVERLAP_TESTS),
+    ("settle-next-step-backward", "engine/engine.py",
+     "        self._owner.settle(agree=True)   # overlap_step: the last step done; a failure there raised on every rank\n",
+     "",
+     "the next backward does not wait for the step (nor raise its failure)", OVERLAP_TESTS),
 ]
 
 

@@ -107,11 +107,8 @@ class ShardedBase(ShardOwner):
         """Step in a worker from now on; the module hooks wait for the units a forward uses (a collective at
         stages 1-2 with several ranks: their gather group)."""
         self.overlap = OverlappedStep(self.store, self.world, self.rank, self.group)
-        if not self.partitions_params:
+        if not self.partitions_params:   # (stage 3 waits before each gather of a shard: partitioned_param.py)
             self.overlap.make_gather_group()
-        else:   # stage 3 waits before each gather of a shard (partitioned_param.py), not per module
-            for r, u in zip(self.store.records, self.store.units):
-                r.step_unit = u
         self.overlap.hook(model, self._unit_of, waits=not self.partitions_params,
                           before_forward=self._refresh_whole)
 

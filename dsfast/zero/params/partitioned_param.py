@@ -201,19 +201,17 @@ class PartitionedParam:
             self.full.untyped_storage().resize_(self.padded * self.full.element_size())
 
     def _src(self):
-        if self.unit is not None:
-            self.unit.step_event.wait()   # the step's upload of new 16-bit values into the shard has landed
+        """This rank's shard as a gather sends it (after _await_step)."""
         src = self.shard if self.swap is None else self.swap.copy_of(self)
         return src if src.device == self.device else src.to(self.device, non_blocking=True)
 
-    step_unit = None   # overlap_step: the shard unit whose step_event says this shard is updated (stage3.py)
-
     def _await_step(self):
-        """The overlapped step (step/overlap.py) has written this shard before anything reads it."""
-        if self.step_unit is not None:
+        """The step has written this shard before a gather reads it: the unit's upload of new 16-bit values landed
+        (lanes), and with overlap_step its update in the worker (step/overlap.py) is done."""
+        if self.unit is not None:
             try:
-                self.step_unit.step_event.wait()
-            except LaneError:   # (a gather is a collective: the next settle raises it, on every rank alike)
+                self.unit.step_event.wait()
+            except LaneError:   # (a gather is a collective: the step or the next settle raises it, on every rank)
                 pass
 
     def _launch(self):

@@ -9,7 +9,7 @@ step applies; the worker then steps unit by unit with the same per-unit entry (o
 the same kernels on the same values, so the result is bitwise the serial one. Units go in the order the next
 forward first uses them (recorded once by the hooks; before that, the model's parameter order, the reverse of the
 reduction's). Each unit's item waits its gradient's event (u.grad_event), steps it, copies its 16-bit values back
-(finish_step) and, at stages 1-2 with several ranks, all-gathers its bucket on a process group of its own (every
+(finish_step, waiting the upload) and, at stages 1-2 with several ranks, all-gathers its bucket on a process group of its own (every
 rank issues them in the same order, never in the middle of the forward's collectives); u.step_event is its event.
 """
 import torch
@@ -131,7 +131,6 @@ class OverlappedStep:
         if not decision.applied():   # a skipped step writes nothing (the serial step's kernels skip too)
             return
         store = self.store
-        store.placement.synchronize()   # the host copies of the gradients queued so far (a GPU's compute stream)
         step = unit_stepper(store, optimizer, decision)   # (hyperparameters read now, before the scheduler steps)
         lane = store.lanes.host_lane("step")
         n = self.steps
@@ -146,8 +145,7 @@ class OverlappedStep:
         later units' gathers still run (the other ranks' workers wait in them), their updates do not."""
         if self._failure is None:
             try:
-                u.grad_event.wait()
-                step(u)
+                step(u)   # (waits the unit's gradient copy first: apply.py)
             except Exception as e:
                 self._failure = (n, u.index, e)
         if gather is not None:
