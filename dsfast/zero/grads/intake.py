@@ -17,14 +17,14 @@ Two kinds of buckets (grad_buckets.py), one intake:
   staged (stages 2-3)  every backward's gradient is taken from `param.grad` (left None) into its bucket's staging
       buffer; its reduce-scatter is added into this rank's accumulating gradient shard. A `param.grad` left at
       the step came from a plain loss.backward() and is refused.
-`to_host(bucket)` runs when a bucket holds the window's reduced sum (the offload copy to the host, overlapping the
+`landed(bucket)` runs when a bucket holds the window's reduced sum (the offload copy to the host, overlapping the
 rest of backward); `taken(i)` after param i's gradient was taken (stage 3 releases the gathered parameter).
 """
 import torch
 
 
 class GradIntake:
-    def __init__(self, params, reducer, world, buffers=None, chunks=None, entries=None, to_host=None, taken=None,
+    def __init__(self, params, reducer, world, buffers=None, chunks=None, entries=None, landed=None, taken=None,
                  stage=None):
         """params: the trained parameters; the reducer's param indices are positions in this list.
         buffers, chunks: resident buckets (stage 1's (lo, hi) of each bucket that this rank owns; None at stage 0).
@@ -39,14 +39,14 @@ class GradIntake:
         self.resident = buffers is not None
         self.post_reduce_factor = 1.0 / world
         self._index = {id(p): i for i, p in enumerate(self.params)}
-        self._to_host = to_host
+        self._landed = landed
         self._taken = taken
         self._reduce = False        # gradients of this backward go to the reducer
         self._boundary = True       # ... and end an accumulation window (the host copies are made then)
         self._in_backward = False
         self._reduced_since_step = False
         self._outside = {}  # resident: id(param) -> param, gradients that arrived outside this engine's backward
-        reducer.on_reduced = self._reduced if to_host is not None else None
+        reducer.on_reduced = self._reduced if landed is not None else None
         self._hooks = []
         for p in self.params:
             if self.resident:   # (before autograd accumulates: see _before_grad)
@@ -86,7 +86,7 @@ class GradIntake:
     @torch.no_grad()
     def end_backward(self):
         """Returns whether this backward ended an accumulation window with every bucket reduced (and copied to the
-        host where to_host asks)."""
+        host where `landed` asks)."""
         self._in_backward = False
         if not self._reduce:
             return False
@@ -100,7 +100,7 @@ class GradIntake:
 
     def _reduced(self, bucket):
         if self._boundary:
-            self._to_host(bucket)
+            self._landed(bucket)
 
     # ---- the hooks ---------------------------------------------------------------------------------------
     def _late(self, param):

@@ -18,6 +18,7 @@ from ...comm.where import wait_now
 from ...optim.quant_state import FLOAT_KEYS, dequantize_moments, is_quantized
 from ..grads import buckets as grad_buckets
 from ..step.decide import decide
+from ..step.landed_norms import LandedNorms
 from ..units.flat_shards import FlatShards
 from ..units.shard_unit import copy_on_lane
 from ..grads.buffers import GradBuffers
@@ -57,6 +58,7 @@ class ShardedBase(ShardOwner):
         self.group = group
         self.world, self.rank = store.world, store.rank
         self.post_reduce_factor = 1.0 / self.world
+        self.landed_norms = LandedNorms(store, self.stage)
         for p in store.params:
             p._dsfast_owner = self
 
@@ -68,22 +70,18 @@ class ShardedBase(ShardOwner):
     def grad_shards(self):
         return [u.grad for u in self.store.units]
 
-    def norm_pieces(self):
-        """(param group, gradient piece) of each parameter part this rank owns, in DeepSpeed's order (group, then
-        parameter, then position): what DeepSpeed takes its per-tensor norms of (zero/step/clip_arith.py)."""
-        out = []
-        for u in self.store.units:
-            for e, a, b, off in self.store.pieces(u.plan):
-                out.append(((u.plan.group, e.param, a), u.grad[off:off + b - a]))
-        out.sort(key=lambda kv: kv[0])
-        return [(key[0], t) for key, t in out]
 
     def step(self, optimizer, factor, clip, check_overflow):
         """(applied, norm). factor: 1/world x 1/loss_scale; the grads stay for zero_grads() to clear. The decision
         is global (one all-reduce), so every rank skips or all-gathers alike."""
         groups = 1 + max((u.plan.group for u in self.store.units), default=0)
+        # (param group, piece) of each parameter part this rank owns, in DeepSpeed's order (group, parameter,
+        # position): what DeepSpeed takes its per-tensor norms of (clip_arith.py); their norms taken as they landed
+        keyed = self.landed_norms.keyed()
+        self.landed_norms.wanted = clip > 0 or check_overflow
         decision = decide(self.grad_shards(), factor, clip, check_overflow, self.world, self.group,
-                          device=self.store.device, pieces=self.norm_pieces(), stage=self.stage, groups=groups)
+                          device=self.store.device, pieces=[(key[0], t) for key, t in keyed], stage=self.stage,
+                          groups=groups, norms=self.landed_norms.for_step(keyed))
         self.host_copies()
         if self.overlap is not None:   # the update runs in a worker; this returns at once (step/overlap.py)
             return self._submit_step(optimizer, decision), decision.norm
@@ -173,9 +171,13 @@ class ShardedBase(ShardOwner):
                 u.host_grad = placement.host_empty(u.grad.numel(), u.grad.dtype)
             self._grad_to_host(u)
 
-    def _to_host(self, bucket):
-        """Stages 1-2: a bucket's reduction landed (intake.py's to_host): its unit's gradient to the host."""
-        self._grad_to_host(self.store.units[bucket.index])
+    def _landed(self, bucket):
+        """Stages 1-2: a bucket's reduction landed (intake.py): its unit's gradient to the host (offload, distinct
+        host) and its norms for the step's decision (landed_norms.py)."""
+        u = self.store.units[bucket.index]
+        if self.store.placement.copies_states:
+            self._grad_to_host(u)
+        self.landed_norms.landed(u)
 
     def _grad_to_host(self, u):
         """Offload to a distinct host: u's reduced gradient into its host copy on the device's d2h lane (a side
@@ -440,10 +442,9 @@ class ShardedOptimizerState(ShardedBase):
             u.grad = b.flat[slice(*u.plan.shard_range(self.rank))]
             if store.placement.copies_states:
                 u.host_grad = store.placement.host_empty(u.grad.numel(), u.grad.dtype)
-        # offload, distinct host: each bucket's slice is copied to the host as soon as its reduction lands, while
-        # the rest of backward runs (as at stages 2-3)
-        to_host = self._to_host if store.placement.copies_states else None
-        self.intake = build_grad_sync(self.buffers, self.world, self.rank, group, allocate, chunks, to_host)
+        # as each bucket's reduction lands, while the rest of backward runs (as at stages 2-3): its slice's copy to
+        # the host (offload, distinct host) and its norms
+        self.intake = build_grad_sync(self.buffers, self.world, self.rank, group, allocate, chunks, self._landed)
         self.reducer = self.intake.reducer
         self._copied_at = None   # buffers.version() when the host copies were last made whole (None: not since)
 
@@ -488,7 +489,7 @@ class ShardedGradients(ShardedBase):
         # stage 2 reduces at every micro-step, boundary or not: the partition accumulates (as DeepSpeed's)
         entries = [store.bucket_of[id(p)][1] for p in store.params]   # (entry.param: the position in params)
         self.intake = GradIntake(store.params, self.reducer, self.world, entries=entries, stage=self.stage,
-                                 to_host=self._to_host if store.placement.copies_states else None)
+                                 landed=self._landed)
 
     def zero_grads(self):
         self._before_zeroing_grads()

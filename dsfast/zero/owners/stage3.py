@@ -117,7 +117,7 @@ class Stage3(ShardedBase):
         self._index = {id(p): i for i, p in enumerate(store.params)}
         # stage 3 reduces at every micro-step; the host copies are made in the boundary's backward only
         self.intake = GradIntake(store.params, reducer, self.world, entries=store.records, stage=self.stage,
-                                 to_host=self._bucket_to_host if store.bucket_host is not None else None,
+                                 landed=self._bucket_landed,
                                  taken=self._release)
 
     @property
@@ -158,13 +158,17 @@ class Stage3(ShardedBase):
                 use(unit.shard)
                 unit.master.copy_(unit.slice16)
 
-    def _bucket_to_host(self, bucket):
-        """A bucket's reduced gradient shards to the host as soon as they are final (offload, distinct host), on
-        the d2h lane: one copy for the bucket, its event every member unit's grad_event."""
-        event = copy_on_lane(self.store.lanes.device_lane("d2h"), self.store.bucket_host[bucket.index],
-                             bucket.grad_flat, f"gradient bucket {bucket.index} to the host")
-        for i, _ in bucket.members:
-            self.store.units[i].grad_event = event
+    def _bucket_landed(self, bucket):
+        """A bucket's reduced gradient shards are final: to the host (offload, distinct host) on the d2h lane, one
+        copy for the bucket, its event every member unit's grad_event; and their norms (landed_norms.py)."""
+        units = [self.store.units[i] for i, _ in bucket.members]
+        if self.store.bucket_host is not None:
+            event = copy_on_lane(self.store.lanes.device_lane("d2h"), self.store.bucket_host[bucket.index],
+                                 bucket.grad_flat, f"gradient bucket {bucket.index} to the host")
+            for u in units:
+                u.grad_event = event
+        for u in units:
+            self.landed_norms.landed(u)
 
     def module_slices(self, names, exclude_frozen=False, values=True):
         """SliceRecords of this rank's slice of every partitioned parameter's model-dtype values (trained or

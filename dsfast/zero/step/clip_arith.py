@@ -38,15 +38,21 @@ def _cpu_float64_norm(t):
     return torch.linalg.vector_norm(buf, 2.0)
 
 
-def piece_norms(pieces, stage):
+def exact_cpu(sizes):
+    """Whether a rank's pieces of these sizes get DeepSpeed's exact float64 norms on a CPU (EXACT_CPU_*): decided
+    over all of them, also where they are measured a few at a time (landed_norms.py)."""
+    return not sizes or (sum(sizes) <= EXACT_CPU_TOTAL and max(sizes) <= EXACT_CPU_PIECE)
+
+
+def piece_norms(pieces, stage, exact=None):
     """Each piece's 2-norm in DeepSpeed's dtype for `stage` (fp32 at stage 0, float64 above; fp32 on a CPU above
-    EXACT_CPU_*). dtype= reads the tensor as DeepSpeed's .float()/.double() copy would, without the copy (the same
-    bits on a CPU; on a GPU not compared)."""
+    EXACT_CPU_*: `exact`, None = decided from these pieces). dtype= reads the tensor as DeepSpeed's
+    .float()/.double() copy would, without the copy (the same bits on a CPU; on a GPU not compared)."""
     tensors = [t for _, t in pieces]
     if stage == 0:
         return [torch.linalg.vector_norm(t, 2.0, dtype=torch.float32) for t in tensors]
     if tensors and tensors[0].device.type == "cpu":
-        if sum(t.numel() for t in tensors) > EXACT_CPU_TOTAL or max(t.numel() for t in tensors) > EXACT_CPU_PIECE:
+        if not (exact if exact is not None else exact_cpu([t.numel() for t in tensors])):
             return list(torch._foreach_norm(tensors, 2, dtype=torch.float32))
         return [_cpu_float64_norm(t) for t in tensors]
     return [torch.linalg.vector_norm(t, 2.0, dtype=torch.float64) for t in tensors]

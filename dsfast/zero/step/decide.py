@@ -69,11 +69,13 @@ def sum_of_squares(grads, device, norms=None):
 
 
 @torch.no_grad()
-def decide(grads, factor, clip, check_overflow, world=1, group=None, device=None, pieces=None, stage=0, groups=1):
+def decide(grads, factor, clip, check_overflow, world=1, group=None, device=None, pieces=None, stage=0, groups=1,
+           norms=None):
     """The step decision over this rank's gradient tensors (see the module docstring). clip: max global norm
     (0 = off); world > 1 sums the squares over `group` with one all-reduce (every rank calls it).
     pieces: [(param group, gradient tensor)] in DeepSpeed's order, `groups` groups, for DeepSpeed's arithmetic of
-    `stage` (clip_arith.py); then `grads` is not read."""
+    `stage` (clip_arith.py); then `grads` is not read. norms: the pieces' norms taken already, as piece_norms
+    takes them (landed_norms.py: as each unit's reduction landed)."""
     device = device or (grads[0].device if grads else torch.device("cpu"))
     grad_scale = None if factor == 1.0 else torch.full((), 1.0 / factor, dtype=torch.float64, device=device)
     if not (clip > 0 or check_overflow):
@@ -81,7 +83,7 @@ def decide(grads, factor, clip, check_overflow, world=1, group=None, device=None
     if pieces is None:
         sums = sum_of_squares(grads, device).view(1)
     else:   # one all-reduce for both: [float64 sum of squares, DeepSpeed's per-group partial sums ...]
-        norms = piece_norms(pieces, stage)
+        norms = norms if norms is not None else piece_norms(pieces, stage)
         sums = torch.cat([sum_of_squares([t for _, t in pieces], device, norms).view(1),
                           group_partials(pieces, norms, stage, groups, device)])
     if world > 1:
