@@ -1,5 +1,7 @@
 """Shared by tests/test_overlap_step.py and tests/distributed/test_overlap_step_dp.py: a tiny model trained with
 offload_optimizer.overlap_step on or off, and everything the two runs must agree on bit for bit."""
+import os
+
 import torch
 
 import dsfast
@@ -13,7 +15,8 @@ def model():
                                torch.nn.Linear(16, 4))
 
 
-def config(stage, precision="fp32", overlap=True, clip=0.0, gas=1, scheduler=False, managed=True, world=1):
+def config(stage, precision="fp32", overlap=True, clip=0.0, gas=1, scheduler=False, managed=True, world=1, nvme=None):
+    """nvme: a directory: the optimizer states on NVMe there (a window of 3 buffers over the 5-6 units)."""
     cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": gas,
            "train_batch_size": 2 * gas * world,
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
@@ -21,6 +24,9 @@ def config(stage, precision="fp32", overlap=True, clip=0.0, gas=1, scheduler=Fal
            "zero_optimization": {"stage": stage, "reduce_bucket_size": 100,
                                  "stage3_param_persistence_threshold": 20,
                                  "offload_optimizer": {"device": "cpu", "overlap_step": overlap}}}
+    if nvme is not None:
+        os.makedirs(nvme, exist_ok=True)
+        cfg["zero_optimization"]["offload_optimizer"].update(device="nvme", nvme_path=str(nvme), buffer_count=3)
     if precision == "bf16":
         cfg["bf16"] = {"enabled": True}
     if precision == "fp16":

@@ -106,8 +106,18 @@ class NvmeStates(SwapSpace):
         # freed blocks under its mmap threshold in the heap, and the host would hold more than the window
         self.relayouts = 0
         give_back_freed_memory()
-        for u in self.units[:ahead]:   # the next step's first units, read during forward and backward
-            self.window.prefetch(u.index)
+        # (the next step's first units are read during backward, as their gradients land: read_ahead)
+
+    def read_ahead(self, u):
+        """u's gradient landed at the accumulation boundary: start reading its master and states, so that the
+        step finds them in memory (non-blocking; nothing is read without a free buffer)."""
+        self.window.prefetch(u.index)
+
+    def step_order(self, units):
+        """`units` with those already in the window (read ahead during backward) first: the step walks them
+        before any other is read (an element-wise optimizer: the order changes no value)."""
+        ready = [u for u in units if self.window.state_of(u.index) is not None]
+        return ready + [u for u in units if self.window.state_of(u.index) is None]
 
     def visitor(self, writes):
         """A Visitor: one unit at a time in host memory, for code that reads (writes=False) or writes the states of

@@ -173,11 +173,13 @@ class ShardedBase(ShardOwner):
 
     def _landed(self, bucket):
         """Stages 1-2: a bucket's reduction landed (intake.py): its unit's gradient to the host (offload, distinct
-        host) and its norms for the step's decision (landed_norms.py)."""
+        host), its norms for the step's decision (landed_norms.py) and its states read ahead (NVMe)."""
         u = self.store.units[bucket.index]
         if self.store.placement.copies_states:
             self._grad_to_host(u)
         self.landed_norms.landed(u)
+        if self.store.swap is not None:   # its states' read from NVMe starts while backward goes on
+            self.store.swap.read_ahead(u)
 
     def _grad_to_host(self, u):
         """Offload to a distinct host: u's reduced gradient into its host copy on the device's d2h lane (a side
@@ -451,6 +453,11 @@ class ShardedOptimizerState(ShardedBase):
     def end_backward(self):
         if self.intake.end_backward():   # every bucket was reduced, so copied
             self._copied_at = self.buffers.version()
+            if self.store.swap is not None and self.world == 1:
+                # one rank reduces nothing (no callback ran): the states are read ahead now, the last layers'
+                # first (a no-op for units read already, or without a free buffer)
+                for u in sorted(self.store.units, key=lambda u: -min(e.param for e in u.plan.entries)):
+                    self.store.swap.read_ahead(u)
 
     def host_grads_current(self):
         return self._copied_at is not None and self._copied_at == self.buffers.version()

@@ -160,7 +160,8 @@ class Stage3(ShardedBase):
 
     def _bucket_landed(self, bucket):
         """A bucket's reduced gradient shards are final: to the host (offload, distinct host) on the d2h lane, one
-        copy for the bucket, its event every member unit's grad_event; and their norms (landed_norms.py)."""
+        copy for the bucket, its event every member unit's grad_event; their norms (landed_norms.py); and their
+        states read ahead (NVMe)."""
         units = [self.store.units[i] for i, _ in bucket.members]
         if self.store.bucket_host is not None:
             event = copy_on_lane(self.store.lanes.device_lane("d2h"), self.store.bucket_host[bucket.index],
@@ -169,6 +170,8 @@ class Stage3(ShardedBase):
                 u.grad_event = event
         for u in units:
             self.landed_norms.landed(u)
+            if self.store.swap is not None:   # its states' read from NVMe starts while backward goes on
+                self.store.swap.read_ahead(u)
 
     def module_slices(self, names, exclude_frozen=False, values=True):
         """SliceRecords of this rank's slice of every partitioned parameter's model-dtype values (trained or

@@ -27,11 +27,7 @@ _FIRST = itemgetter(0)
 def step_shards(store, optimizer, decision):
     """Update every unit of `store` as `decision` (decide.py) says; the model-dtype slices hold the new values
     afterwards (all-gather not included)."""
-    swaps = [s for s in (store.swap, store.param_swap) if s is not None]
-    for s in swaps:   # (named in I/O errors: the optimizer steps of this engine, skipped ones included)
-        s.steps += 1
-        s.window.step = s.steps
-    if swaps and not decision.applied():   # (a skipped step reads and writes nothing from NVMe)
+    if count_swap_step(store) and not decision.applied():   # (a skipped step reads and writes nothing from NVMe)
         return
     step = prepare_step(optimizer, **decision.step_kwargs())
     where = _positions(optimizer)
@@ -41,6 +37,16 @@ def step_shards(store, optimizer, decision):
     if store.param_swap is not None:
         # every rank learns of a failed write in this step (sharded.step), not in the next forward
         store.param_swap.flush()
+
+
+def count_swap_step(store):
+    """One more optimizer step of this engine (skipped ones included) for the swaps' I/O errors to name; whether
+    there is a swap."""
+    swaps = [s for s in (store.swap, store.param_swap) if s is not None]
+    for s in swaps:
+        s.steps += 1
+        s.window.step = s.steps
+    return bool(swaps)
 
 
 def unit_stepper(store, optimizer, decision):
@@ -58,7 +64,8 @@ def _walk(store):
     if store.swap is None and store.param_swap is None:
         yield store.units
         return
-    for unit in (store.swap.windows(store.units) if store.swap is not None else store.units):
+    units = store.units if store.swap is None else store.swap.windows(store.swap.step_order(store.units))
+    for unit in units:
         with unit.writing16():
             yield [unit]
 

@@ -15,9 +15,9 @@ rank issues them in the same order, never in the middle of the forward's collect
 import torch
 import torch.distributed as dist
 
-from ...accelerator.streams import LaneError
+from ...accelerator.streams import DoneEvent, LaneError, ThreadEvent
 from ...optim.element_wise import element_wise_names
-from .apply import unit_stepper
+from .apply import count_swap_step, unit_stepper
 
 
 def per_unit_optimizer_names():
@@ -47,6 +47,7 @@ class OverlappedStep:
         self._remote = None               # another rank's failure, as every later settle raises it
         self._units_of = {}               # id(module) -> units holding its direct parameters
         self._handles = []
+        self._walk_done = DoneEvent()     # the NVMe states' walk of the last step (its writes landed)
 
     def make_gather_group(self):
         """Stages 1-2 with several ranks: a process group for the workers' gathers (a collective: every rank of
@@ -128,16 +129,48 @@ class OverlappedStep:
         """Queue every unit's update (decision applied) on the host lane; returns at once. gather(unit, group):
         the unit's all-gather after its update (stages 1-2, several ranks)."""
         self.steps += 1
+        store = self.store
+        count_swap_step(store)   # (the swap's I/O errors name the step, as the serial step's)
         if not decision.applied():   # a skipped step writes nothing (the serial step's kernels skip too)
             return
-        store = self.store
         step = unit_stepper(store, optimizer, decision)   # (hyperparameters read now, before the scheduler steps)
         lane = store.lanes.host_lane("step")
         n = self.steps
         self._unagreed = True
-        for u in self.units_in_order(first):
+        units = self.units_in_order(first)
+        if store.swap is not None:
+            self._submit_walk(lane, store.swap.step_order(units), n, step, gather)
+            return
+        for u in units:
             u.step_event = lane.submit(lambda u=u: self._item(u, n, step, gather),
                                        f"optimizer step {n}, {self.unit_name(u)}")
+
+    def _submit_walk(self, lane, units, n, step, gather):
+        """States on NVMe: one worker item walks the units through the states' window (read ahead, written
+        behind; the window is the worker's alone until the settle), setting each unit's step_event as it is
+        stepped; the item's own event says every write landed (the settle waits it)."""
+        events = {u.index: ThreadEvent(f"optimizer step {n}, {self.unit_name(u)}") for u in units}
+        for u in units:
+            u.step_event = events[u.index]
+        self._walk_done = lane.submit(lambda: self._walk(units, events, n, step, gather),
+                                      f"optimizer step {n}: the NVMe states' walk")
+
+    @torch.no_grad()
+    def _walk(self, units, events, n, step, gather):
+        done = 0
+        try:
+            for u in self.store.swap.windows(units):
+                self._item(u, n, step, gather)
+                events[u.index].set()   # (before the walk resumes: the unit's eviction waits its step_event)
+                done += 1
+        except Exception as e:   # an I/O error: named at the unit the walk had reached (the error names the file)
+            if self._failure is None:
+                self._failure = (n, units[min(done, len(units) - 1)].index, e)
+        finally:
+            for u in units[done:]:   # not stepped; their gathers still run (the other ranks wait in them)
+                if gather is not None and self._failure is not None:
+                    gather(u, self.gather_group)
+                events[u.index].set()
 
     @torch.no_grad()
     def _item(self, u, n, step, gather):
@@ -169,6 +202,10 @@ class OverlappedStep:
     def wait_all(self):
         for u in self.store.units:
             self.wait_unit(u)
+        try:   # (NVMe states: every write-back of the walk landed, so that readers find the states on disk)
+            self._walk_done.wait()
+        except LaneError:
+            pass
 
     def settle(self, agree=False):
         """Every unit stepped. A failure in the worker is raised here; agree=True (a call every rank makes: the
