@@ -5,6 +5,7 @@ each unit's states are read ahead as its gradient lands at the boundary (NvmeSta
 overlapped; an I/O error in the worker is raised at the next backward naming the unit and the step. The 2-rank row
 is in tests/distributed/test_overlap_step_dp.py."""
 import errno
+import re
 
 import pytest
 import torch
@@ -97,9 +98,12 @@ def test_an_io_error_in_the_worker_is_raised_at_the_next_backward_naming_unit_an
     eng.backward(torch.nn.functional.mse_loss(eng(x), y))
     eng.step()   # returns: the walk runs in the worker
     loss = torch.nn.functional.mse_loss(eng(x), y)
-    with pytest.raises(OverlapFailure, match=r"optimizer step 2 failed on rank 0 at unit \d+ \(parameters .*"
-                                             r"SwapError: write of '.*unit\d+\.swap' at step 2 failed: No space"):
+    with pytest.raises(OverlapFailure, match=r"optimizer step 2 failed on rank 0 at unit (\d+) \(parameters .*"
+                                             r"SwapError: NVMe swap write of '.*unit\d+\.swap' at step 2 failed: "
+                                             "No space left on device") as failed:
         eng.backward(loss)
+    unit, file = re.search(r"at unit (\d+) .*unit(\d+)\.swap", str(failed.value)).groups()
+    assert unit == file   # the unit named is the one whose file failed
     monkeypatch.undo()
     with pytest.raises(OverlapFailure, match="step 2"):   # and at every later reader
         dsfast.utils.safe_get_full_fp32_param(next(eng.module.parameters()))

@@ -77,7 +77,9 @@ class SwapIO:
         except OSError as e:
             at = f" at step {step}" if step is not None else ""
             kept = "; the file of the previous step is intact" if what == "write" else ""
-            raise SwapError(f"NVMe swap {what} of '{path}'{at} failed: {e.strerror or e}{kept}") from e
+            err = SwapError(f"NVMe swap {what} of '{path}'{at} failed: {e.strerror or e}{kept}")
+            err.path = path   # (the overlapped step names the unit whose file it is)
+            raise err from e
 
     def _write(self, path, buffer, n, spare=None):
         fresh = path + NEW_SUFFIX

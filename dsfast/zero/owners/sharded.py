@@ -298,7 +298,10 @@ class ShardedBase(ShardOwner):
         optimizer._dsfast_clears = self
 
     # ---- gradients: the one intake (grad_intake.py) ----------------------------------------------------------
+    _boundary = True   # this backward ends an accumulation window
+
     def begin_backward(self, reduce):
+        self._boundary = reduce
         self.intake.begin_backward(reduce)
 
     def end_backward(self):
@@ -453,11 +456,11 @@ class ShardedOptimizerState(ShardedBase):
     def end_backward(self):
         if self.intake.end_backward():   # every bucket was reduced, so copied
             self._copied_at = self.buffers.version()
-            if self.store.swap is not None and self.world == 1:
-                # one rank reduces nothing (no callback ran): the states are read ahead now, the last layers'
-                # first (a no-op for units read already, or without a free buffer)
-                for u in sorted(self.store.units, key=lambda u: -min(e.param for e in u.plan.entries)):
-                    self.store.swap.read_ahead(u)
+        if self.store.swap is not None and self.world == 1 and self._boundary:
+            # one rank reduces nothing (no callback ran): the states are read ahead now, the last layers' first
+            # (a no-op for units read already, or without a free buffer)
+            for u in sorted(self.store.units, key=lambda u: -min(e.param for e in u.plan.entries)):
+                self.store.swap.read_ahead(u)
 
     def host_grads_current(self):
         return self._copied_at is not None and self._copied_at == self.buffers.version()

@@ -163,9 +163,12 @@ class OverlappedStep:
                 self._item(u, n, step, gather)
                 events[u.index].set()   # (before the walk resumes: the unit's eviction waits its step_event)
                 done += 1
-        except Exception as e:   # an I/O error: named at the unit the walk had reached (the error names the file)
+        except Exception as e:   # an I/O error: named at the unit whose file failed (else where the walk was)
             if self._failure is None:
-                self._failure = (n, units[min(done, len(units) - 1)].index, e)
+                at = units[min(done, len(units) - 1)]
+                path = getattr(e, "path", None)
+                at = next((u for u in units if self.store.swap.window.path(u.index) == path), at)
+                self._failure = (n, at.index, e)
         finally:
             for u in units[done:]:   # not stepped; their gathers still run (the other ranks wait in them)
                 if gather is not None and self._failure is not None:
