@@ -1,7 +1,8 @@
 """offload_optimizer.overlap_step on 2 gloo ranks (same host: stages 1-2 gather through /dev/shm from the worker on
 a group of their own; stage 3 by collectives, and through its /dev/shm snapshot where host and device are one), under the test placement and the chaos delays: every
 parameter, fp32 master and Adam state bitwise those of the serial step, on each rank; a failure in one rank's
-worker is raised on both ranks at the next call, naming the unit and the step, and again at every later call."""
+worker is raised on both ranks at the next call, naming the unit and the step, and again at every later call. With
+the optimizer states on NVMe (":nvme" rows) the same, and a failed write in one rank's worker reaches both."""
 import os
 import sys
 
@@ -13,12 +14,13 @@ sys.path.insert(0, os.path.dirname(HERE))
 from dist_launch import launch  # noqa: E402
 from _overlap_helpers import assert_same  # noqa: E402
 
-PAIRS = [(1, "bf16", ""), (2, "fp32", ""), (3, "bf16", ""), (3, "fp32", ":plain")]
+PAIRS = [(1, "bf16", ""), (2, "fp32", ""), (3, "bf16", ""), (3, "fp32", ":plain"), (2, "bf16", ":nvme"),
+         (3, "fp32", ":nvme")]
 ENV = {"DSFAST_TEST_PLACEMENT": "distinct-host", "DSFAST_STREAM_CHAOS": "3", "DSFAST_STREAM_CHAOS_MS": "2"}
 
 
 def test_overlap_is_bitwise_the_serial_step_and_failures_reach_every_rank(tmp_path):
-    runs = [f"{s}:{p}:{o}{x}" for s, p, x in PAIRS for o in (0, 1)] + ["fail:2", "fail:3"]
+    runs = [f"{s}:{p}:{o}{x}" for s, p, x in PAIRS for o in (0, 1)] + ["fail:2", "fail:3", "failnvme:2"]
     out = tmp_path / "out.pt"
     launch(os.path.join(HERE, "worker_overlap.py"), [out, *runs], nprocs=2, timeout=240, extra_env=ENV)
     for rank in (0, 1):
@@ -34,3 +36,8 @@ def test_overlap_is_bitwise_the_serial_step_and_failures_reach_every_rank(tmp_pa
             assert "optimizer step 2 failed on rank 1 at unit" in message and "(parameters " in message, message
             if rank == 1:
                 assert "OSError: disk on fire" in message
+        # states on NVMe: rank 1's failed write reaches both ranks at the next backward (the settle's agreement)
+        message = got["failnvme:2"]
+        assert message is not None and "optimizer step 2 failed on rank 1 at unit" in message, (rank, message)
+        if rank == 1:
+            assert "SwapError: NVMe swap write of" in message and "No space left on device" in message, message

@@ -1,7 +1,7 @@
 """One rank of the overlap_step runs on 2 gloo ranks (tests/distributed/test_overlap_step_dp.py); each rank saves
 its results to OUT.<rank>.
 
-    worker_overlap.py OUT stage:precision:overlap[:plain] ... [fail:stage]
+    worker_overlap.py OUT stage:precision:overlap[:plain|:nvme] ... [fail:stage] [failnvme:stage]
 """
 import os
 import sys
@@ -45,19 +45,51 @@ def failing_run(stage, rank):
     return "no second failure"
 
 
+def failing_nvme_run(stage, rank, where):
+    """States on NVMe: rank 1's second write of the second step fails in its worker; every rank must raise at the
+    next backward, naming the unit and the step."""
+    eng = engine(stage, world=2, nvme=os.path.join(where, f"fail{stage}-rank{rank}"))
+    train(eng, 1, rank=rank)
+    eng.state_owner.settle()
+    if rank == 1:
+        from dsfast.zero.nvme import io as nvme_io
+        real, calls = nvme_io.os.pwritev, []
+
+        def fails_second(fd, buffers, offset):
+            calls.append(fd)
+            if len(calls) == 2:
+                raise OSError(28, "No space left on device")
+            return real(fd, buffers, offset)
+        nvme_io.os.pwritev = fails_second
+    train(eng, 1, rank=rank)
+    try:
+        train(eng, 1, rank=rank)
+    except OverlapFailure as e:
+        return str(e)
+    return None
+
+
 def main():
     dsfast.init_distributed()
     rank = torch.distributed.get_rank()
     results = {}
     for run in sys.argv[2:]:
+        if run.startswith("failnvme:"):
+            os.environ["DSFAST_TEST_PLACEMENT"] = "distinct-host"
+            results[run] = failing_nvme_run(int(run.split(":")[1]), rank, os.path.dirname(sys.argv[1]))
+            continue
         if run.startswith("fail:"):   # (host and device the same memory: the worker reads the gradients in place)
             os.environ["DSFAST_TEST_PLACEMENT"] = ""
             results[run] = failing_run(int(run.split(":")[1]), rank)
             continue
         stage, precision, overlap, *placement = run.split(":")
         # (":plain": host and device the same memory, so that stage 3's same-host ranks gather through /dev/shm)
+        # (":nvme": the optimizer states on NVMe, under a directory of this run and rank)
         os.environ["DSFAST_TEST_PLACEMENT"] = "" if placement == ["plain"] else "distinct-host"
-        eng = engine(int(stage), precision=precision, overlap=overlap == "1", clip=0.05, scheduler=True, world=2)
+        nvme = os.path.join(os.path.dirname(sys.argv[1]), f"{run.replace(':', '-')}-rank{rank}") \
+            if placement == ["nvme"] else None
+        eng = engine(int(stage), precision=precision, overlap=overlap == "1", clip=0.05, scheduler=True, world=2,
+                     nvme=nvme)
         losses = train(eng, 3, rank=rank)
         results[run] = {"losses": losses, "gathers": eng.state_owner.gathers_through, **snapshot(eng)}
     torch.save(results, f"{sys.argv[1]}.{rank}")
