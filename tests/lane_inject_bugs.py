@@ -23,6 +23,7 @@ ROOT = HERE.parent
 CHAOS = {"DSFAST_STREAM_CHAOS": "11", "DSFAST_STREAM_CHAOS_MS": "4"}   # (the tests set their own too)
 LANE_TESTS = ["tests/test_offload_lanes.py", "tests/distributed/test_offload_lanes_dp.py"]
 OVERLAP_TESTS = ["tests/test_overlap_step.py", "tests/distributed/test_overlap_step_dp.py"]
+NVME_OVERLAP_TESTS = ["tests/test_overlap_step_nvme.py"]
 
 # (name, file under dsfast/, exact text, replacement, what an author might have done, tests that should catch it).
 # Not listed, being redundant where the tests can reach them: the eval forward's settle (its module waits read the
@@ -77,6 +78,18 @@ BUGS = [
      "        self._owner.settle(agree=True)   # overlap_step: the last step done; a failure there raised on every rank\n",
      "",
      "the next backward does not wait for the step (nor raise its failure)", OVERLAP_TESTS),
+    ("nvme-unit-events", "zero/step/overlap.py",
+     "        for u in units:\n            u.step_event = events[u.index]\n",
+     "",
+     "states on NVMe: the walk's units get no step_event, so the next forward reads values not updated yet",
+     NVME_OVERLAP_TESTS),
+    ("nvme-walk-drain", "zero/step/overlap.py",
+     "        try:   # (NVMe states: every write-back of the walk landed, so that readers find the states on disk)\n"
+     "            self._walk_done.wait()\n",
+     "        try:   # (NVMe states: every write-back of the walk landed, so that readers find the states on disk)\n"
+     "            pass\n",
+     "states on NVMe: the settle returns while the worker still writes the window back (readers race it)",
+     NVME_OVERLAP_TESTS),
 ]
 
 
