@@ -123,3 +123,20 @@ def test_readers_right_after_step_find_the_states_written(tmp_path):
     for a, b in zip(*got):
         for x, y in zip(a, b):
             assert torch.equal(x, y)
+
+
+def test_explain_shows_the_key_on_with_nvme_states(tmp_path, capsys):
+    import json
+    from _overlap_helpers import config
+    from dsfast.config.__main__ import main
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config(2, nvme=tmp_path / "swap")))   # accepted with nvme (no error)
+    main([str(path), "--explain"])
+    line = [x for x in capsys.readouterr().out.splitlines() if "overlap_step" in x]
+    assert len(line) == 1 and "= True" in line[0] and "user" in line[0], line
+    cfg = config(2, nvme=tmp_path / "swap")
+    del cfg["zero_optimization"]["offload_optimizer"]["overlap_step"]   # the default: shown with its note
+    path.write_text(json.dumps(cfg))
+    main([str(path), "--explain"])
+    line = [x for x in capsys.readouterr().out.splitlines() if "overlap_step" in x]
+    assert len(line) == 1 and "= False" in line[0] and "cpu or nvme" in line[0], line

@@ -57,8 +57,9 @@ DSFAST_KEYS = {
     "zero_optimization.offload_optimizer.state_precision": "dsfast's own key: the host optimizer's Adam moments, "
                                                            "fp32 or int8 (8-bit block-wise: CPUAdam8bit)",
     "zero_optimization.offload_optimizer.overlap_step": "dsfast's own key: the host step runs behind the next "
-                                                        "forward (off by default: code reading param.data between "
-                                                        "step() and the next forward would see half-updated values)",
+                                                        "forward, states on cpu or nvme (off by default: code "
+                                                        "reading param.data between step() and the next forward "
+                                                        "would see half-updated values)",
 }
 
 
