@@ -80,11 +80,11 @@ def test_the_forward_waits_per_module_in_first_use_order():
 
 
 # ---- whatever reads the model right after step() gets the updated values ------------------------------------
-def _readers_after_step(stage, monkeypatch, tmp_path, overlap):
+def _readers_after_step(stage, monkeypatch, tmp_path, overlap, nvme=False):
     """After step s the first reader is: s=0 an eval forward, s=1 a checkpoint save, s=2 safe_get_full_fp32_param
-    (each the one that must wait); then the other two read too."""
+    (each the one that must wait); then the other two read too. nvme: the optimizer states on NVMe."""
     monkeypatch.setenv("DSFAST_STREAM_CHAOS_MS", "15")   # a worker far behind the main thread
-    eng = engine(stage, overlap=overlap, precision="bf16")
+    eng = engine(stage, overlap=overlap, precision="bf16", nvme=tmp_path / f"swap{int(overlap)}" if nvme else None)
     seen = []
 
     def evaluate(e):
@@ -105,10 +105,10 @@ def _readers_after_step(stage, monkeypatch, tmp_path, overlap):
     return seen
 
 
-@pytest.mark.parametrize("stage", [1, 3])
-def test_eval_forward_checkpoint_and_safe_get_right_after_step(stage, monkeypatch, tmp_path):
-    serial = _readers_after_step(stage, monkeypatch, tmp_path, False)
-    overlapped = _readers_after_step(stage, monkeypatch, tmp_path, True)
+@pytest.mark.parametrize("stage, nvme", [(1, False), (3, False), (2, True), (3, True)])
+def test_eval_forward_checkpoint_and_safe_get_right_after_step(stage, nvme, monkeypatch, tmp_path):
+    serial = _readers_after_step(stage, monkeypatch, tmp_path, False, nvme)
+    overlapped = _readers_after_step(stage, monkeypatch, tmp_path, True, nvme)
     assert len(serial) == len(overlapped) == 6
     for a, b in zip(serial, overlapped):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
