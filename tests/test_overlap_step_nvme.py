@@ -140,3 +140,17 @@ def test_explain_shows_the_key_on_with_nvme_states(tmp_path, capsys):
     main([str(path), "--explain"])
     line = [x for x in capsys.readouterr().out.splitlines() if "overlap_step" in x]
     assert len(line) == 1 and "= False" in line[0] and "cpu or nvme" in line[0], line
+
+
+def test_a_checkpoint_saved_behind_the_walk_loads_and_trains_on_bitwise(tmp_path):
+    """Saved right after step() (the worker still walking) and loaded into a fresh overlapped NVMe engine, whose
+    load reads and writes the window while no step runs: the two engines then train on alike."""
+    first = engine(2, nvme=tmp_path / "a")
+    train(first, 2)
+    first.save_checkpoint(str(tmp_path / "ckpt"), tag="t")
+    second = engine(2, nvme=tmp_path / "b")
+    train(second, 1)   # (states different from the checkpoint's, replaced by the load)
+    second.load_checkpoint(str(tmp_path / "ckpt"), tag="t")
+    la, lb = train(first, 2), train(second, 2)
+    assert la == lb
+    assert_same(snapshot(first), snapshot(second))
