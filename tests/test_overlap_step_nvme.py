@@ -20,10 +20,10 @@ from dsfast.zero.step.overlap import OverlapFailure
 def _placement_and_chaos(monkeypatch):
     monkeypatch.setenv("DSFAST_TEST_PLACEMENT", "distinct-host")
     monkeypatch.setenv("DSFAST_STREAM_CHAOS", "5")
-    monkeypatch.setenv("DSFAST_STREAM_CHAOS_MS", "2")
+    monkeypatch.setenv("DSFAST_STREAM_CHAOS_MS", "10")   # (the walk starts well after step() returns)
 
 
-def _both(stage, tmp_path, steps=3, gas=1, overflow_at=None, **kw):
+def _both(stage, tmp_path, steps=4, gas=1, overflow_at=None, **kw):
     out = []
     for overlap in (False, True):
         eng = engine(stage, overlap=overlap, gas=gas, nvme=tmp_path / f"overlap{overlap}", **kw)
