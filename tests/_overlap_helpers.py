@@ -92,3 +92,15 @@ def assert_same(a, b):
                 assert torch.equal(x, y), f"{k}[{i}] differs: max |diff| {(x.float() - y.float()).abs().max()}"
         else:
             assert a[k] == b[k], k
+
+
+def fail_second_group_step(optimizer, error=OSError("disk on fire")):
+    """From now on the optimizer's second param-group step raises `error` (a failure inside the overlapped worker)."""
+    own, calls = optimizer._step_group, []
+
+    def failing(gi, group, *args):
+        calls.append(gi)
+        if len(calls) == 2:
+            raise error
+        return own(gi, group, *args)
+    optimizer._step_group = failing

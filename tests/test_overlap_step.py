@@ -14,7 +14,7 @@ import torch
 
 import dsfast
 from safetensors.torch import load_file
-from _overlap_helpers import assert_same, batch, config, engine, model, snapshot, train
+from _overlap_helpers import assert_same, batch, config, engine, fail_second_group_step, model, snapshot, train
 from dsfast.zero.step.overlap import OverlapFailure
 
 
@@ -147,16 +147,7 @@ def test_a_worker_failure_is_raised_at_the_next_call_naming_unit_and_step(stage)
     eng = engine(stage)
     train(eng, 1)
     eng.state_owner.settle()   # (the first step's items are not patched below)
-    opt = eng.optimizer
-    own = opt._step_group
-    calls = []
-
-    def failing(gi, group, *args):
-        calls.append(gi)
-        if len(calls) == 2:
-            raise OSError("disk on fire")
-        return own(gi, group, *args)
-    opt._step_group = failing
+    fail_second_group_step(eng.optimizer)
     x, y = batch(5)
     eng.backward(torch.nn.functional.mse_loss(eng(x), y))
     eng.step()   # returns: the failure is in the worker

@@ -12,7 +12,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 import dsfast  # noqa: E402
-from _overlap_helpers import engine, snapshot, train  # noqa: E402
+from _overlap_helpers import engine, fail_second_group_step, snapshot, train  # noqa: E402
 from dsfast.zero.step.overlap import OverlapFailure  # noqa: E402
 
 
@@ -22,15 +22,7 @@ def failing_run(stage, rank):
     train(eng, 1, rank=rank)
     eng.state_owner.settle()
     if rank == 1:
-        opt, own = eng.optimizer, eng.optimizer._step_group
-        calls = []
-
-        def failing(gi, group, *args):
-            calls.append(gi)
-            if len(calls) == 2:
-                raise OSError("disk on fire")
-            return own(gi, group, *args)
-        opt._step_group = failing
+        fail_second_group_step(eng.optimizer)
     train(eng, 1, rank=rank)   # returns: the failure is in rank 1's worker
     try:
         train(eng, 1, rank=rank)
