@@ -218,3 +218,22 @@ def test_a_grad_setter_waits_for_the_units_copy_in_flight(monkeypatch):
     u.grad_event.wait()   # whatever was in flight has landed: the host copy the optimizer reads has the new values
     assert torch.equal(u.host_grad[lo - a:hi - a], torch.full((hi - lo,), 0.25))
     assert torch.equal(u.grad[lo - a:hi - a], torch.full((hi - lo,), 0.25))
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_destroy_stops_the_lanes_threads(monkeypatch, stage):
+    """Under the test placement the copy lanes are worker threads: engine.destroy() runs what they hold and stops
+    them (none left behind per engine)."""
+    monkeypatch.setenv("DSFAST_TEST_PLACEMENT", "distinct-host")
+    before = {t.ident for t in threading.enumerate() if t.name.startswith("dsfast-lane-")}
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    cfg = {"train_batch_size": 2, "optimizer": {"type": "Adam", "params": {"lr": 1e-2}}, "bf16": {"enabled": True},
+           "zero_optimization": {"stage": stage, "reduce_bucket_size": 100, "offload_optimizer": {"device": "cpu"}}}
+    engine, *_ = dsfast.initialize(model=m, model_parameters=m.parameters(), config=cfg)
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    engine.backward(engine(x).float().square().mean())
+    engine.step()
+    lanes = [t for t in threading.enumerate() if t.name.startswith("dsfast-lane-") and t.ident not in before]
+    assert lanes, "the test placement made no lane threads (nothing to stop)"
+    engine.destroy()
+    assert not any(t.is_alive() for t in lanes)

@@ -319,6 +319,7 @@ class ShardedBase(ShardOwner):
             if self.overlap is not None:
                 self.overlap.detach()
             self.intake.detach()
+            self.store.close_lanes()
 
     def clear_grads(self):
         """Every gradient this rank holds for the model, gone (accumulated partitions and any param.grad)."""

@@ -212,6 +212,7 @@ class Stage3(ShardedBase):
             for name in DS_PARAM_ATTRS:
                 delattr(r.param, name)
         self.store.all_records = []
+        self.store.close_lanes()
 
     def memory_tensors(self):
         cats = super().memory_tensors()

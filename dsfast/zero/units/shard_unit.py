@@ -121,6 +121,11 @@ class UnitStore:
             self._lanes = Lanes(self.placement.device, emulate=self.placement.distinct)
         return self._lanes
 
+    def close_lanes(self):
+        """The lanes' work done and their threads stopped (the owner's detach: engine.destroy())."""
+        if self._lanes is not None:
+            self._lanes.close()
+
     def upload_lane(self):
         """The h2d lane the updated 16-bit values go to the device on: offload to a distinct host, with the 16-bit
         slices in device memory (`slices_on_device`, the storages set it); None where the slice is host memory
