@@ -98,8 +98,12 @@ def run_tests(work, tests, timeout):
     env = dict(os.environ, **CHAOS, PYTHONPATH=str(work))
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", *tests]
     t0 = time.time()
-    r = subprocess.run(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=timeout)
+    try:
+        r = subprocess.run(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired as e:   # a hang: the bug is seen, though not as a failing test
+        out = e.output.decode() if isinstance(e.output, bytes) else (e.output or "")
+        return 1, "", f"hung: no result within --timeout {timeout} s", time.time() - t0, out
     failed = re.search(r"^(?:FAILED|ERROR) (\S+)", r.stdout, re.M)
     err = re.search(r"^E +(.+)$", r.stdout, re.M)
     if err is None and r.returncode != 0:   # (a crash: no pytest report; its last words instead)
