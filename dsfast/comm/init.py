@@ -58,6 +58,7 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     """
     if dist_init_required is False:
         return dist.get_backend() if dist.is_initialized() else None
+    exit_timeout()          # a bad DSFAST_EXIT_TIMEOUT_S is an error now, not at the end of the run
     if dist.is_initialized():
         register_exit_teardown()     # a group the program made: still torn down in time at exit
         current = dist.get_backend()
@@ -65,7 +66,6 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
             warnings.warn(f"init_distributed: the process group already uses {current!r}; "
                           f"ignoring dist_backend={dist_backend!r}")
         return current
-    exit_timeout()          # a bad DSFAST_EXIT_TIMEOUT_S is an error now, not at the end of the run
     env = dict(os.environ)
     if not auto_mpi_discovery:
         env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "SLURM_"))}
