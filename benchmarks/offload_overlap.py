@@ -17,7 +17,9 @@ thread (os.sched_setaffinity on each thread id of /proc/self/task), redone befor
 started on first use are caught; without two usable cores nothing is pinned and the run says so.
 
 The model (an MLP of --layers Linear(width, width) + Tanh, one reduce bucket per layer so that each layer is one
-shard unit) gets its batch size from a measurement at start: the host step (dsfast's CPUAdam over all the
+shard unit at stages 1-2; the default width 1000 keeps a layer's weight and bias under the engine's 2**20-element
+bucket cap: at 1024 each layer was two units, a 4 MiB one and a 4 KiB one, and each took a buffer of the NVMe
+window; stage 3's units are parameters) gets its batch size from a measurement at start: the host step (dsfast's CPUAdam over all the
 parameters, one thread) and the forward per row are timed, and the rows are chosen so the forward takes as long as
 the host step; both are printed.
 
@@ -38,7 +40,8 @@ of the serial row), and the share of it hidden: (serial - overlap) / host step.
 NVMe (--nvme-dir, default /var/tmp; "none" skips it; a tmpfs is refused): offload_optimizer nvme with
 --nvme-buffers buffers (the model's states must exceed that window), serial and with overlap_step (where the config
 accepts it with nvme; else the row says "overlap: not available" and why), interleaved with
-the disk's O_DIRECT bandwidth (dsfast.zero.planning.host_figures.disk_bandwidth, the probe `dsfast plan` uses) in
+the disk's O_DIRECT bandwidth (dsfast.zero.planning.host_figures.disk_bandwidth, the probe `dsfast plan` uses, with
+two streams: the engine's I/O pool has two threads, and on this VM's disk two streams move more than one) in
 each round; the bytes read and written per step (/proc/self/io) over that bandwidth are the disk's floor, and the
 step time over it is the figure (target <= 1.15x), median of the per-round ratios.
 
@@ -64,7 +67,7 @@ OVERLAP_KEY = "zero_optimization.offload_optimizer.overlap_step"
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stage", type=int, choices=(1, 2, 3), default=2)
-    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--width", type=int, default=1000)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--rows", type=int, default=0, help="batch rows (default 0: the forward as long as the host step)")
     p.add_argument("--rounds", type=int, default=7)
@@ -73,7 +76,9 @@ def parse(argv=None):
     p.add_argument("--device-core", type=int, default=0, help="the core of the main thread (forward, backward)")
     p.add_argument("--host-core", type=int, default=1, help="the core of every other thread (lanes, host step)")
     p.add_argument("--nvme-dir", default="/var/tmp", help='a directory on the disk for the NVMe row ("none": no row)')
-    p.add_argument("--nvme-buffers", type=int, default=3, help="offload_optimizer.buffer_count of the NVMe row")
+    p.add_argument("--nvme-buffers", type=int, default=None,
+                   help="offload_optimizer.buffer_count of the NVMe row (default 4: the config's default; 2 with "
+                        "--quick, whose 4 small layers' states must exceed the window)")
     p.add_argument("--json", default=None, help="also write every figure to this file")
     p.add_argument("--quick", action="store_true",
                    help="a smoke of every row on a tiny model (seconds): checks the script, measures nothing")
@@ -81,6 +86,8 @@ def parse(argv=None):
     if a.quick:
         a.width, a.layers, a.rounds, a.block, a.warmup = 64, 4, 2, 2, 1
         a.rows = a.rows or 8
+    if a.nvme_buffers is None:
+        a.nvme_buffers = 2 if a.quick else 4
     for name in ("width", "layers", "rounds", "block", "nvme_buffers"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(a, name)})")
@@ -309,6 +316,9 @@ def summary(r):
     return statistics.median(ms), min(ms), max(ms)
 
 
+DISK_STREAMS = 2   # the floor's probe: as many O_DIRECT streams as the engine's I/O pool has threads (aio default)
+
+
 def nvme_rows(a, rows_n, overlap_ok, work):
     import torch  # noqa: F401  (the engines below)
     layer = a.width * a.width + a.width
@@ -370,7 +380,7 @@ def main(argv=None):
     numel = a.layers * (a.width * a.width + a.width)
     out.update(host_step_s=host_s, forward_s=fwd_s, batch_rows=rows_n, params=numel)
     print(f"model: {a.layers} x Linear({a.width}, {a.width}) + Tanh, {numel / 1e6:.2f}M params, ZeRO stage {a.stage},"
-          f" fp32, one unit per layer")
+          f" fp32")
     print(f"calibration: host step (CPUAdam, 1 thread, {numel / 1e6:.2f}M params) {1e3 * host_s:.2f} ms; forward at "
           f"{rows_n} rows {1e3 * fwd_s:.2f} ms" + (" (--rows given)" if a.rows else " (rows chosen to match)"))
     print("pinning: " + (f"main thread (forward, backward, the serial step) -> core {a.device_core}; every other "
@@ -384,6 +394,9 @@ def main(argv=None):
     if overlap_ok:
         rows.append(Row("offload overlap", rows_n, a.width,
                         build_engine(ds_config(a.stage, rows_n, a.width, "cpu", True), a.width, a.layers)))
+    units = len(rows[2].engine.state_owner.units)
+    print(f"shard units: {units} ({'one per layer' if units == a.layers else 'not one per layer'})")
+    out["units"] = units
     run_rounds(rows, a, pin)
 
     nvme = []
@@ -398,7 +411,7 @@ def main(argv=None):
             probe_bytes = (8 << 20) if a.quick else max(64 << 20, states)
 
             def probe_disk():
-                bw.append(disk_bandwidth(work, probe_bytes))
+                bw.append(disk_bandwidth(work, probe_bytes, streams=DISK_STREAMS))
             probe_disk()
             run_rounds(nvme, a, pin, between=probe_disk)
             bw = bw[1:]   # the rounds' probes: one after each round, beside its blocks
