@@ -15,8 +15,10 @@ def model():
                                torch.nn.Linear(16, 4))
 
 
-def config(stage, precision="fp32", overlap=True, clip=0.0, gas=1, scheduler=False, managed=True, world=1, nvme=None):
-    """nvme: a directory: the optimizer states on NVMe there (a window of 3 buffers over the 5-6 units)."""
+def config(stage, precision="fp32", overlap=True, clip=0.0, gas=1, scheduler=False, managed=True, world=1, nvme=None,
+           buffers=3):
+    """nvme: a directory: the optimizer states on NVMe there (a window of `buffers` buffers over the 5-6 units, of
+    which the biases are small units outside the buffers: nvme/window.py)."""
     cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": gas,
            "train_batch_size": 2 * gas * world,
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
@@ -26,7 +28,7 @@ def config(stage, precision="fp32", overlap=True, clip=0.0, gas=1, scheduler=Fal
                                  "offload_optimizer": {"device": "cpu", "overlap_step": overlap}}}
     if nvme is not None:
         os.makedirs(nvme, exist_ok=True)
-        cfg["zero_optimization"]["offload_optimizer"].update(device="nvme", nvme_path=str(nvme), buffer_count=3)
+        cfg["zero_optimization"]["offload_optimizer"].update(device="nvme", nvme_path=str(nvme), buffer_count=buffers)
     if precision == "bf16":
         cfg["bf16"] = {"enabled": True}
     if precision == "fp16":

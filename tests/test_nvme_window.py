@@ -13,7 +13,8 @@ from dsfast.zero.nvme.files import SwapDir
 from dsfast.zero.nvme.io import SwapError, SwapIO
 from dsfast.zero.nvme.window import HELD, UnitWindow, WRITING
 
-SIZES = [4, 1000, 33, 4096, 7, 2500]   # fp32 elements per unit: sizes that do and do not fill an aligned block
+SIZES = [4, 5000, 33, 16384, 7, 2500]   # fp32 elements per unit: sizes that do and do not fill an aligned block
+# (units 0, 2 and 4, one page each, are small beside unit 3's 16 pages: nvme/window.py SMALL_SHARE)
 
 
 @pytest.fixture
@@ -54,29 +55,42 @@ def test_every_unit_goes_to_disk_and_back_bit_exactly(window):
             assert window.in_use <= window.buffer_count
     window.flush()
     assert window.peak_in_use == window.buffer_count == 2
-    # the disk holds the units and at most one spare per buffer (retired versions, overwritten by later writes)
+    # the disk holds the units and at most one spare per write in flight (retired versions, overwritten by later
+    # writes): a buffer's, or a small unit's
     files = os.listdir(window.dir.path)
-    assert 0 < window.spare_files <= 2 and len(files) == len(SIZES) + window.spare_files
-    assert window.io.bytes_read == 3 * sum(-(-n * 4 // 4096) * 4096 for n in SIZES)
+    small = sum(window.is_small(i) for i in range(len(SIZES)))
+    assert small == 3 and 0 < window.spare_files <= 2 + small and len(files) == len(SIZES) + window.spare_files
+    # every unit read in the first sweep; then the small ones, their writes still in flight (no buffer was
+    # wanted: they are outside the buffers), are used again without a read, as a released unit is
+    per_unit = [-(-n * 4 // 4096) * 4096 for n in SIZES]
+    assert window.io.bytes_read == sum(per_unit) + 2 * sum(b for i, b in enumerate(per_unit) if not window.is_small(i))
     for i, v in enumerate(values):
         assert torch.equal(window.acquire(i).view(0, v.numel(), torch.float32), v)
         window.discard(i)
 
 
 def test_the_window_never_holds_more_than_buffer_count(window):
-    _store_all(window)
-    assert window.prefetch(0) and window.prefetch(1)
-    assert not window.prefetch(2)   # both buffers hold units being read: nothing is evicted for a prefetch
-    window.acquire(0)
+    _store_all(window)   # units 1, 3, 5 take a buffer; 0, 2, 4 are small
+    assert [window.is_small(i) for i in range(len(SIZES))] == [True, False, True, False, True, False]
+    assert window.prefetch(1) and window.prefetch(3)
+    assert not window.prefetch(5)   # both buffers hold units being read: nothing is evicted for a prefetch
     window.acquire(1)
+    window.acquire(3)
     with pytest.raises(RuntimeError, match="window is full: all 2 host buffers.*raise buffer_count"):
-        window.acquire(2)
-    window.release(0, SIZES[0] * 4)
-    assert window.state_of(0) == WRITING
-    window.acquire(2)   # reuses unit 0's buffer once its write landed
-    assert window.state_of(0) is None and window.state_of(2) == HELD and window.in_use == 2
-    with pytest.raises(RuntimeError, match=r"release\(0\): unit 0 is not acquired"):
-        window.release(0, 4)
+        window.acquire(5)
+    window.release(1, SIZES[1] * 4)
+    assert window.state_of(1) == WRITING
+    window.acquire(5)   # reuses unit 1's buffer once its write landed
+    assert window.state_of(1) is None and window.state_of(5) == HELD and window.in_use == 2
+    with pytest.raises(RuntimeError, match=r"release\(1\): unit 1 is not acquired"):
+        window.release(1, 4)
+    # a small unit takes none of the buffers: read with both held, in a buffer of its own size, freed with it
+    window.flush()   # (the small units' buffers, kept while their writes were in flight, go)
+    held = len(window.buffers())
+    buf = window.acquire(2)
+    assert window.in_use == 2 and len(window.buffers()) == held + 1 and buf.nbytes == 4096
+    window.discard(2)
+    assert len(window.buffers()) == held and window.peak_in_use == 2
     with pytest.raises(KeyError, match="unit 9 has no swap file"):
         window.prefetch(9)
     with pytest.raises(ValueError, match="buffer_count=0"):

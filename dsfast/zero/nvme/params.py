@@ -22,6 +22,7 @@ import torch
 from .buffers import aligned_size
 from .space import SwapSpace
 from .states import park, give_back_freed_memory
+from .window import small_units_bytes
 
 KEY = "offload_param"
 logger = logging.getLogger("dsfast.zero.nvme")
@@ -38,8 +39,9 @@ class NvmeParams(SwapSpace):
         self.resident, self.records = _split(records, keep, target.max_in_cpu)
         self.buffer_count = int(target.buffer_count)
         largest = max((shard_bytes(r) for r in self.records), default=0)
-        super().__init__(target.path, rank, sum(aligned_size(shard_bytes(r)) for r in self.records),
-                         self.buffer_count, self.buffer_count * aligned_size(largest), pin=target.pin,
+        files = [shard_bytes(r) for r in self.records]
+        super().__init__(target.path, rank, sum(aligned_size(n) for n in files), self.buffer_count,
+                         self.buffer_count * aligned_size(largest) + small_units_bytes(files), pin=target.pin,
                          threads=target.threads, block_size=target.block_size, key=KEY, name="param{}.swap",
                          lower=f"{KEY}.buffer_count or the largest parameter (its shard is a buffer's size)")
         largest_numel = max((r.shard_numel for r in self.records), default=0)

@@ -22,6 +22,7 @@ from ...optim.element_wise import element_wise_names, is_element_wise
 from .buffers import aligned_size
 from .io import SwapError
 from .space import SwapSpace
+from .window import small_units_bytes
 
 # The optimizer states per element that the start-up checks budget for (Adam's two moments; SGD needs fewer).
 # Buffers are sized from the real states once they exist.
@@ -63,8 +64,9 @@ class NvmeStates(SwapSpace):
         never all exist in memory at once), then calls adopted()."""
         numels = list(numels)
         self.units = []
-        super().__init__(nvme_path, rank, sum(unit_file_bytes(n) for n in numels),
-                         buffer_count, window_bytes(max(numels, default=0), buffer_count),
+        files = [unit_file_bytes(n) for n in numels]
+        super().__init__(nvme_path, rank, sum(files), buffer_count,
+                         window_bytes(max(numels, default=0), buffer_count) + small_units_bytes(files),
                          pin=pin, threads=threads, block_size=block_size, key=key,
                          lower=f"{key}.buffer_count or zero_optimization.reduce_bucket_size (the unit size)")
         self.optimizer = None
@@ -87,16 +89,24 @@ class NvmeStates(SwapSpace):
     def windows(self, units):
         """Yield each unit in order with its master and states in host memory; read ahead, write behind. Every
         write of the step has landed when the walk ends (an I/O error is raised then)."""
-        ahead = max(1, self.window.buffer_count - 2)   # one unit stepped, one written, the rest read ahead
+        # one unit stepped, one written, the rest read ahead (small units, outside the buffers, not counted)
+        ahead = max(1, self.window.buffer_count - 2)
+        small = [self.window.is_small(u.index) for u in units]
+        nxt = 0   # the next unit to read ahead
+
+        def read_ahead(j):   # units after j, until `ahead` of them take a buffer
+            nonlocal nxt
+            nxt = max(nxt, j + 1)
+            while nxt < len(units) and sum(not s for s in small[j + 1:nxt]) < ahead:
+                self.window.prefetch(units[nxt].index)
+                nxt += 1
         try:
-            for u in units[:ahead]:
-                self.window.prefetch(u.index)
+            read_ahead(-1)
             for j, u in enumerate(units):
                 self._load(u)
                 yield u
                 self._evict(u)
-                if j + ahead < len(units):
-                    self.window.prefetch(units[j + ahead].index)
+                read_ahead(j)
         except SwapError:
             with contextlib.suppress(SwapError):   # the writes in flight land before the error goes up
                 self.window.flush()

@@ -6,7 +6,9 @@
     buf = window.claim(i, n)  unit i in a buffer without reading it (the caller overwrites it all)
 
 At most `buffer_count` buffers exist, each holding one unit that is being read, used or written, so reading the
-next units, the caller's work on this one and writing the previous ones overlap in the I/O pool. A write goes into a
+next units, the caller's work on this one and writing the previous ones overlap in the I/O pool. A small unit (a
+bias or a norm's weight: at most 1/SMALL_SHARE of the largest unit's bytes) takes none of them: it gets a buffer of
+its own size, freed with its slot (else a model's biases, one unit each at stage 3, would fill half the window). A write goes into a
 spare file (a unit's retired version, overwritten in place), which then replaces the unit's file: a failed write
 leaves the unit's previous file whole, and the disk's blocks are reused rather than allocated anew. A buffer is
 allocated at the size of the largest unit it held (grow() when a unit's bytes grow, e.g. its optimizer states
@@ -19,11 +21,24 @@ from collections import OrderedDict
 from .buffers import HostBuffer, aligned_size
 
 FREE, READING, HELD, WRITING = "free", "reading", "held", "writing"
+SMALL_SHARE = 16   # a unit at most 1/16 of the largest unit's bytes is small: outside the buffer_count buffers
+
+
+def small_units_bytes(sizes):
+    """Host memory the small units among units of `sizes` bytes can hold beside the buffers (all of them at once,
+    their writes in flight)."""
+    return sum(aligned_size(n) for n in sizes if _small(n, max(sizes, default=0)))
+
+
+def _small(nbytes, largest):
+    """(in whole buffers: a unit under a page is small only beside units of SMALL_SHARE pages or more)"""
+    return 0 < nbytes and aligned_size(nbytes) * SMALL_SHARE <= aligned_size(largest)
 
 
 class _Slot:
-    def __init__(self):
+    def __init__(self, small=False):
         self.buffer, self.unit, self.state, self.future, self.spare = None, None, FREE, None, None
+        self.small = small   # a small unit's slot: its buffer at the unit's size, gone when the slot frees
 
 
 class UnitWindow:
@@ -35,6 +50,7 @@ class UnitWindow:
         self.buffer_count = int(buffer_count)
         self.sizes = {}           # unit -> bytes in its file (written at least once)
         self._slots = [_Slot() for _ in range(self.buffer_count)]
+        self._small = []          # the small units' slots in use
         self._where = {}          # unit -> its slot while in the window
         self._writes = OrderedDict()   # id(slot) -> slot, oldest write first
         self._reads = OrderedDict()    # id(slot) -> slot read ahead and not acquired yet, oldest first
@@ -46,11 +62,19 @@ class UnitWindow:
     # ---- accounting ------------------------------------------------------------------------------------------
     @property
     def in_use(self):
+        """The buffer_count buffers in use (small units' slots left out)."""
         return sum(s.state != FREE for s in self._slots)
 
     def buffers(self):
-        """The host buffers allocated so far (nvme_buffers.HostBuffer)."""
-        return [s.buffer for s in self._slots if s.buffer is not None]
+        """The host buffers allocated now (nvme_buffers.HostBuffer)."""
+        return [s.buffer for s in self._slots + self._small if s.buffer is not None]
+
+    def is_small(self, i):
+        """Unit i is small: it takes no buffer of the buffer_count (SMALL_SHARE)."""
+        return self._small_bytes(self.sizes.get(i, 0))
+
+    def _small_bytes(self, nbytes):
+        return _small(nbytes, max(self.sizes.values(), default=0))
 
     def path(self, i):
         return self.dir.file(self.name.format(i))
@@ -67,7 +91,7 @@ class UnitWindow:
             return True
         if i not in self.sizes:
             raise KeyError(f"unit {i} has no swap file yet (store it first)")
-        slot = self._free_slot(required=wait)
+        slot = self._small_slot() if self.is_small(i) else self._free_slot(required=wait)
         if slot is None:
             return False
         self._fit(slot, self.sizes[i], keep=0)
@@ -138,7 +162,7 @@ class UnitWindow:
         if i in self._where and self._where[i].state != HELD:
             self.acquire(i)
         if i not in self._where:
-            slot = self._free_slot(required=True)
+            slot = self._small_slot() if self._small_bytes(nbytes) else self._free_slot(required=True)
             self._fit(slot, nbytes, keep=0)
             slot.unit, slot.state = i, HELD
             self._where[i] = slot
@@ -162,12 +186,13 @@ class UnitWindow:
         try:
             self.flush()
         finally:
-            for slot in self._slots:
+            for slot in self._slots + self._small:
                 if slot.future is not None:
                     slot.future.exception()   # wait, without raising: the buffers go either way
                 if slot.buffer is not None:
                     slot.buffer.free()
                 slot.__init__()
+            self._small = []
             self._where.clear()
             self._writes.clear()
             self._reads.clear()
@@ -180,16 +205,23 @@ class UnitWindow:
                                f"(state: {slot.state if slot else 'not in the window'})")
         return slot
 
+    def _small_slot(self):
+        slot = _Slot(small=True)
+        self._small.append(slot)
+        return slot
+
     def _free_slot(self, required):
         for slot in self._slots:
             if slot.state == FREE:
                 return slot
-        if self._writes:   # the oldest write-back frees its buffer
-            slot = next(iter(self._writes.values()))
+        writes = [w for w in self._writes.values() if not w.small]
+        if writes:   # the oldest write-back frees its buffer
+            slot = writes[0]
             self._finish_write(slot)
             return slot
-        if required and self._reads:   # a read ahead nobody acquired (the caller's order changed): dropped
-            slot = self._reads.pop(next(iter(self._reads)))
+        reads = [r for r in self._reads.values() if not r.small]
+        if required and reads:   # a read ahead nobody acquired (the caller's order changed): dropped
+            slot = self._reads.pop(id(reads[0]))
             future, slot.future = slot.future, None
             future.exception()   # waited for; its error, if any, no longer matters
             self._free(slot)
@@ -221,12 +253,17 @@ class UnitWindow:
         self._reads.pop(id(slot), None)
         self._where.pop(slot.unit, None)
         slot.unit, slot.state, slot.future = None, FREE, None
+        if slot.small:   # (its buffer was the unit's size: the next small unit gets one of its own)
+            if slot.buffer is not None:
+                slot.buffer.free()
+                slot.buffer = None
+            self._small = [s for s in self._small if s is not slot]
 
     def _fit(self, slot, nbytes, keep):
         if slot.buffer is not None and slot.buffer.nbytes >= aligned_size(nbytes):
             return
         # the size of the largest unit: a buffer then fits any unit, and buffers are not reallocated per unit
-        fresh = HostBuffer(max([nbytes] + list(self.sizes.values())), pin=self.pin)
+        fresh = HostBuffer(nbytes if slot.small else max([nbytes] + list(self.sizes.values())), pin=self.pin)
         if keep:
             fresh.tensor[:keep].copy_(slot.buffer.tensor[:keep])
         if slot.buffer is not None:
