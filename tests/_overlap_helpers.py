@@ -16,9 +16,10 @@ def model():
 
 
 def config(stage, precision="fp32", overlap=True, clip=0.0, gas=1, scheduler=False, managed=True, world=1, nvme=None,
-           buffers=3):
+           buffers=3, param_nvme=None, param_buffers=2):
     """nvme: a directory: the optimizer states on NVMe there (a window of `buffers` buffers over the 5-6 units, of
-    which the biases are small units outside the buffers: nvme/window.py)."""
+    which the biases are small units outside the buffers: nvme/window.py). param_nvme (stage 3): a directory: every
+    parameter's shard on NVMe there (max_in_cpu 0: the persistent biases too), a window of `param_buffers`."""
     cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": gas,
            "train_batch_size": 2 * gas * world,
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
@@ -29,6 +30,10 @@ def config(stage, precision="fp32", overlap=True, clip=0.0, gas=1, scheduler=Fal
     if nvme is not None:
         os.makedirs(nvme, exist_ok=True)
         cfg["zero_optimization"]["offload_optimizer"].update(device="nvme", nvme_path=str(nvme), buffer_count=buffers)
+    if param_nvme is not None:
+        os.makedirs(param_nvme, exist_ok=True)
+        cfg["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": str(param_nvme),
+                                                     "buffer_count": param_buffers, "max_in_cpu": 0}
     if precision == "bf16":
         cfg["bf16"] = {"enabled": True}
     if precision == "fp16":

@@ -84,9 +84,9 @@ BUGS = [
      "states on NVMe: the walk's units get no step_event, so the next forward reads values not updated yet",
      NVME_OVERLAP_TESTS),
     ("nvme-walk-drain", "zero/step/overlap.py",
-     "        try:   # (NVMe states: every write-back of the walk landed, so that readers find the states on disk)\n"
-     "            self._walk_done.wait()\n",
-     "        try:   # (NVMe states: every write-back of the walk landed, so that readers find the states on disk)\n"
+     "        try:   # (NVMe: every write-back of the step landed, so that readers find the states and shards on disk)\n"
+     "            self._writes_landed.wait()\n",
+     "        try:   # (NVMe: every write-back of the step landed, so that readers find the states and shards on disk)\n"
      "            pass\n",
      "states on NVMe: the settle returns while the worker still writes the window back (readers race it)",
      NVME_OVERLAP_TESTS),

@@ -15,9 +15,4 @@ def overlap_step_errors(cfg):
         return [(PATH, f'true runs the offloaded host step behind the next forward: it needs ZeRO stage 1, 2 or 3 '
                        f'(stage is {stage}) with offload_optimizer.device "cpu" or "nvme" (it is "{device}"); set '
                        'overlap_step to false otherwise')]
-    if stage == 3 and cfg.zero_optimization.offload_param_device == "nvme":
-        # the forward's gathers read the parameters' swap window on the main thread while the worker would write it
-        return [(PATH, 'true is not supported with offload_param.device "nvme" (the next forward reads the '
-                       'parameters\' swap files while the step would write them); use offload_param.device "cpu" '
-                       'or "none", or set overlap_step to false')]
     return []

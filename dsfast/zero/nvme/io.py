@@ -79,6 +79,7 @@ class SwapIO:
             kept = "; the file of the previous step is intact" if what == "write" else ""
             err = SwapError(f"NVMe swap {what} of '{path}'{at} failed: {e.strerror or e}{kept}")
             err.path = path   # (the overlapped step names the unit whose file it is)
+            err.write = what == "write"   # (a gather meeting the overlapped step's failed write defers it)
             raise err from e
 
     def _write(self, path, buffer, n, spare=None):

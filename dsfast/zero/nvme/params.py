@@ -10,19 +10,29 @@ uses `rec.shard` keeps its object, shape and dtype over a storage of no bytes, a
   the step    `holding(shard, read=False)`: a buffer the optimizer writes the new 16-bit values into, written
               back behind the next units' step (nothing read: the step overwrites all of it)
   the rest    checkpoints, GatheredParameters' updates, the write-back after a load: `holding` one at a time
+With offload_optimizer.overlap_step the step's writes run in a worker thread while the next forward's gathers
+read on the main thread: every window call is made under `lock` (never while a `holding` block runs, and never
+while waiting on the other thread: the I/O pool, the only thing waited for under it, never takes it). A unit read
+ahead before the worker overwrote it stays consistent by the window's one slot per unit: the worker's claim takes
+the slot over (its read landed first) and a gather after the unit's step finds the new bytes. A failed write of
+the step met by a gather is handed to `write_failed` (the overlapped step's failure, raised at its settle on every
+rank) instead of being raised in one rank's forward.
 Up to offload_param.max_in_cpu elements of shards stay in host memory instead (persistent parameters first:
 they are gathered after every step). Gathers go through collectives, never a /dev/shm snapshot of every shard
 (which would hold the whole model in host memory again).
 """
 import contextlib
 import logging
+import threading
+from functools import partial
 
 import torch
 
 from .buffers import aligned_size
+from .io import SwapError
 from .space import SwapSpace
 from .states import park, give_back_freed_memory
-from .window import small_units_bytes
+from .window import HELD, small_units_bytes
 
 KEY = "offload_param"
 logger = logging.getLogger("dsfast.zero.nvme")
@@ -49,13 +59,15 @@ class NvmeParams(SwapSpace):
             logger.warning(f"{KEY}.buffer_size={target.buffer_size} is below the largest parameter shard "
                            f"({largest_numel} elements): the swap buffers are allocated at that size instead")
         self.synchronize = synchronize or (lambda: None)
+        self.lock = threading.RLock()   # around every window call (the overlapped step's worker writes too)
+        self.write_failed = None   # overlap_step, while a step's writes may be in flight: takes their errors
         self.index = {}            # id(rec.shard) -> the number of its file
         self.steps = 0             # the engine's optimizer steps so far: named in I/O errors
         self.trace, self.seen, self.follow = [], [], False   # the order of the gathers' reads (read-ahead)
         swapped, self.records = self.records, []
         for r in swapped:
             self.add(r)
-        self.window.flush()
+        self.flush()
         give_back_freed_memory()
 
     # ---- which shards are swapped ----------------------------------------------------------------------------
@@ -66,8 +78,9 @@ class NvmeParams(SwapSpace):
         self.records.append(rec)
         self.index[id(rec.shard)] = i
         rec.swap = self
-        self.window.store(i, lambda buf: buf.view(0, rec.shard_numel, rec.dtype).copy_(rec.shard),
-                          shard_bytes(rec))
+        with self.lock:
+            self.window.store(i, lambda buf: buf.view(0, rec.shard_numel, rec.dtype).copy_(rec.shard),
+                              shard_bytes(rec))
         park(rec.shard)
 
     @torch.no_grad()
@@ -78,7 +91,9 @@ class NvmeParams(SwapSpace):
         rec.dtype = values.dtype
         rec.shard = torch.empty(rec.shard_numel, dtype=values.dtype, device=rec.shard_device)
         self.index[id(rec.shard)] = i
-        self.window.store(i, lambda buf: buf.view(0, rec.shard_numel, rec.dtype).copy_(values), shard_bytes(rec))
+        with self.lock:
+            self.window.store(i, lambda buf: buf.view(0, rec.shard_numel, rec.dtype).copy_(values),
+                              shard_bytes(rec))
         park(rec.shard)
         rec.full = None
         rec.param.data = rec._empty()
@@ -91,7 +106,8 @@ class NvmeParams(SwapSpace):
         self.records.remove(rec)
         rec.shard.set_(values)
         rec.swap = None
-        self.window.forget(i)
+        with self.lock:
+            self.window.forget(i)
 
     def train(self, records, keep, max_in_cpu):
         """The shards zero.Init swapped, taken over for training: max_in_cpu elements of `records` (`keep`
@@ -105,7 +121,7 @@ class NvmeParams(SwapSpace):
                 self.add(r)
         self.resident = resident
         self.seen = []   # construction's reads are no order to read ahead in
-        self.window.flush()
+        self.flush()
         give_back_freed_memory()
 
     def backs(self, shard):
@@ -118,29 +134,48 @@ class NvmeParams(SwapSpace):
         """rec's shard values in a tensor of their own (read through the window; the buffer is given back).
         trace=False: a read outside the training passes (a checkpoint), not part of the order read ahead in."""
         i = self.index[id(rec.shard)]
-        if trace:
-            self._read_ahead(i)
-        buf = self.window.acquire(i)
-        out = buf.view(0, rec.shard_numel, rec.dtype).clone()
-        self.window.discard(i)
+        with self.lock:
+            if self.window.state_of(i) == HELD:   # (a gather waits its unit's step: partitioned_param._await_step)
+                raise RuntimeError(f"parameter shard file {i} ({self.window.path(i)}) is held by the optimizer step "
+                                   "while a gather reads it: the gather must wait for the unit's step first")
+            if trace:
+                self._read_ahead(i)
+            buf = self._deferring_write_errors(partial(self.window.acquire, i))
+            out = buf.view(0, rec.shard_numel, rec.dtype).clone()
+            self.window.discard(i)
         return out
+
+    def _deferring_write_errors(self, call):
+        """call() (a window call of a gather); a failed write-back it meets while write_failed is set goes there
+        and the call is made again (the failed write freed its buffer; the unit's file is its previous version)."""
+        while True:
+            try:
+                return call()
+            except SwapError as err:
+                if self.write_failed is None or not getattr(err, "write", False):
+                    raise
+                self.write_failed(err)
 
     def _read_ahead(self, i):
         k = len(self.seen)
         self.seen.append(i)
         if self.follow and k < len(self.trace) and self.trace[k] == i:
             for j in self.trace[k + 1:k + self.buffer_count]:
-                if not self.window.prefetch(j):
+                if not self._deferring_write_errors(partial(self.window.prefetch, j)):
                     break
         else:
             self.follow = False   # off the last pass's order (an eval forward): no guessing until the next step
 
-    def new_pass(self):
-        """After a step: this pass's reads are the order to read ahead in next time; its first ones start now."""
+    def new_pass(self, read=True):
+        """After a step: this pass's reads are the order to read ahead in next time; its first ones start now
+        (read=False: not yet, the overlapped step is about to overwrite them; the gathers read ahead)."""
         self.trace, self.seen = self.seen, []
         self.follow = bool(self.trace)
-        for j in self.trace[:self.buffer_count - 1]:
-            self.window.prefetch(j)
+        if not read:
+            return
+        with self.lock:
+            for j in self.trace[:self.buffer_count - 1]:
+                self._deferring_write_errors(partial(self.window.prefetch, j))
 
     # ---- writers ---------------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -151,7 +186,8 @@ class NvmeParams(SwapSpace):
         if i is None:
             yield shard
             return
-        buf = self.window.acquire(i) if read else self.window.claim(i, shard.numel() * shard.element_size())
+        with self.lock:   # (not held while the block runs: the other thread's gathers go on meanwhile)
+            buf = self.window.acquire(i) if read else self.window.claim(i, shard.numel() * shard.element_size())
         shard.set_(buf.tensor.untyped_storage(), 0, shard.shape)
         done = False
         try:
@@ -160,14 +196,24 @@ class NvmeParams(SwapSpace):
         finally:
             self.synchronize()   # a device's copies into or out of the buffer land before it is reused
             park(shard)
-            if write and done:
-                self.window.release(i, shard.numel() * shard.element_size())
-            else:
-                self.window.discard(i)
+            with self.lock:
+                if write and done:
+                    self.window.release(i, shard.numel() * shard.element_size())
+                else:
+                    self.window.discard(i)
 
     def flush(self):
         """Every write-back landed (the first I/O error is raised)."""
-        self.window.flush()
+        with self.lock:
+            self.window.flush()
+
+    def host_buffers(self):
+        with self.lock:
+            return super().host_buffers()
+
+    def close(self):
+        with self.lock:
+            super().close()
 
 
 def _split(records, keep, max_in_cpu):

@@ -120,6 +120,8 @@ class ShardedBase(ShardOwner):
         self.overlap.submit(optimizer, decision, gather=self._gather_unit if several else None,
                             first=self._whole_units())
         self._refresh_pending = applied and self.partitions_params
+        if self.param_swap is not None:   # (an applied step's worker overwrites the first shards: no read ahead yet)
+            self.param_swap.new_pass(read=not applied)
         return applied
 
     def _gather_unit(self, unit, group):

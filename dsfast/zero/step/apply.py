@@ -54,7 +54,11 @@ def unit_stepper(store, optimizer, decision):
     once per step, on the caller's thread (the overlapped step's worker then calls it: step/overlap.py)."""
     step = prepare_step(optimizer, **decision.step_kwargs())
     where = _positions(optimizer)
-    return lambda unit: _step_batch(store, step, where, decision, [unit])
+
+    def step_unit(unit):
+        with unit.writing16():   # (stage 3's shard on NVMe: its new values written back behind the next units)
+            _step_batch(store, step, where, decision, [unit])
+    return step_unit
 
 
 def _walk(store):

@@ -11,7 +11,12 @@ forward first uses them (recorded once by the hooks; before that, the model's pa
 reduction's). Each unit's item waits its gradient's event (u.grad_event), steps it, copies its 16-bit values back
 (finish_step, waiting the upload) and, at stages 1-2 with several ranks, all-gathers its bucket on a process group of its own (every
 rank issues them in the same order, never in the middle of the forward's collectives); u.step_event is its event.
+With stage 3's shards on NVMe the item writes the unit's new 16-bit values through the parameters' window (which
+the forward's gathers use meanwhile, under its lock: nvme/params.py), and a last item lets every write land, so a
+failed one is the step's failure, raised at the settle on every rank.
 """
+import threading
+
 import torch
 import torch.distributed as dist
 
@@ -47,7 +52,8 @@ class OverlappedStep:
         self._remote = None               # another rank's failure, as every later settle raises it
         self._units_of = {}               # id(module) -> units holding its direct parameters
         self._handles = []
-        self._walk_done = DoneEvent()     # the NVMe states' walk of the last step (its writes landed)
+        self._failure_lock = threading.Lock()   # (the worker and a gather meeting a failed write both record)
+        self._writes_landed = DoneEvent()   # the last step's NVMe write-backs (states' walk, parameters) landed
 
     def make_gather_group(self):
         """Stages 1-2 with several ranks: a process group for the workers' gathers (a collective: every rank of
@@ -138,12 +144,17 @@ class OverlappedStep:
         n = self.steps
         self._unagreed = True
         units = self.units_in_order(first)
+        if store.param_swap is not None:   # a gather meeting this step's failed write leaves it to the settle
+            store.param_swap.write_failed = lambda e: self._fail(n, self._unit_of_error(e, units, units[-1]), e)
         if store.swap is not None:
             self._submit_walk(lane, store.swap.step_order(units), n, step, gather)
             return
         for u in units:
             u.step_event = lane.submit(lambda u=u: self._item(u, n, step, gather),
                                        f"optimizer step {n}, {self.unit_name(u)}")
+        if store.param_swap is not None:
+            self._writes_landed = lane.submit(lambda: self._land_param_writes(n, units),
+                                              f"optimizer step {n}: the parameters' NVMe write-backs")
 
     def _submit_walk(self, lane, units, n, step, gather):
         """States on NVMe: one worker item walks the units through the states' window (read ahead, written
@@ -152,8 +163,8 @@ class OverlappedStep:
         events = {u.index: ThreadEvent(f"optimizer step {n}, {self.unit_name(u)}") for u in units}
         for u in units:
             u.step_event = events[u.index]
-        self._walk_done = lane.submit(lambda: self._walk(units, events, n, step, gather),
-                                      f"optimizer step {n}: the NVMe states' walk")
+        self._writes_landed = lane.submit(lambda: self._walk(units, events, n, step, gather),
+                                          f"optimizer step {n}: the NVMe states' walk")
 
     @torch.no_grad()
     def _walk(self, units, events, n, step, gather):
@@ -164,16 +175,42 @@ class OverlappedStep:
                 events[u.index].set()   # (before the walk resumes: the unit's eviction waits its step_event)
                 done += 1
         except Exception as e:   # an I/O error: named at the unit whose file failed (else where the walk was)
-            if self._failure is None:
-                at = units[min(done, len(units) - 1)]
-                path = getattr(e, "path", None)
-                at = next((u for u in units if self.store.swap.window.path(u.index) == path), at)
-                self._failure = (n, at.index, e)
+            self._fail(n, self._unit_of_error(e, units, units[min(done, len(units) - 1)]), e)
         finally:
             for u in units[done:]:   # not stepped; their gathers still run (the other ranks wait in them)
                 if gather is not None and self._failure is not None:
                     gather(u, self.gather_group)
                 events[u.index].set()
+            self._land_param_writes(n, units)
+
+    def _land_param_writes(self, n, units):
+        """Stage 3's shards on NVMe: every write-back of the step landed, a failed one kept as the step's failure
+        (settled here in the worker: a gather settling it would raise it in one rank's forward)."""
+        if self.store.param_swap is None:
+            return
+        try:
+            self.store.param_swap.flush()
+        except Exception as e:
+            self._fail(n, self._unit_of_error(e, units, units[-1]), e)
+
+    def _fail(self, n, unit, e):
+        """Keep the step's first failure (n, unit index, exception) for the next settle."""
+        with self._failure_lock:
+            if self._failure is None:
+                self._failure = (n, unit.index, e)
+
+    def _unit_of_error(self, e, units, default):
+        """The unit of `units` whose swap file (states or 16-bit shard) an I/O error names, else `default`."""
+        path = getattr(e, "path", None)
+        if path is None:
+            return default
+        states, params = self.store.swap, self.store.param_swap
+        for u in units:
+            if states is not None and states.window.path(u.index) == path:
+                return u
+            if u.param_swap is not None and params.window.path(params.index[id(u.slice16)]) == path:
+                return u
+        return default
 
     @torch.no_grad()
     def _item(self, u, n, step, gather):
@@ -182,8 +219,8 @@ class OverlappedStep:
         if self._failure is None:
             try:
                 step(u)   # (waits the unit's gradient copy first: apply.py)
-            except Exception as e:
-                self._failure = (n, u.index, e)
+            except Exception as e:   # (an I/O error may be an earlier unit's write-back, met as a buffer frees)
+                self._fail(n, self._unit_of_error(e, self.store.units, u), e)
         if gather is not None:
             gather(u, self.gather_group)
 
@@ -205,8 +242,8 @@ class OverlappedStep:
     def wait_all(self):
         for u in self.store.units:
             self.wait_unit(u)
-        try:   # (NVMe states: every write-back of the walk landed, so that readers find the states on disk)
-            self._walk_done.wait()
+        try:   # (NVMe: every write-back of the step landed, so that readers find the states and shards on disk)
+            self._writes_landed.wait()
         except LaneError:
             pass
 
@@ -214,6 +251,8 @@ class OverlappedStep:
         """Every unit stepped. A failure in the worker is raised here; agree=True (a call every rank makes: the
         next backward or step) shares it first, so every rank raises it."""
         self.wait_all()
+        if self.store.param_swap is not None:   # (every write of the step landed: none left to defer)
+            self.store.param_swap.write_failed = None
         if agree and self.world > 1 and self._unagreed:   # (once per submitted step: every rank submits alike)
             self._unagreed = False
             row = torch.zeros(self.world, 3, dtype=torch.int64)
