@@ -1,7 +1,8 @@
 """One rank of the overlap_step runs on 2 gloo ranks (tests/distributed/test_overlap_step_dp.py); each rank saves
 its results to OUT.<rank>.
 
-    worker_overlap.py OUT stage:precision:overlap[:plain|:nvme] ... [fail:stage] [failnvme:stage]
+    worker_overlap.py OUT stage:precision:overlap[:plain|:nvme|:pnvme] ... [fail:stage] [failnvme:stage]
+        [failpnvme:3]
 """
 import os
 import sys
@@ -37,10 +38,11 @@ def failing_run(stage, rank):
     return "no second failure"
 
 
-def failing_nvme_run(stage, rank, where):
-    """States on NVMe: rank 1's second write of the second step fails in its worker; every rank must raise at the
-    next backward, naming the unit and the step."""
-    eng = engine(stage, world=2, nvme=os.path.join(where, f"fail{stage}-rank{rank}"))
+def failing_nvme_run(stage, rank, where, params=False):
+    """States (params: stage 3's parameter shards) on NVMe: rank 1's second write of the second step fails in its
+    worker; every rank must raise at the next backward, naming the unit and the step."""
+    path = os.path.join(where, f"fail{stage}{'p' * params}-rank{rank}")
+    eng = engine(stage, world=2, nvme=None if params else path, param_nvme=path if params else None)
     train(eng, 1, rank=rank)
     eng.state_owner.settle()
     if rank == 1:
@@ -66,9 +68,10 @@ def main():
     rank = torch.distributed.get_rank()
     results = {}
     for run in sys.argv[2:]:
-        if run.startswith("failnvme:"):
+        if run.startswith(("failnvme:", "failpnvme:")):
             os.environ["DSFAST_TEST_PLACEMENT"] = "distinct-host"
-            results[run] = failing_nvme_run(int(run.split(":")[1]), rank, os.path.dirname(sys.argv[1]))
+            results[run] = failing_nvme_run(int(run.split(":")[1]), rank, os.path.dirname(sys.argv[1]),
+                                            params=run.startswith("failp"))
             continue
         if run.startswith("fail:"):   # (host and device the same memory: the worker reads the gradients in place)
             os.environ["DSFAST_TEST_PLACEMENT"] = ""
@@ -78,12 +81,14 @@ def main():
         # (":plain": host and device the same memory, so that stage 3's same-host ranks gather through /dev/shm)
         # (":nvme": the optimizer states on NVMe, under a directory of this run and rank)
         os.environ["DSFAST_TEST_PLACEMENT"] = "" if placement == ["plain"] else "distinct-host"
-        nvme = os.path.join(os.path.dirname(sys.argv[1]), f"{run.replace(':', '-')}-rank{rank}") \
-            if placement == ["nvme"] else None
+        # (":pnvme": stage 3's parameter shards on NVMe, the states on cpu)
+        where = os.path.join(os.path.dirname(sys.argv[1]), f"{run.replace(':', '-')}-rank{rank}")
+        nvme = where if placement == ["nvme"] else None
         eng = engine(int(stage), precision=precision, overlap=overlap == "1", clip=0.05, scheduler=True, world=2,
-                     nvme=nvme)
+                     nvme=nvme, param_nvme=where if placement == ["pnvme"] else None)
         losses = train(eng, 3 if nvme is None else 4, rank=rank)   # (4: the warmup's first steps barely move)
-        results[run] = {"losses": losses, "gathers": eng.state_owner.gathers_through, **snapshot(eng)}
+        results[run] = {"losses": losses, "gathers": eng.state_owner.gathers_through,
+                        "param_nvme": getattr(eng.state_owner, "param_swap", None) is not None, **snapshot(eng)}
     torch.save(results, f"{sys.argv[1]}.{rank}")
 
 
