@@ -24,6 +24,7 @@ CHAOS = {"DSFAST_STREAM_CHAOS": "11", "DSFAST_STREAM_CHAOS_MS": "4"}   # (the te
 LANE_TESTS = ["tests/test_offload_lanes.py", "tests/distributed/test_offload_lanes_dp.py"]
 OVERLAP_TESTS = ["tests/test_overlap_step.py", "tests/distributed/test_overlap_step_dp.py"]
 NVME_OVERLAP_TESTS = ["tests/test_overlap_step_nvme.py"]
+PARAM_NVME_OVERLAP_TESTS = ["tests/test_overlap_step_param_nvme.py"]
 
 # (name, file under dsfast/, exact text, replacement, what an author might have done, tests that should catch it).
 # Not listed, being redundant where the tests can reach them: the eval forward's settle (its module waits read the
@@ -90,6 +91,16 @@ BUGS = [
      "            pass\n",
      "states on NVMe: the settle returns while the worker still writes the window back (readers race it)",
      NVME_OVERLAP_TESTS),
+    ("param-window-lock", "zero/nvme/params.py",
+     "        self.lock = threading.RLock()",
+     "        self.lock = contextlib.nullcontext()",
+     "stage 3's shards on NVMe: the forward's gathers and the worker's writes use the parameters' window without "
+     "its lock", PARAM_NVME_OVERLAP_TESTS),
+    ("param-write-deferral", "zero/nvme/params.py",
+     "                if self.write_failed is None or not getattr(err, \"write\", False):",
+     "                if True:",
+     "stage 3's shards on NVMe: a gather meeting the step's failed write raises it in one rank's forward",
+     PARAM_NVME_OVERLAP_TESTS),
 ]
 
 
