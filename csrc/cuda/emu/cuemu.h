@@ -3,7 +3,8 @@
 // csrc/cuda/emu/include ahead of the toolkit's include directory) and run their kernels.
 //
 // Model: every CUDA thread is a fiber with its own stack, switched by a few lines of assembly
-// (cuemu.cpp). All threads of a block run on one OS thread; blocks are spread over OS threads.
+// (cuemu_fiber.cpp; cuemu_runtime.h lists the runtime's files). All threads of a block run on one
+// OS thread; blocks are spread over OS threads.
 // A fiber runs until it reaches a block barrier (__syncthreads*), a warp operation (__shfl*_sync,
 // __ballot_sync, __any_sync, __all_sync, __syncwarp: a rendezvous of the lanes its mask names)
 // or its end. Strict checks, each an error naming the file and line: a barrier or mask naming a

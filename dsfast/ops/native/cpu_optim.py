@@ -1,4 +1,4 @@
-"""The native cpu_optim op (csrc/bindings/cpu_optim.cpp) behind the reference's functions:
+"""The native cpu_optim op (csrc/bindings/cpu_optim*.cpp) behind the reference's functions:
 adam_step, sgd_step, adagrad_step, lion_step, available_isas, best_isa, openmp_enabled, same arguments
 (dsfast.ops.reference.cpu_optim), and the fake implementations that let FakeTensor,
 torch.compile and opcheck run through the mutating ops."""
@@ -127,7 +127,7 @@ def adam8bit_step(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes
         raise retyped(e) from None
 
 
-# Work tables (csrc/bindings/cpu_optim.cpp): one int64 row per param holding its tensors' addresses and
+# Work tables (csrc/bindings/cpu_optim_table.h): one int64 row per param holding its tensors' addresses and
 # a reference to each of them, filled after the list op's checks, so that a step passes one tensor
 # instead of thousands. A table step first checks that every tensor still has its address and size
 # (p.data = ... moves it) and, if one moved, writes nothing and raises a ValueError tagged _STALE, which

@@ -91,8 +91,8 @@ def _f32(x):
 
 def check_adam8bit_args(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs,
                         steps, label="params"):
-    """The native op's argument checks (csrc/bindings/cpu_optim.cpp), from metadata only: the reference's and the
-    fake implementation's. ValueError / TypeError naming "<label>[i]" and what would be valid."""
+    """The native op's argument checks (csrc/bindings/cpu_optim_adam8bit.cpp), from metadata only: the reference's
+    and the fake implementation's. ValueError / TypeError naming "<label>[i]" and what would be valid."""
     n = len(params)
     for name, seq in (("grads", grads), ("exp_avg_codes", exp_avg_codes), ("exp_avg_scales", exp_avg_scales),
                       ("exp_avg_sq_codes", exp_avg_sq_codes), ("exp_avg_sq_scales", exp_avg_sq_scales),

@@ -1,5 +1,5 @@
 """Pure-torch stand-in for the native `cpu_optim` op (Adam, SGD, Adagrad, Lion): the same functions and arguments
-(csrc/bindings/cpu_optim.cpp), the same math (csrc/include/dsfast/optim_math.h), one
+(csrc/bindings/cpu_optim*.cpp), the same math (csrc/include/dsfast/optim_math.h), one
 tensor at a time. Used when the extension cannot be built; slower, never silently wrong. 16-bit params (masters) and states
 are computed in fp32 and rounded to nearest even on the way back, as the kernels do.
 """
@@ -32,7 +32,7 @@ def _mul32(x, c):
 
 
 def row_seed(seed, row):
-    """csrc/bindings/cpu_optim.cpp's row_seed: the call's seed made distinct per tensor (never 0)."""
+    """csrc/bindings/cpu_optim_checks.h's row_seed: the call's seed made distinct per tensor (never 0)."""
     x = (seed & _M32) ^ ((seed >> 32) & _M32) ^ ((row * 0x85EBCA6B) & _M32)
     x ^= x >> 15
     x = (x * 0x2C1B3C6D) & _M32
