@@ -65,6 +65,52 @@ def _swap_dir(engine):
     return engine.state_owner.swap.dir.path
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_small_units_stay_in_host_memory_and_train_bitwise_as_cpu_offload(tmp_path, overlap):
+    """Stage 3 (a unit per parameter): each bias's unit (one page of file) is small beside its weight's (48 pages),
+    so its master and states stay in host memory: no file, no read, no write; the rest swap as before."""
+    def engine(offload):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.Tanh(), torch.nn.Linear(128, 128))
+        off = {"device": "cpu"} if offload == "cpu" else {"device": "nvme", "nvme_path": offload, "buffer_count": 2}
+        cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.1,
+               "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
+               "zero_optimization": {"stage": 3, "offload_optimizer": {**off, "overlap_step": overlap},
+                                     "stage3_param_persistence_threshold": 0}}
+        return dsfast.initialize(model=m, model_parameters=m.parameters(), config=cfg, dist_init_required=False)[0]
+
+    def train(e, reads=None):
+        g = torch.Generator().manual_seed(3)
+        for _ in range(3):
+            x, y = torch.randn(4, 128, generator=g), torch.randn(4, 128, generator=g)
+            e.backward(torch.nn.functional.mse_loss(e(x), y))
+            e.step()
+        e.state_owner.settle()
+        if reads is not None:
+            reads.append(e.state_owner.swap.io.bytes_read)
+        return [safe_get_full_fp32_param(p).clone() for p in e.module.parameters()] + \
+            [safe_get_full_optimizer_state(p, "exp_avg_sq").clone() for p in e.module.parameters()]
+
+    ref = engine("cpu")
+    want = train(ref)
+    ref.destroy()
+    got = engine(str(tmp_path))
+    swap = got.state_owner.swap
+    units = got.state_owner.store.units
+    kept = [u for u in units if u.shard.numel() == 128]
+    assert len(kept) == 2 and all(u.states_swap is None for u in kept)
+    assert sorted(u.shard.numel() for u in swap.units) == [128 * 128] * 2   # only the weights have files
+    reads = [swap.io.bytes_read]
+    values = train(got, reads)
+    assert all(torch.equal(a, b) for a, b in zip(values, want))
+    # the two weights' files, read at most once a step (the first: masters only, no states yet); no bias's
+    assert reads[1] - reads[0] <= 2 * aligned_size(128 * 128 * 4) + 2 * 2 * aligned_size(128 * 128 * 12)
+    assert sorted(f for f in os.listdir(_swap_dir(got)) if f.startswith("unit")) == \
+        sorted(f"unit{u.index}.swap" for u in swap.units)
+    assert all(u.shard.untyped_storage().nbytes() > 0 for u in kept)   # (their masters never parked)
+    got.destroy()
+
+
 @pytest.mark.parametrize("placement", ["", "distinct-host"])   # the second runs every offload copy (placement.py)
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("stage", [1, 2, 3])

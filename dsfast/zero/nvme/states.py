@@ -1,7 +1,9 @@
 """The NVMe placement of the shard units' fp32 masters and optimizer states (offload_optimizer.device = nvme).
 
 Every unit's master and per-element optimizer states live in one swap file (master first, then the states by
-key); between steps their tensors keep their objects, shapes and dtypes (optimizer.state[unit.shard] stays valid)
+key), except a small unit's (a bias, a norm's weight: at most 1/16 of the largest unit's pages), which stays in host
+memory: its file's renames and small write would cost the I/O pool more than its bytes (the host-memory check
+counts them); between steps their tensors keep their objects, shapes and dtypes (optimizer.state[unit.shard] stays valid)
 over storages resized to nothing, as engine.offload_states() does. The step walks the units in order through a
 window (nvme_window.UnitWindow): a unit's tensors become views of its host buffer while it is stepped, so the
 optimizer reads and writes the buffer that goes back to disk (no copy), while the next units are read and the
@@ -22,7 +24,7 @@ from ...optim.element_wise import element_wise_names, is_element_wise
 from .buffers import aligned_size
 from .io import SwapError
 from .space import SwapSpace
-from .window import small_units_bytes
+from .window import small_size, small_units_bytes
 
 # The optimizer states per element that the start-up checks budget for (Adam's two moments; SGD needs fewer).
 # Buffers are sized from the real states once they exist.
@@ -69,13 +71,17 @@ class NvmeStates(SwapSpace):
                          window_bytes(max(numels, default=0), buffer_count) + small_units_bytes(files),
                          pin=pin, threads=threads, block_size=block_size, key=key,
                          lower=f"{key}.buffer_count or zero_optimization.reduce_bucket_size (the unit size)")
+        self.largest_file = max(files, default=0)
         self.optimizer = None
         self.relayouts = 0     # units whose file layout changed (states appeared) since the last trim
         self.steps = 0         # the engine's optimizer steps so far (shard_step counts them): named in I/O errors
 
     def adopt(self, unit):
-        """`unit`'s master (its initial values) to its file; the master's memory goes with the next write-back."""
+        """`unit`'s master (its initial values) to its file; the master's memory goes with the next write-back. A
+        small unit stays in memory (states_swap None: resident, as with offload to the CPU)."""
         unit.master = unit.shard   # one tensor object for the master (the optimizer's parameter)
+        if small_size(unit_file_bytes(unit.shard.numel()), self.largest_file):
+            return
         unit.states_swap = self
         self.units.append(unit)
         self._evict(unit)
@@ -89,23 +95,28 @@ class NvmeStates(SwapSpace):
     def windows(self, units):
         """Yield each unit in order with its master and states in host memory; read ahead, write behind. Every
         write of the step has landed when the walk ends (an I/O error is raised then)."""
-        # one unit stepped, one written, the rest read ahead (small units, outside the buffers, not counted)
+        # one unit stepped, one written, the rest read ahead (units in memory or small ones, outside the buffers,
+        # not counted)
         ahead = max(1, self.window.buffer_count - 2)
-        small = [self.window.is_small(u.index) for u in units]
+        swapped = [u.states_swap is self for u in units]
+        buffered = [s and not self.window.is_small(u.index) for u, s in zip(units, swapped)]
         nxt = 0   # the next unit to read ahead
 
         def read_ahead(j):   # units after j, until `ahead` of them take a buffer
             nonlocal nxt
             nxt = max(nxt, j + 1)
-            while nxt < len(units) and sum(not s for s in small[j + 1:nxt]) < ahead:
-                self.window.prefetch(units[nxt].index)
+            while nxt < len(units) and sum(buffered[j + 1:nxt]) < ahead:
+                if swapped[nxt]:
+                    self.window.prefetch(units[nxt].index)
                 nxt += 1
         try:
             read_ahead(-1)
             for j, u in enumerate(units):
-                self._load(u)
+                if swapped[j]:
+                    self._load(u)
                 yield u
-                self._evict(u)
+                if swapped[j]:
+                    self._evict(u)
                 read_ahead(j)
         except SwapError:
             with contextlib.suppress(SwapError):   # the writes in flight land before the error goes up
@@ -121,13 +132,14 @@ class NvmeStates(SwapSpace):
     def read_ahead(self, u):
         """u's gradient landed at the accumulation boundary: start reading its master and states, so that the
         step finds them in memory (non-blocking; nothing is read without a free buffer)."""
-        self.window.prefetch(u.index)
+        if u.states_swap is self:
+            self.window.prefetch(u.index)
 
     def step_order(self, units):
         """`units` with those already in the window (read ahead during backward) first: the step walks them
         before any other is read (an element-wise optimizer: the order changes no value)."""
-        ready = [u for u in units if self.window.state_of(u.index) is not None]
-        return ready + [u for u in units if self.window.state_of(u.index) is None]
+        ready = [u.states_swap is not self or self.window.state_of(u.index) is not None for u in units]
+        return [u for u, r in zip(units, ready) if r] + [u for u, r in zip(units, ready) if not r]
 
     def visitor(self, writes):
         """A Visitor: one unit at a time in host memory, for code that reads (writes=False) or writes the states of

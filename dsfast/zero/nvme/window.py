@@ -27,11 +27,12 @@ SMALL_SHARE = 16   # a unit at most 1/16 of the largest unit's bytes is small: o
 def small_units_bytes(sizes):
     """Host memory the small units among units of `sizes` bytes can hold beside the buffers (all of them at once,
     their writes in flight)."""
-    return sum(aligned_size(n) for n in sizes if _small(n, max(sizes, default=0)))
+    return sum(aligned_size(n) for n in sizes if small_size(n, max(sizes, default=0)))
 
 
-def _small(nbytes, largest):
-    """(in whole buffers: a unit under a page is small only beside units of SMALL_SHARE pages or more)"""
+def small_size(nbytes, largest):
+    """A unit of `nbytes` is small beside one of `largest` (in whole pages: a unit under a page is small only
+    beside units of SMALL_SHARE pages or more)."""
     return 0 < nbytes and aligned_size(nbytes) * SMALL_SHARE <= aligned_size(largest)
 
 
@@ -74,7 +75,7 @@ class UnitWindow:
         return self._small_bytes(self.sizes.get(i, 0))
 
     def _small_bytes(self, nbytes):
-        return _small(nbytes, max(self.sizes.values(), default=0))
+        return small_size(nbytes, max(self.sizes.values(), default=0))
 
     def path(self, i):
         return self.dir.file(self.name.format(i))
