@@ -309,15 +309,32 @@ def test_auto_takes_the_plans_placement_at_initialize(monkeypatch, caplog, devic
     assert torch.isfinite(loss)
 
 
-def test_auto_choosing_no_offload_refuses_int8_states_as_a_config_without_offload(monkeypatch):
-    """state_precision "int8" is accepted beside device "auto"; a choice of no offload cannot keep 8-bit host
-    moments, so it is the refusal a config saying "none" gets, not a silent fp32 optimizer on the device."""
+def test_auto_with_int8_states_plans_from_the_int8_rows(monkeypatch, caplog):
+    """state_precision "int8" beside device "auto": the plan's int8 rows (8-bit host moments: offload only) decide,
+    so the choice is a host optimizer with 8-bit moments even where the device could hold fp32 states, and their
+    smaller host bytes fit where fp32 states would have needed NVMe."""
     monkeypatch.setattr(auto_offload, "measured_figures",
                         lambda device, path: HostFigures(host_available=64 * GIB, device_memory=64 * GIB))
     model = _model()
-    with pytest.raises(ValueError, match=r'offload_optimizer.state_precision: "int8" .*"auto" chose "none"'):
-        dsfast.initialize(model=model, model_parameters=model.parameters(),
-                          config=_auto_cfg(state_precision="int8"), dist_init_required=False)
+    with caplog.at_level(logging.WARNING, logger="dsfast.zero"):
+        engine = dsfast.initialize(model=model, model_parameters=model.parameters(),
+                                   config=_auto_cfg(state_precision="int8"), dist_init_required=False)[0]
+    assert engine.config.zero_optimization.offload_optimizer_device == "cpu" and '"auto" -> "cpu"' in caplog.text
+    assert "8bit" in type(engine.optimizer).__name__   # (CPUAdamW8bit: the host optimizer with 8-bit moments)
+    engine.backward(engine(torch.randn(4, 16)).pow(2).mean())
+    engine.step()
+    # the host-memory boundary, one rank at stage 2 (fp32 training): between the int8 row's and the fp32 row's
+    fig = HostFigures(device_memory=64 * GIB, nvme_free=10 ** 13)
+    rows = make_plan(PSI, 1, fig, 1, mixed=False, headroom=1.0)
+    host = {r["states"]: r["host"] for r in rows if r["stage"] == 2 and r["offload_optimizer"] is True
+            and r["offload_param"] is False and r["masters"] == "fp32"}
+    assert host["int8"] < host["fp32"]
+    cut = (host["int8"] + host["fp32"]) / 2 / 0.9   # (auto keeps 10% of the host free)
+    fig = HostFigures(host_available=cut, device_memory=16 * GIB, nvme_path="/nvme", nvme_free=10 ** 13)
+    for precision, expected in (("int8", "cpu"), ("fp32", "nvme")):
+        data = _auto_cfg(stage=2, nvme_path="/nvme", state_precision=precision)
+        data["zero_optimization"]["reduce_bucket_size"] = 10 ** 7   # (the NVMe window: 4 units of 1e7 elements)
+        assert auto_offload.choose(parse_config(data, world_size=1), PSI, 0, 1, 1, fig)[0] == expected, precision
 
 
 def test_auto_refuses_when_nothing_fits_and_names_the_placements(monkeypatch):

@@ -41,7 +41,8 @@ DSFAST_CHOICES = {
     "zero_optimization.offload_optimizer.device": (
         '"auto" is dsfast\'s own value: initialize() picks "none", "cpu" or "nvme" (nvme only with nvme_path) '
         "from this model's size, the world size and the machine's free memory, the fastest that fits, and logs "
-        "it (`dsfast plan` shows the options)",
+        "it (with state_precision \"int8\": \"cpu\" or \"nvme\", from the plan's int8 rows; `dsfast plan` shows "
+        "the options)",
         lambda cfg, given: cfg.zero_optimization.offload_optimizer_device == "auto"),
 }
 # "auto" values that are dsfast's own (DSFAST_CHOICES explains them), not a framework's placeholder

@@ -17,11 +17,13 @@ ORDER = ("none", "cpu", "nvme")   # fastest first
 
 
 def _matches(cfg):
-    """The plan rows the config leaves open: its stage, offload_param and precision."""
+    """The plan rows the config leaves open: its stage, offload_param and precision (8-bit moments,
+    state_precision "int8": the plan's int8 rows, which are host optimizers only, so "cpu" or "nvme")."""
     z = cfg.zero_optimization
     param = {"none": False, "cpu": True, "nvme": "nvme"}[z.offload_param_device]
     masters = "bf16" if cfg.bf16.bf16_master_weights_and_grads else "fp32"
-    states = "bf16" if cfg.bf16.bf16_optimizer_states else "fp32"
+    states = "int8" if z.offload_optimizer.state_precision == "int8" else \
+        "bf16" if cfg.bf16.bf16_optimizer_states else "fp32"
     return lambda r: (r["stage"] == z.stage and r["offload_param"] == param and r["masters"] == masters
                       and r["states"] == states)
 
@@ -93,8 +95,8 @@ def resolve_auto_offload(cfg, model, world, device, figures=None):
 
 
 def _check_state_precision(cfg):
-    """state_precision "int8" was accepted while the device was "auto"; the choice may be one it cannot apply to
-    (no offload): the same refusal as for a config that said so."""
+    """state_precision "int8" was accepted while the device was "auto": the choice is checked as a config that
+    said it would be (the int8 rows are offload rows, so the choice is one it applies to)."""
     from ...config.errors import dotted, raise_problems
     from ...config.master_precision import int8_state_errors
     chose = cfg.zero_optimization.offload_optimizer.device
