@@ -117,8 +117,8 @@ class NvmeStates(SwapSpace):
                 yield u
                 if swapped[j] and self._evict(u):
                     # its states appeared (the first step): their memory and the copies that moved them are
-                    # freed now; given back per unit, else glibc's heap keeps all the units' (its mmap threshold
-                    # rises to the size freed) until the walk ends, about 2x the states' bytes at the peak
+                    # freed now; given back per unit, else glibc's heap keeps them (its mmap threshold rises to
+                    # the size freed) until the walk ends and the first step's peak grows with the units walked
                     give_back_freed_memory()
                 read_ahead(j)
         except SwapError:
