@@ -115,8 +115,11 @@ class NvmeStates(SwapSpace):
                 if swapped[j]:
                     self._load(u)
                 yield u
-                if swapped[j]:
-                    self._evict(u)
+                if swapped[j] and self._evict(u):
+                    # its states appeared (the first step): their memory and the copies that moved them are
+                    # freed now; given back per unit, else glibc's heap keeps them (its mmap threshold rises to
+                    # the size freed) until the walk ends and the first step's peak grows with the units walked
+                    give_back_freed_memory()
                 read_ahead(j)
         except SwapError:
             with contextlib.suppress(SwapError):   # the writes in flight land before the error goes up
@@ -185,6 +188,7 @@ class NvmeStates(SwapSpace):
 
     @torch.no_grad()
     def _evict(self, u):
+        """u's master and states to its file (their memory parked); True when the file's layout changed."""
         tensors = self._tensors(u)
         layout, offset = self._layout(u)
         moved = layout != u.states_layout
@@ -203,6 +207,7 @@ class NvmeStates(SwapSpace):
         self.window.store(u.index, fill, offset)
         u.states_layout = layout
         self._park_all(u)
+        return moved
 
     def _park_all(self, u):
         for _, t in self._tensors(u):
