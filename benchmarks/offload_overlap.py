@@ -19,9 +19,9 @@ started on first use are caught; without two usable cores nothing is pinned and 
 The model (an MLP of --layers Linear(width, width) + Tanh, one reduce bucket per layer so that each layer is one
 shard unit at stages 1-2; the default width 1000 keeps a layer's weight and bias under the engine's 2**20-element
 bucket cap: at 1024 each layer was two units, a 4 MiB one and a 4 KiB one, and each took a buffer of the NVMe
-window; stage 3's units are parameters) gets its batch size from a measurement at start: the host step (dsfast's CPUAdam over all the
-parameters, one thread) and the forward per row are timed, and the rows are chosen so the forward takes as long as
-the host step; both are printed.
+window; stage 3's units are parameters) gets its batch size from a measurement at start: the host step (dsfast's
+CPUAdam over all the parameters, one thread) and the forward per row are timed, and the rows are chosen so the
+forward takes as long as the host step; both are printed.
 
 Rows, interleaved over --rounds (each round runs every row's block, in a rotating order), median and spread
 (min-max) of each block's time per step:

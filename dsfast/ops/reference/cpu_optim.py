@@ -1,7 +1,7 @@
 """Pure-torch stand-in for the native `cpu_optim` op (Adam, SGD, Adagrad, Lion): the same functions and arguments
-(csrc/bindings/cpu_optim*.cpp), the same math (csrc/include/dsfast/optim_math.h), one
-tensor at a time. Used when the extension cannot be built; slower, never silently wrong. 16-bit params (masters) and states
-are computed in fp32 and rounded to nearest even on the way back, as the kernels do.
+(csrc/bindings/cpu_optim*.cpp), the same math (csrc/include/dsfast/optim_math.h), one tensor at a time. Used when
+the extension cannot be built; slower, never silently wrong. 16-bit params (masters) and states are computed in
+fp32 and rounded to nearest even on the way back, as the kernels do.
 """
 import math
 

@@ -3,8 +3,8 @@
 Every unit's master and per-element optimizer states live in one swap file (master first, then the states by
 key), except a small unit's (a bias, a norm's weight: at most 1/16 of the largest unit's pages), which stays in host
 memory: its file's renames and small write would cost the I/O pool more than its bytes (the host-memory check
-counts them); between steps their tensors keep their objects, shapes and dtypes (optimizer.state[unit.shard] stays valid)
-over storages resized to nothing, as engine.offload_states() does. The step walks the units in order through a
+counts them). Between steps their tensors keep their objects, shapes and dtypes (optimizer.state[unit.shard] stays
+valid) over storages resized to nothing, as engine.offload_states() does. The step walks the units in order through a
 window (nvme_window.UnitWindow): a unit's tensors become views of its host buffer while it is stepped, so the
 optimizer reads and writes the buffer that goes back to disk (no copy), while the next units are read and the
 previous ones written. States the optimizer creates at its first step (in ordinary memory) are packed into the
@@ -95,17 +95,15 @@ class NvmeStates(SwapSpace):
     def windows(self, units):
         """Yield each unit in order with its master and states in host memory; read ahead, write behind. Every
         write of the step has landed when the walk ends (an I/O error is raised then)."""
-        # one unit stepped, one written, the rest read ahead (units in memory or small ones, outside the buffers,
-        # not counted)
+        # one unit stepped, one written, the rest read ahead (the units kept in memory, the small ones, not counted)
         ahead = max(1, self.window.buffer_count - 2)
         swapped = [u.states_swap is self for u in units]
-        buffered = [s and not self.window.is_small(u.index) for u, s in zip(units, swapped)]
         nxt = 0   # the next unit to read ahead
 
-        def read_ahead(j):   # units after j, until `ahead` of them take a buffer
+        def read_ahead(j):   # units after j, until `ahead` swapped ones are being read
             nonlocal nxt
             nxt = max(nxt, j + 1)
-            while nxt < len(units) and sum(buffered[j + 1:nxt]) < ahead:
+            while nxt < len(units) and sum(swapped[j + 1:nxt]) < ahead:
                 if swapped[nxt]:
                     self.window.prefetch(units[nxt].index)
                 nxt += 1

@@ -7,13 +7,13 @@
 
 At most `buffer_count` buffers exist, each holding one unit that is being read, used or written, so reading the
 next units, the caller's work on this one and writing the previous ones overlap in the I/O pool. A small unit (a
-bias or a norm's weight: at most 1/SMALL_SHARE of the largest unit's bytes) takes none of them: it gets a buffer of
-its own size, freed with its slot (else a model's biases, one unit each at stage 3, would fill half the window). A write goes into a
-spare file (a unit's retired version, overwritten in place), which then replaces the unit's file: a failed write
-leaves the unit's previous file whole, and the disk's blocks are reused rather than allocated anew. A buffer is
-allocated at the size of the largest unit it held (grow() when a unit's bytes grow, e.g. its optimizer states
-appear). A read or write error is raised to the caller at the next call that waits on it, or at flush(). A unit
-read ahead and never acquired (the caller's order changed) gives its buffer up when one is needed.
+bias or a norm's weight: at most 1/SMALL_SHARE of the largest unit's pages) takes none of them: it gets a buffer of
+its own size, freed with its slot (else a model's biases, one unit each at stage 3, would fill half the window).
+A write goes into a spare file (a unit's retired version, overwritten in place), which then replaces the unit's
+file: a failed write leaves the unit's previous file whole, and the disk's blocks are reused rather than allocated
+anew. A buffer is allocated at the size of the largest unit it held (grow() when a unit's bytes grow, e.g. its
+optimizer states appear). A read or write error is raised to the caller at the next call that waits on it, or at
+flush(). A unit read ahead and never acquired (the caller's order changed) gives its buffer up when one is needed.
 """
 import os
 from collections import OrderedDict
@@ -21,13 +21,14 @@ from collections import OrderedDict
 from .buffers import HostBuffer, aligned_size
 
 FREE, READING, HELD, WRITING = "free", "reading", "held", "writing"
-SMALL_SHARE = 16   # a unit at most 1/16 of the largest unit's bytes is small: outside the buffer_count buffers
+SMALL_SHARE = 16   # a unit at most 1/16 of the largest unit's pages is small: outside the buffer_count buffers
 
 
 def small_units_bytes(sizes):
     """Host memory the small units among units of `sizes` bytes can hold beside the buffers (all of them at once,
     their writes in flight)."""
-    return sum(aligned_size(n) for n in sizes if small_size(n, max(sizes, default=0)))
+    largest = max(sizes, default=0)
+    return sum(aligned_size(n) for n in sizes if small_size(n, largest))
 
 
 def small_size(nbytes, largest):
