@@ -49,8 +49,9 @@ def register_exit_teardown():
         atexit.register(destroy_at_exit)
 
 
-# How long the exit hook lets gloo's worker threads run when the program destroyed the group itself.
-RELEASE_WAIT_S = 0.1
+# How long the exit hook lets gloo's worker threads run when the program destroyed the group itself (0.1 s was
+# short on a loaded machine: a fresh-clone CI run on 2 busy cores still aborted 1 rank-run in 8, 2026-12-06)
+RELEASE_WAIT_S = 0.5
 
 
 def destroy_at_exit():
