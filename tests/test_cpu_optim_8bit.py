@@ -120,7 +120,7 @@ def test_stochastic_rounding_of_bf16_params_matches_the_reference(native):
     assert torch.equal(got[0][0], want[0][0])
 
 
-@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["avx2", "avx512", "avx512bf16"])
 def test_vector_bodies_agree_with_the_scalar_body(native, isa):
     if isa not in native.available_isas():
         pytest.skip(f"{isa} not supported by this CPU")
@@ -139,7 +139,7 @@ def test_vector_bodies_agree_with_the_scalar_body(native, isa):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-12)
 
 
-@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["avx2", "avx512", "avx512bf16"])
 def test_vector_encoding_is_bit_identical_to_the_scalar_body(native, isa):
     if isa not in native.available_isas():
         pytest.skip(f"{isa} not supported by this CPU")
@@ -152,7 +152,7 @@ def test_vector_encoding_is_bit_identical_to_the_scalar_body(native, isa):
             assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512bf16"])
 def test_every_code_decodes_and_reencodes_to_itself_on_every_isa(native, isa):
     if isa not in native.available_isas():
         pytest.skip(f"{isa} not supported by this CPU")
@@ -177,10 +177,13 @@ def test_every_code_decodes_and_reencodes_to_itself_on_every_isa(native, isa):
 def _extreme_lists():
     """One tensor of 8 blocks from zero states: plain; +inf, -inf and NaN gradients (absmax inf / NaN); denormal
     gradients and zeros (kCodeTop / absmax overflows); g * g overflowing (v's absmax inf, m's finite); g * g
-    underflowing; zeros. Params span 1e-30 .. 1e30."""
+    underflowing; zeros. Params span 1e-30 .. 1e30. In the first block, among gradients of ~1, one of 1e-21 (with
+    betas 0, v = 1e-42 / absmax ~ 1e-43, below 2^-133: a denormal product whose high 16 bits are 0, which must still
+    get code 1, never 0)."""
     B = Q.QUANT_BLOCK
     g = torch.Generator().manual_seed(3)
     grads = torch.randn(8 * B, generator=g)
+    grads[17] = 1e-21
     grads[B + 5], grads[2 * B + 7], grads[3 * B + 9] = float("inf"), -float("inf"), float("nan")
     grads[4 * B:5 * B] = torch.randn(B, generator=g) * 1e-40
     grads[4 * B:5 * B:3] = 0.0
@@ -196,7 +199,7 @@ def _extreme_lists():
 
 
 @pytest.mark.parametrize("betas", [(0.0, 0.0), (0.9, 0.999)])
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512bf16"])
 def test_extreme_inputs_codes_equal_the_reference_and_params_within_the_fma_tolerance(native, isa, betas):
     if isa not in native.available_isas():
         pytest.skip(f"{isa} not supported by this CPU")
@@ -225,7 +228,7 @@ def test_extreme_inputs_codes_equal_the_reference_and_params_within_the_fma_tole
     assert bool(((a - b).abs()[finite] <= tol[finite]).all())
 
 
-@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["avx2", "avx512", "avx512bf16"])
 def test_outputs_streamed_when_aligned_and_copied_when_not_are_the_same(native, isa):
     if isa not in native.available_isas():
         pytest.skip(f"{isa} not supported by this CPU")

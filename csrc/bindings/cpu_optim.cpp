@@ -39,7 +39,8 @@ void table_release(const OwnedTensor& held_cols) {
 // to types both ABIs return).
 std::string available_isas() {
   std::string out;
-  for (auto i : {dsfast::cpu::Isa::AVX512, dsfast::cpu::Isa::AVX2, dsfast::cpu::Isa::Scalar})
+  for (auto i : {dsfast::cpu::Isa::AVX512BF16, dsfast::cpu::Isa::AVX512, dsfast::cpu::Isa::AVX2,
+                 dsfast::cpu::Isa::Scalar})
     if (dsfast::cpu::isa_supported(i)) out += (out.empty() ? "" : ",") + std::string(dsfast::cpu::isa_name(i));
   return out;
 }

@@ -15,8 +15,10 @@ namespace cpu {
 
 enum class DType : int32_t { F32 = 0, BF16 = 1, F16 = 2, None = 3 };
 
-// Instruction-set bodies. Auto picks the best one the running CPU supports.
-enum class Isa : int32_t { Scalar = 0, AVX2 = 1, AVX512 = 2, Auto = 3 };
+// Instruction-set bodies. Auto picks the best one the running CPU supports. AVX512BF16 is the AVX-512 body compiled
+// again with BW/VL/DQ and AVX512_BF16 (Cooper Lake, Sapphire Rapids, Zen 4 on): one instruction rounds 16 floats to
+// bf16, and the 8-bit encode runs on 16-bit lanes; the same bits as the AVX512 body.
+enum class Isa : int32_t { Scalar = 0, AVX2 = 1, AVX512 = 2, Auto = 3, AVX512BF16 = 4 };
 
 // Parameters (masters) and states are F32, or 16-bit (bf16 / fp16 masters: DeepSpeed's
 // bf16_master_weights_and_grads, fp16_master_weights_and_grads; 16-bit states: bf16_optimizer_states,
@@ -120,27 +122,24 @@ void adam8bit_step(const Adam8bitTensor* tensors, int64_t count, int num_threads
 bool isa_supported(Isa isa);  // compiled in AND runnable on this CPU
 Isa best_isa();
 const char* isa_name(Isa isa);
-Isa parse_isa(const char* name);  // "auto", "avx512", "avx2", "scalar"; throws otherwise
+Isa parse_isa(const char* name);  // "auto", "avx512bf16", "avx512", "avx2", "scalar"; throws otherwise
 bool openmp_enabled();
 
-// Per-ISA bodies (isa_*.cpp): update elements [begin, end) of one tensor.
-void adam_range_scalar(const AdamTensor& t, int64_t begin, int64_t end);
-void sgd_range_scalar(const SGDTensor& t, int64_t begin, int64_t end);
-void adagrad_range_scalar(const AdagradTensor& t, int64_t begin, int64_t end);
-void lion_range_scalar(const LionTensor& t, int64_t begin, int64_t end);
-void adam8bit_range_scalar(const Adam8bitTensor& t, int64_t begin, int64_t end);
+// Per-ISA bodies (isa_*.cpp): op##_range_##isa updates elements [begin, end) of one tensor. X(op, tensor type,
+// isa suffix) once per optimizer, so a new ISA declares and defines all five in one line each.
+#define DSFAST_ISA_BODIES(X, isa) \
+  X(adam, AdamTensor, isa) X(sgd, SGDTensor, isa) X(adagrad, AdagradTensor, isa) X(lion, LionTensor, isa) \
+  X(adam8bit, Adam8bitTensor, isa)
+#define DSFAST_DECLARE_BODY(op, T, isa) void op##_range_##isa(const T& t, int64_t begin, int64_t end);
+// In an isa_*.cpp, after kernel_body.h / kernel_8bit.h: the entry point calls that file's DSFAST_ISA_NS body.
+#define DSFAST_DEFINE_BODY(op, T, isa) \
+  void op##_range_##isa(const T& t, int64_t begin, int64_t end) { DSFAST_ISA_NS::op##_range(t, begin, end); }
+DSFAST_ISA_BODIES(DSFAST_DECLARE_BODY, scalar)
 #if defined(__x86_64__) || defined(_M_X64)
 #define DSFAST_HAVE_X86_ISAS 1
-void adam_range_avx2(const AdamTensor& t, int64_t begin, int64_t end);
-void sgd_range_avx2(const SGDTensor& t, int64_t begin, int64_t end);
-void adagrad_range_avx2(const AdagradTensor& t, int64_t begin, int64_t end);
-void lion_range_avx2(const LionTensor& t, int64_t begin, int64_t end);
-void adam8bit_range_avx2(const Adam8bitTensor& t, int64_t begin, int64_t end);
-void adam_range_avx512(const AdamTensor& t, int64_t begin, int64_t end);
-void sgd_range_avx512(const SGDTensor& t, int64_t begin, int64_t end);
-void adagrad_range_avx512(const AdagradTensor& t, int64_t begin, int64_t end);
-void lion_range_avx512(const LionTensor& t, int64_t begin, int64_t end);
-void adam8bit_range_avx512(const Adam8bitTensor& t, int64_t begin, int64_t end);
+DSFAST_ISA_BODIES(DSFAST_DECLARE_BODY, avx2)
+DSFAST_ISA_BODIES(DSFAST_DECLARE_BODY, avx512)
+DSFAST_ISA_BODIES(DSFAST_DECLARE_BODY, avx512bf16)
 #endif
 
 }  // namespace cpu

@@ -30,6 +30,10 @@ bool cpu_has(Isa isa) {
 #if defined(DSFAST_HAVE_X86_ISAS) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
   switch (isa) {
+    case Isa::AVX512BF16:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512bf16") && cpu_has(Isa::AVX2);
     case Isa::AVX512:
       return __builtin_cpu_supports("avx512f");
     case Isa::AVX2:
@@ -148,7 +152,8 @@ bool isa_supported(Isa isa) {
 }
 
 Isa best_isa() {
-  static const Isa best = isa_supported(Isa::AVX512) ? Isa::AVX512
+  static const Isa best = isa_supported(Isa::AVX512BF16) ? Isa::AVX512BF16
+                          : isa_supported(Isa::AVX512) ? Isa::AVX512
                           : isa_supported(Isa::AVX2) ? Isa::AVX2
                                                      : Isa::Scalar;
   return best;
@@ -159,6 +164,7 @@ const char* isa_name(Isa isa) {
     case Isa::Scalar: return "scalar";
     case Isa::AVX2: return "avx2";
     case Isa::AVX512: return "avx512";
+    case Isa::AVX512BF16: return "avx512bf16";
     default: return "auto";
   }
 }
@@ -166,10 +172,11 @@ const char* isa_name(Isa isa) {
 Isa parse_isa(const char* name) {
   const std::string s(name ? name : "");
   if (s == "auto") return Isa::Auto;
+  if (s == "avx512bf16") return Isa::AVX512BF16;
   if (s == "avx512") return Isa::AVX512;
   if (s == "avx2") return Isa::AVX2;
   if (s == "scalar") return Isa::Scalar;
-  throw std::invalid_argument("isa='" + s + "' is not one of 'auto', 'avx512', 'avx2', 'scalar'");
+  throw std::invalid_argument("isa='" + s + "' is not one of 'auto', 'avx512bf16', 'avx512', 'avx2', 'scalar'");
 }
 
 bool openmp_enabled() {
@@ -184,6 +191,7 @@ void adam_step(const AdamTensor* ts, int64_t count, int num_threads, Isa isa) {
   for (int64_t k = 0; k < count; ++k) check_precision(ts[k], k);
   switch (resolve(isa)) {
 #ifdef DSFAST_HAVE_X86_ISAS
+    case Isa::AVX512BF16: run_work_list(ts, count, num_threads, adam_range_avx512bf16); break;
     case Isa::AVX512: run_work_list(ts, count, num_threads, adam_range_avx512); break;
     case Isa::AVX2: run_work_list(ts, count, num_threads, adam_range_avx2); break;
 #endif
@@ -200,6 +208,7 @@ void sgd_step(const SGDTensor* ts, int64_t count, int num_threads, Isa isa) {
   }
   switch (resolve(isa)) {
 #ifdef DSFAST_HAVE_X86_ISAS
+    case Isa::AVX512BF16: run_work_list(ts, count, num_threads, sgd_range_avx512bf16); break;
     case Isa::AVX512: run_work_list(ts, count, num_threads, sgd_range_avx512); break;
     case Isa::AVX2: run_work_list(ts, count, num_threads, sgd_range_avx2); break;
 #endif
@@ -210,13 +219,15 @@ void sgd_step(const SGDTensor* ts, int64_t count, int num_threads, Isa isa) {
 namespace {
 // Adagrad and Lion: one state each, which every tensor of the call must have.
 template <class T, class Fn>
-void one_state_step(const T* ts, int64_t count, int num_threads, Isa isa, Fn scalar, Fn avx2, Fn avx512) {
+void one_state_step(const T* ts, int64_t count, int num_threads, Isa isa, Fn scalar, Fn avx2, Fn avx512,
+                    Fn avx512bf16) {
   for (int64_t k = 0; k < count; ++k) {
     check_precision(ts[k], k);
     if (ts[k].state == nullptr && ts[k].numel > 0)
       throw std::invalid_argument("tensor " + std::to_string(k) + ": the optimizer state buffer is missing");
   }
   switch (resolve(isa)) {
+    case Isa::AVX512BF16: run_work_list(ts, count, num_threads, avx512bf16); break;
     case Isa::AVX512: run_work_list(ts, count, num_threads, avx512); break;
     case Isa::AVX2: run_work_list(ts, count, num_threads, avx2); break;
     default: run_work_list(ts, count, num_threads, scalar); break;
@@ -225,9 +236,9 @@ void one_state_step(const T* ts, int64_t count, int num_threads, Isa isa, Fn sca
 }  // namespace
 
 #ifdef DSFAST_HAVE_X86_ISAS
-#define DSFAST_BODIES(op) op##_range_scalar, op##_range_avx2, op##_range_avx512
+#define DSFAST_BODIES(op) op##_range_scalar, op##_range_avx2, op##_range_avx512, op##_range_avx512bf16
 #else   // resolve() never picks a vector ISA here
-#define DSFAST_BODIES(op) op##_range_scalar, op##_range_scalar, op##_range_scalar
+#define DSFAST_BODIES(op) op##_range_scalar, op##_range_scalar, op##_range_scalar, op##_range_scalar
 #endif
 
 void adagrad_step(const AdagradTensor* ts, int64_t count, int num_threads, Isa isa) {
@@ -256,6 +267,7 @@ void adam8bit_step(const Adam8bitTensor* ts, int64_t count, int num_threads, Isa
   auto run = [&](auto body) { run_work_list<kQuantBlock>(ts, count, num_threads, body); };
   switch (resolve(isa)) {
 #ifdef DSFAST_HAVE_X86_ISAS
+    case Isa::AVX512BF16: run(adam8bit_range_avx512bf16); break;
     case Isa::AVX512: run(adam8bit_range_avx512); break;
     case Isa::AVX2: run(adam8bit_range_avx2); break;
 #endif

@@ -28,11 +28,7 @@
 
 namespace dsfast {
 namespace cpu {
-void adam_range_avx2(const AdamTensor& t, int64_t b, int64_t e) { avx2_isa::adam_range(t, b, e); }
-void sgd_range_avx2(const SGDTensor& t, int64_t b, int64_t e) { avx2_isa::sgd_range(t, b, e); }
-void adagrad_range_avx2(const AdagradTensor& t, int64_t b, int64_t e) { avx2_isa::adagrad_range(t, b, e); }
-void lion_range_avx2(const LionTensor& t, int64_t b, int64_t e) { avx2_isa::lion_range(t, b, e); }
-void adam8bit_range_avx2(const Adam8bitTensor& t, int64_t b, int64_t e) { avx2_isa::adam8bit_range(t, b, e); }
+DSFAST_ISA_BODIES(DSFAST_DEFINE_BODY, avx2)
 }  // namespace cpu
 }  // namespace dsfast
 

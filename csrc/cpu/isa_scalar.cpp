@@ -8,10 +8,6 @@
 
 namespace dsfast {
 namespace cpu {
-void adam_range_scalar(const AdamTensor& t, int64_t b, int64_t e) { scalar_isa::adam_range(t, b, e); }
-void sgd_range_scalar(const SGDTensor& t, int64_t b, int64_t e) { scalar_isa::sgd_range(t, b, e); }
-void adagrad_range_scalar(const AdagradTensor& t, int64_t b, int64_t e) { scalar_isa::adagrad_range(t, b, e); }
-void lion_range_scalar(const LionTensor& t, int64_t b, int64_t e) { scalar_isa::lion_range(t, b, e); }
-void adam8bit_range_scalar(const Adam8bitTensor& t, int64_t b, int64_t e) { scalar_isa::adam8bit_range(t, b, e); }
+DSFAST_ISA_BODIES(DSFAST_DEFINE_BODY, scalar)
 }  // namespace cpu
 }  // namespace dsfast

@@ -1,5 +1,6 @@
-// 16-lane float vector for AVX-512F (only F is needed: fp16 and bf16 conversions go
-// through F-level instructions). Include ONLY after isa_avx512.cpp's target pragma.
+// 16-lane float vector for AVX-512F (only F is needed: fp16 and bf16 conversions go through F-level instructions;
+// with DSFAST_AVX512_BF16, vcvtneps2bf16 rounds to bf16). Include ONLY after isa_avx512.cpp's target pragma, in its
+// DSFAST_ISA_NS.
 #pragma once
 
 #include <immintrin.h>
@@ -7,7 +8,7 @@
 
 namespace dsfast {
 namespace cpu {
-namespace avx512_isa {
+namespace DSFAST_ISA_NS {
 
 struct Vec {
   static constexpr int W = 16;
@@ -26,6 +27,14 @@ struct Vec {
   }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
   void store_bf16(uint16_t* p) const {
+#if defined(DSFAST_AVX512_BF16)
+    // vcvtneps2bf16 rounds to nearest even and quiets a NaN as below, but flushes a denormal to a signed zero:
+    // a vector holding one (rare: a param near 1e-38) takes the integer path
+    if (__builtin_expect(_mm512_fpclass_ps_mask(v, 0x20) == 0, 1)) {   // 0x20: denormal
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+      return;
+    }
+#endif
     // round to nearest even on the dropped 16 bits; NaN -> quiet NaN with its sign
     __m512i b = _mm512_castps_si512(v);
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
@@ -72,6 +81,6 @@ inline Vec dsfast_sign(Vec a) {
                               _mm512_castsi512_ps(one));
 }
 
-}  // namespace avx512_isa
+}  // namespace DSFAST_ISA_NS
 }  // namespace cpu
 }  // namespace dsfast

@@ -344,7 +344,7 @@ int main() {
   std::printf("best ISA: %s, OpenMP: %s\n", isa_name(best_isa()), openmp_enabled() ? "yes" : "no");
   CHECK(isa_supported(Isa::Scalar), "scalar is always supported");
   std::vector<Isa> isas;
-  for (Isa i : {Isa::Scalar, Isa::AVX2, Isa::AVX512}) {
+  for (Isa i : {Isa::Scalar, Isa::AVX2, Isa::AVX512, Isa::AVX512BF16}) {
     if (isa_supported(i)) isas.push_back(i);
     else std::printf("ISA %s not runnable here: skipped\n", isa_name(i));
   }
