@@ -363,6 +363,34 @@ def case_adagrad_lion(n, rounds, ceiling, results):
     results["lion"] = rows
 
 
+def isa_sweep(n=1 << 18, calls=200):
+    """Each instruction-set body's cost a parameter with the data in L3 (256K params, one thread): the fp32-state
+    step with a bf16 copy out, and the 8-bit step. Compute, not bandwidth: what bounds a step once memory is fast."""
+    from dsfast.optim import _cpu_op, quant_state
+    op = _cpu_op.op()
+    g16 = ((torch.rand(n) - 0.5) * 1e-2).to(torch.bfloat16)
+    print(f"\n== Each ISA body, data in L3 ({n // 1024}K params, 1 thread; ns a parameter, best of 5 x {calls} calls) ==")
+    for isa in op.available_isas():
+        p, m, v, out = torch.rand(n) - 0.5, torch.zeros(n), torch.full((n,), 1e-6), torch.zeros(n, dtype=torch.bfloat16)
+        step = torch.tensor(0.0)
+        fp32 = lambda: adam_flat_step(p, g16, m, v, step, lr=LR, adamw=False, out16=out, num_threads=1, isa=isa)
+        state = quant_state.empty_state(n)
+        lists = [[state[k]] for k in quant_state.CODE_KEYS]
+        q8 = lambda: op.adam8bit_step([p], [g16], *lists, [out], [step], LR, 0.9, 0.999, 1e-8, 0.0, False, True,
+                                      1.0, 1, isa=isa)
+        cost = {}
+        for name, fn in (("fp32 states", fp32), ("8-bit states", q8)):
+            fn()
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                best = min(best, (time.perf_counter() - t0) / calls)
+            cost[name] = best * 1e9 / n
+        print(f"   {isa:<12} fp32 states {cost['fp32 states']:.3f}   8-bit states {cost['8-bit states']:.3f}")
+
+
 def verdicts(results, ntensors):
     """The issue's targets, each as ours' speedup over the fastest peer of that case."""
     def best_peer(rows, ours):   # a peer is torch's or DeepSpeed's row: dsfast's other layouts are not peers
@@ -390,7 +418,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--json", help="also write the numbers here")
+    ap.add_argument("--isa-sweep", action="store_true", help="only each ISA body's in-cache cost a parameter")
     args = ap.parse_args()
+    if args.isa_sweep:
+        return isa_sweep()
     torch.set_num_threads(args.threads)
     rounds = args.rounds or (3 if args.quick else 7)
     global SLOW_KEEP
