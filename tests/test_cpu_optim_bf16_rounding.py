@@ -6,7 +6,7 @@ be the same bits on every ISA, and torch's rounding wherever the value is not a 
 import pytest
 import torch
 
-from _cpu_optim_helpers import isas, native  # noqa: F401  (fixture)
+from _cpu_optim_helpers import native  # noqa: F401  (fixture)
 
 # fp32 bit patterns: zeros, denormals (the smallest; ties at their 16th bit; the largest, which rounds up to the
 # smallest normal), ties to even down and up, the largest finite (rounds to inf), infinities, NaNs (signalling,
@@ -46,10 +46,10 @@ def _bf16_copy(op, isa, adam8bit):
 
 
 @pytest.mark.parametrize("adam8bit", [False, True], ids=["adam", "adam8bit"])
-@pytest.mark.parametrize("isa", isas())
+@pytest.mark.parametrize("isa", ["avx2", "avx512", "avx512bf16"])
 def test_bf16_copies_are_the_same_bits_on_every_isa(native, isa, adam8bit):
-    if isa == "scalar":
-        pytest.skip("the scalar body is the one compared against")
+    if isa not in native.available_isas():
+        pytest.skip(f"{isa} not supported by this CPU")
     p, got = _bf16_copy(native, isa, adam8bit)
     p_ref, want = _bf16_copy(native, "scalar", adam8bit)
     assert torch.equal(p.view(torch.int32), p_ref.view(torch.int32)), "lr = 0 must leave the params as they were"
