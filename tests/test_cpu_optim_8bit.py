@@ -79,6 +79,20 @@ def test_zero_block_and_short_last_block():
     assert Q.dequantize(codes, scales, True).abs().max().item() == 0.0
 
 
+@pytest.mark.parametrize("numel", [1, 256, 300, 4097])
+def test_fresh_states_are_the_quantized_zeros(numel):
+    # quant_state.empty_state writes zero codes and scales directly (the optimizer's first step creates one per
+    # parameter); they must be what quantizing zeros gives, in the kernel's dtypes and layout
+    from dsfast.optim import quant_state
+    state = quant_state.empty_state(numel)
+    for key, signed in (("exp_avg", True), ("exp_avg_sq", False)):
+        codes, scales = Q.quantize(torch.zeros(numel), signed)
+        got_codes, got_scales = state[key + "_codes"], state[key + "_scales"]
+        assert got_codes.dtype == codes.dtype and got_scales.dtype == scales.dtype
+        assert torch.equal(got_codes, codes) and torch.equal(got_scales, scales)
+        assert got_codes.is_contiguous() and got_scales.is_contiguous()
+
+
 def _lists(sizes, param_dtype=torch.float32, grad_dtype=torch.float32, out_dtype=None, seed=0):
     g = torch.Generator().manual_seed(seed)
     ps = [torch.randn(n, generator=g).to(param_dtype) for n in sizes]

@@ -16,11 +16,12 @@ def bytes_per_element(numel):
 
 
 def empty_state(numel):
-    """Zero moments of numel elements: every code 0, every scale 0."""
+    """Zero moments of numel elements: every code 0, every scale 0 (what quantizing zeros gives, written directly:
+    the reference quantizer took 10 s on 250M elements, the whole first step)."""
     state = {}
-    for key, signed in _MOMENTS:
-        codes, scales = _q.quantize(torch.zeros(numel), signed)
-        state[key + "_codes"], state[key + "_scales"] = codes, scales
+    for key, _ in _MOMENTS:
+        state[key + "_codes"] = torch.zeros(numel, dtype=torch.uint8)
+        state[key + "_scales"] = torch.zeros(_q.num_blocks(numel), dtype=torch.float32)
     return state
 
 
