@@ -369,7 +369,8 @@ def isa_sweep(n=1 << 18, calls=200):
     from dsfast.optim import _cpu_op, quant_state
     op = _cpu_op.op()
     g16 = ((torch.rand(n) - 0.5) * 1e-2).to(torch.bfloat16)
-    print(f"\n== Each ISA body, data in L3 ({n // 1024}K params, 1 thread; ns a parameter, best of 5 x {calls} calls) ==")
+    print(f"\n== Each ISA body, data in L3 ({n // 1024}K params, 1 thread; ns a parameter, best of 5 x {calls} "
+          "calls) ==")
     for isa in op.available_isas():
         p, m, v, out = torch.rand(n) - 0.5, torch.zeros(n), torch.full((n,), 1e-6), torch.zeros(n, dtype=torch.bfloat16)
         step = torch.tensor(0.0)

@@ -54,7 +54,7 @@ inline int64_t decode_wide(const uint8_t* mc, const uint8_t* vc, float ms, float
 // of two vectors of products go into one vector of 32 words in order (word i: element k + i). exp_avg: the
 // product keeps x's sign (inv > 0), the magnitude is its word's low 15 bits; half_smallest's low 16 bits are 0, so
 // the "nonzero" comparison is exact on the high word. exp_avg_sq: "w > 0" on the 32-bit products (a positive w
-// below 2^-112 has a zero high word).
+// below 2^-133, a denormal, has a zero high word).
 inline __m512i high_words(__m512 a, __m512 b) {
   const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
                                        31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
@@ -78,7 +78,8 @@ inline int64_t encode_finite32(const float* m, const float* v, int64_t n, float 
     const __mmask32 nonzero = _mm512_cmpge_epi16_mask(a, half_smallest);
     __m512i q = _mm512_maskz_max_epi16(nonzero, rounded_codes32(a, kMomentBias), one);
     q = _mm512_mask_add_epi16(q, _mm512_mask_cmplt_epi16_mask(nonzero, hm, zero), q, _mm512_set1_epi16(128));
-    const __m512 w0 = _mm512_mul_ps(_mm512_loadu_ps(v + k), viv), w1 = _mm512_mul_ps(_mm512_loadu_ps(v + k + 16), viv);
+    const __m512 w0 = _mm512_mul_ps(_mm512_loadu_ps(v + k), viv);
+    const __m512 w1 = _mm512_mul_ps(_mm512_loadu_ps(v + k + 16), viv);
     const __mmask32 positive = _mm512_kunpackw(_mm512_cmpgt_epi32_mask(_mm512_castps_si512(w1), zero),
                                                _mm512_cmpgt_epi32_mask(_mm512_castps_si512(w0), zero));
     const __m512i r = _mm512_maskz_max_epi16(positive, rounded_codes32(high_words(w0, w1), kSquareBias), one);
