@@ -25,7 +25,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _optim_bench import Ceiling, print_table, run_interleaved, summarise  # noqa: E402
+from _optim_bench import Ceiling, print_table, run_interleaved, staggered, summarise  # noqa: E402
 
 import dsfast.optim as O  # noqa: E402
 from dsfast.optim.cpu_adam import adam_flat_step  # noqa: E402
@@ -234,9 +234,10 @@ def case_low_precision(n, ds_cls, rounds, ceiling, results):
     g16 = ((torch.rand(n) - 0.5) * 1e-2).to(torch.bfloat16)
     p32, m32, v32 = torch.rand(n) - 0.5, torch.zeros(n), torch.full((n,), 1e-6)
     out16 = p32.to(torch.bfloat16)
-    p16, m16, v16 = out16.clone(), m32.to(torch.bfloat16), v32.to(torch.bfloat16)
-    pm = out16.clone()                     # bf16 master with fp32 moments
-    mm, vm = m32.clone(), v32.clone()
+    # each row's arrays off the back-to-back alignment (_optim_bench.staggered)
+    g16, p32, m32, v32, out16 = staggered(g16, p32, m32, v32, out16)
+    p16, m16, v16 = staggered(out16, m32.to(torch.bfloat16), v32.to(torch.bfloat16))
+    pm, mm, vm = staggered(out16, m32, v32)   # bf16 master with fp32 moments
     steps = [torch.tensor(0.0) for _ in range(3)]
     kw = dict(lr=LR, betas=(0.9, 0.999), adamw=False)
     impls = {"dsfast CPUAdam fp32 master + states": lambda: adam_flat_step(p32, g16, m32, v32, steps[0], out16=out16,
@@ -252,17 +253,19 @@ def case_low_precision(n, ds_cls, rounds, ceiling, results):
     # with a bf16 master: param r/w 4, bf16 grad 2, codes r/w 4, no separate 16-bit copy: 10.06 bytes
     impls[Q8_BF16] = adam8bit_flat_step(p16.clone(), g16, None)
     bytes_of[Q8_BF16] = 10 + 4 * 4 / 256
-    tp = p16.clone().requires_grad_()
-    tp.grad = g16.clone()
+    tp, tg, tm, tv = staggered(p16, g16, m16, v16)
+    tp.requires_grad_()
+    tp.grad = tg
     torch_opt = torch.optim.Adam([tp], lr=LR, fused=True)   # torch keeps bf16 states for bf16 params
-    torch_opt.state[tp] = {"step": torch.tensor(0.0), "exp_avg": m16.clone(), "exp_avg_sq": v16.clone()}
+    torch_opt.state[tp] = {"step": torch.tensor(0.0), "exp_avg": tm, "exp_avg_sq": tv}
     impls["torch Adam(fused=True), bf16 params"] = torch_opt.step
     bytes_of["torch Adam(fused=True), bf16 params"] = 14
     if ds_cls is not None:
-        dp = p16.clone().requires_grad_()
-        dp.grad = g16.clone()
+        dp, dg, dm, dv = staggered(p16, g16, m16, v16)
+        dp.requires_grad_()
+        dp.grad = dg
         ds = ds_cls([dp], lr=LR, adamw_mode=False, fp32_optimizer_states=False)
-        ds.state[dp] = {"step": 0, "exp_avg": m16.clone(), "exp_avg_sq": v16.clone()}
+        ds.state[dp] = {"step": 0, "exp_avg": dm, "exp_avg_sq": dv}
         impls["DeepSpeedCPUAdam(fp32_optimizer_states=False)"] = ds.step
         bytes_of["DeepSpeedCPUAdam(fp32_optimizer_states=False)"] = 14
     samples = run_interleaved(impls, rounds, ceiling, slow_keep=SLOW_KEEP)
