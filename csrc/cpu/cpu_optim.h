@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "dsfast/optim_math.h"
+#include "isa_support.h"
 
 namespace dsfast {
 namespace cpu {
@@ -135,10 +136,11 @@ bool openmp_enabled();
 #define DSFAST_DEFINE_BODY(op, T, isa) \
   void op##_range_##isa(const T& t, int64_t begin, int64_t end) { DSFAST_ISA_NS::op##_range(t, begin, end); }
 DSFAST_ISA_BODIES(DSFAST_DECLARE_BODY, scalar)
-#if defined(__x86_64__) || defined(_M_X64)
-#define DSFAST_HAVE_X86_ISAS 1
+#ifdef DSFAST_HAVE_X86_ISAS   // isa_support.h
 DSFAST_ISA_BODIES(DSFAST_DECLARE_BODY, avx2)
 DSFAST_ISA_BODIES(DSFAST_DECLARE_BODY, avx512)
+#endif
+#ifdef DSFAST_HAVE_AVX512BF16
 DSFAST_ISA_BODIES(DSFAST_DECLARE_BODY, avx512bf16)
 #endif
 

@@ -31,9 +31,13 @@ bool cpu_has(Isa isa) {
   __builtin_cpu_init();
   switch (isa) {
     case Isa::AVX512BF16:
+#ifdef DSFAST_HAVE_AVX512BF16
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512bf16") && cpu_has(Isa::AVX2);
+#else
+      return false;   // this compiler did not build the body (isa_support.h)
+#endif
     case Isa::AVX512:
       return __builtin_cpu_supports("avx512f");
     case Isa::AVX2:
@@ -191,7 +195,9 @@ void adam_step(const AdamTensor* ts, int64_t count, int num_threads, Isa isa) {
   for (int64_t k = 0; k < count; ++k) check_precision(ts[k], k);
   switch (resolve(isa)) {
 #ifdef DSFAST_HAVE_X86_ISAS
+#ifdef DSFAST_HAVE_AVX512BF16
     case Isa::AVX512BF16: run_work_list(ts, count, num_threads, adam_range_avx512bf16); break;
+#endif
     case Isa::AVX512: run_work_list(ts, count, num_threads, adam_range_avx512); break;
     case Isa::AVX2: run_work_list(ts, count, num_threads, adam_range_avx2); break;
 #endif
@@ -208,7 +214,9 @@ void sgd_step(const SGDTensor* ts, int64_t count, int num_threads, Isa isa) {
   }
   switch (resolve(isa)) {
 #ifdef DSFAST_HAVE_X86_ISAS
+#ifdef DSFAST_HAVE_AVX512BF16
     case Isa::AVX512BF16: run_work_list(ts, count, num_threads, sgd_range_avx512bf16); break;
+#endif
     case Isa::AVX512: run_work_list(ts, count, num_threads, sgd_range_avx512); break;
     case Isa::AVX2: run_work_list(ts, count, num_threads, sgd_range_avx2); break;
 #endif
@@ -227,7 +235,9 @@ void one_state_step(const T* ts, int64_t count, int num_threads, Isa isa, Fn sca
       throw std::invalid_argument("tensor " + std::to_string(k) + ": the optimizer state buffer is missing");
   }
   switch (resolve(isa)) {
+#ifdef DSFAST_HAVE_AVX512BF16
     case Isa::AVX512BF16: run_work_list(ts, count, num_threads, avx512bf16); break;
+#endif
     case Isa::AVX512: run_work_list(ts, count, num_threads, avx512); break;
     case Isa::AVX2: run_work_list(ts, count, num_threads, avx2); break;
     default: run_work_list(ts, count, num_threads, scalar); break;
@@ -235,8 +245,10 @@ void one_state_step(const T* ts, int64_t count, int num_threads, Isa isa, Fn sca
 }
 }  // namespace
 
-#ifdef DSFAST_HAVE_X86_ISAS
+#if defined(DSFAST_HAVE_AVX512BF16)
 #define DSFAST_BODIES(op) op##_range_scalar, op##_range_avx2, op##_range_avx512, op##_range_avx512bf16
+#elif defined(DSFAST_HAVE_X86_ISAS)   // resolve() never picks AVX512BF16 here
+#define DSFAST_BODIES(op) op##_range_scalar, op##_range_avx2, op##_range_avx512, op##_range_avx512
 #else   // resolve() never picks a vector ISA here
 #define DSFAST_BODIES(op) op##_range_scalar, op##_range_scalar, op##_range_scalar, op##_range_scalar
 #endif
@@ -267,7 +279,9 @@ void adam8bit_step(const Adam8bitTensor* ts, int64_t count, int num_threads, Isa
   auto run = [&](auto body) { run_work_list<kQuantBlock>(ts, count, num_threads, body); };
   switch (resolve(isa)) {
 #ifdef DSFAST_HAVE_X86_ISAS
+#ifdef DSFAST_HAVE_AVX512BF16
     case Isa::AVX512BF16: run(adam8bit_range_avx512bf16); break;
+#endif
     case Isa::AVX512: run(adam8bit_range_avx512); break;
     case Isa::AVX2: run(adam8bit_range_avx2); break;
 #endif
