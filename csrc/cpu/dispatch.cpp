@@ -191,18 +191,32 @@ bool openmp_enabled() {
 #endif
 }
 
+namespace {
+// The body of `op` for each ISA, in body_for's order. Where this build has no AVX512BF16 (or no x86) body, resolve()
+// never picks that ISA, so its slot repeats a body that exists.
+#if defined(DSFAST_HAVE_AVX512BF16)
+#define DSFAST_BODIES(op) op##_range_scalar, op##_range_avx2, op##_range_avx512, op##_range_avx512bf16
+#elif defined(DSFAST_HAVE_X86_ISAS)
+#define DSFAST_BODIES(op) op##_range_scalar, op##_range_avx2, op##_range_avx512, op##_range_avx512
+#else
+#define DSFAST_BODIES(op) op##_range_scalar, op##_range_scalar, op##_range_scalar, op##_range_scalar
+#endif
+
+// The body for the requested ISA (resolve(): Auto is the best one; an unsupported one throws).
+template <class Fn>
+Fn body_for(Isa isa, Fn scalar, Fn avx2, Fn avx512, Fn avx512bf16) {
+  switch (resolve(isa)) {
+    case Isa::AVX512BF16: return avx512bf16;
+    case Isa::AVX512: return avx512;
+    case Isa::AVX2: return avx2;
+    default: return scalar;
+  }
+}
+}  // namespace
+
 void adam_step(const AdamTensor* ts, int64_t count, int num_threads, Isa isa) {
   for (int64_t k = 0; k < count; ++k) check_precision(ts[k], k);
-  switch (resolve(isa)) {
-#ifdef DSFAST_HAVE_X86_ISAS
-#ifdef DSFAST_HAVE_AVX512BF16
-    case Isa::AVX512BF16: run_work_list(ts, count, num_threads, adam_range_avx512bf16); break;
-#endif
-    case Isa::AVX512: run_work_list(ts, count, num_threads, adam_range_avx512); break;
-    case Isa::AVX2: run_work_list(ts, count, num_threads, adam_range_avx2); break;
-#endif
-    default: run_work_list(ts, count, num_threads, adam_range_scalar); break;
-  }
+  run_work_list(ts, count, num_threads, body_for(isa, DSFAST_BODIES(adam)));
 }
 
 void sgd_step(const SGDTensor* ts, int64_t count, int num_threads, Isa isa) {
@@ -212,55 +226,30 @@ void sgd_step(const SGDTensor* ts, int64_t count, int num_threads, Isa isa) {
       throw std::invalid_argument("tensor " + std::to_string(k) + ": momentum != 0 needs a momentum buffer");
     }
   }
-  switch (resolve(isa)) {
-#ifdef DSFAST_HAVE_X86_ISAS
-#ifdef DSFAST_HAVE_AVX512BF16
-    case Isa::AVX512BF16: run_work_list(ts, count, num_threads, sgd_range_avx512bf16); break;
-#endif
-    case Isa::AVX512: run_work_list(ts, count, num_threads, sgd_range_avx512); break;
-    case Isa::AVX2: run_work_list(ts, count, num_threads, sgd_range_avx2); break;
-#endif
-    default: run_work_list(ts, count, num_threads, sgd_range_scalar); break;
-  }
+  run_work_list(ts, count, num_threads, body_for(isa, DSFAST_BODIES(sgd)));
 }
 
 namespace {
 // Adagrad and Lion: one state each, which every tensor of the call must have.
-template <class T, class Fn>
-void one_state_step(const T* ts, int64_t count, int num_threads, Isa isa, Fn scalar, Fn avx2, Fn avx512,
-                    Fn avx512bf16) {
+template <class T>
+void check_one_state(const T* ts, int64_t count) {
   for (int64_t k = 0; k < count; ++k) {
     check_precision(ts[k], k);
     if (ts[k].state == nullptr && ts[k].numel > 0)
       throw std::invalid_argument("tensor " + std::to_string(k) + ": the optimizer state buffer is missing");
   }
-  switch (resolve(isa)) {
-#ifdef DSFAST_HAVE_AVX512BF16
-    case Isa::AVX512BF16: run_work_list(ts, count, num_threads, avx512bf16); break;
-#endif
-    case Isa::AVX512: run_work_list(ts, count, num_threads, avx512); break;
-    case Isa::AVX2: run_work_list(ts, count, num_threads, avx2); break;
-    default: run_work_list(ts, count, num_threads, scalar); break;
-  }
 }
 }  // namespace
 
-#if defined(DSFAST_HAVE_AVX512BF16)
-#define DSFAST_BODIES(op) op##_range_scalar, op##_range_avx2, op##_range_avx512, op##_range_avx512bf16
-#elif defined(DSFAST_HAVE_X86_ISAS)   // resolve() never picks AVX512BF16 here
-#define DSFAST_BODIES(op) op##_range_scalar, op##_range_avx2, op##_range_avx512, op##_range_avx512
-#else   // resolve() never picks a vector ISA here
-#define DSFAST_BODIES(op) op##_range_scalar, op##_range_scalar, op##_range_scalar, op##_range_scalar
-#endif
-
 void adagrad_step(const AdagradTensor* ts, int64_t count, int num_threads, Isa isa) {
-  one_state_step(ts, count, num_threads, isa, DSFAST_BODIES(adagrad));
+  check_one_state(ts, count);
+  run_work_list(ts, count, num_threads, body_for(isa, DSFAST_BODIES(adagrad)));
 }
 
 void lion_step(const LionTensor* ts, int64_t count, int num_threads, Isa isa) {
-  one_state_step(ts, count, num_threads, isa, DSFAST_BODIES(lion));
+  check_one_state(ts, count);
+  run_work_list(ts, count, num_threads, body_for(isa, DSFAST_BODIES(lion)));
 }
-#undef DSFAST_BODIES
 
 void adam8bit_step(const Adam8bitTensor* ts, int64_t count, int num_threads, Isa isa) {
   for (int64_t k = 0; k < count; ++k) {
@@ -276,18 +265,9 @@ void adam8bit_step(const Adam8bitTensor* ts, int64_t count, int num_threads, Isa
     if (t.numel > 0 && !(t.exp_avg_codes && t.exp_avg_scales && t.exp_avg_sq_codes && t.exp_avg_sq_scales))
       throw std::invalid_argument("tensor " + std::to_string(k) + ": an 8-bit state buffer is missing");
   }
-  auto run = [&](auto body) { run_work_list<kQuantBlock>(ts, count, num_threads, body); };
-  switch (resolve(isa)) {
-#ifdef DSFAST_HAVE_X86_ISAS
-#ifdef DSFAST_HAVE_AVX512BF16
-    case Isa::AVX512BF16: run(adam8bit_range_avx512bf16); break;
-#endif
-    case Isa::AVX512: run(adam8bit_range_avx512); break;
-    case Isa::AVX2: run(adam8bit_range_avx2); break;
-#endif
-    default: run(adam8bit_range_scalar); break;
-  }
+  run_work_list<kQuantBlock>(ts, count, num_threads, body_for(isa, DSFAST_BODIES(adam8bit)));
 }
+#undef DSFAST_BODIES
 
 }  // namespace cpu
 }  // namespace dsfast
