@@ -4,11 +4,11 @@ any world size and stage.
 Save, as they are: the per-element uint8 codes are sliced like any per-element state; each record also stores the
 fp32 scales of the blocks its element range touches ("<name>@<start>/<moment>_scales") and where its first element
 sits in its block ("quant_phase"), so every saved element can be dequantized alone.
-Load: each record's elements are dequantized (the code's value * their block's scale) into an fp32 buffer of the new
-shard, remembering which saved block each came from; once all of a shard's records are in, every new block whose
-elements all come from one saved block takes that block's codes and scale unchanged (exact: a resume on the same
-grid), and the others (the grid moved: another world size, stage or bucketing) are re-quantized on the new grid (one
-more rounding: at most 1/16 of the value, or below the smallest code half of that code; logged as a conversion).
+Load: a shard of this run is assembled as its records come in (_Shard). A new block whose elements all come from
+one saved block takes that block's codes and scale unchanged (exact: a resume on the same grid, which holds just the
+codes, 1 byte an element); a block that mixes saved blocks (the grid moved: another world size, stage or bucketing)
+is kept as fp32 values and re-quantized on the new grid once the shard is complete (one more rounding: at most 1/16
+of the value, or below the smallest code half of that code; logged as a conversion).
 Into a run with fp32 / 16-bit moments the dequantized values are written directly; fp32 / 16-bit moments loading into an 8-bit run are quantized
 the same way.
 """
@@ -30,14 +30,94 @@ def saved_scales(state, offset, n):
     return {k: (first, last - first + 1) for k in ("exp_avg_scales", "exp_avg_sq_scales")}
 
 
+def _dequantized(codes, record_scales, first, signed):
+    """fp32 values of a run of saved codes whose first element sits at position `first` of its record's block grid
+    (record_scales[0] is that block's scale), in chunks so the temporaries stay small."""
+    table, out = q8.code_values(signed), torch.empty(codes.numel())
+    step = 1 << 22   # a multiple of the block
+    for a in range(0, codes.numel(), step):
+        b = min(a + step, codes.numel())
+        k0, k1 = (first + a) // QUANT_BLOCK, (first + b - 1) // QUANT_BLOCK
+        scale = record_scales[k0:k1 + 1].repeat_interleave(QUANT_BLOCK)
+        lo = (first + a) - k0 * QUANT_BLOCK
+        torch.mul(table.index_select(0, codes[a:b].int()), scale[lo:lo + b - a], out=out[a:b])
+    return out
+
+
+class _Shard:
+    """One 8-bit moment of one shard of this run, as its records come in. A new block whose elements all come from
+    one saved block keeps that block's codes and scale as they are (exact); a block that mixes saved blocks (the
+    grid moved) or takes float values is kept as fp32 values and quantized afresh at the end. The values are made
+    only for the first such block, so a resume on the same grid holds the codes alone (1 byte an element)."""
+
+    def __init__(self, n):
+        blocks = q8.num_blocks(n)
+        self.n = n
+        self.codes = torch.zeros(blocks * QUANT_BLOCK, dtype=torch.uint8)   # padded to whole blocks
+        self.scales = torch.zeros(blocks)
+        self.source = torch.full((blocks,), -1, dtype=torch.int64)   # the saved block a block's codes come from
+        self.mixed = torch.zeros(blocks, dtype=torch.bool)           # re-quantized from self.values
+        self.values = None
+
+    def _touched(self, lo, hi):
+        blocks = torch.arange(lo // QUANT_BLOCK, (hi - 1) // QUANT_BLOCK + 1)
+        return blocks, (blocks * QUANT_BLOCK).clamp(min=lo), ((blocks + 1) * QUANT_BLOCK).clamp(max=hi)
+
+    def _mix(self, blocks, signed):
+        """Mark blocks as re-quantized; those holding codes of one saved block so far turn them into values first."""
+        fresh = blocks[~self.mixed[blocks]]
+        if self.values is None:
+            self.values = torch.zeros(self.codes.numel())
+        held = fresh[self.source[fresh] >= 0]
+        if held.numel():
+            rows = self.codes.view(-1, QUANT_BLOCK)[held]
+            self.values.view(-1, QUANT_BLOCK)[held] = \
+                q8.code_values(signed)[rows.long()] * self.scales[held].unsqueeze(1)
+        self.mixed[fresh] = True
+
+    def add_codes(self, lo, hi, codes, record_scales, first, source0, signed):
+        """Saved codes for elements [lo, hi) of the shard; codes[0] sits at position `first` of its record's grid,
+        whose block k has scale record_scales[k] and the source id source0 + k."""
+        blocks, a, b = self._touched(lo, hi)
+        src_a, src_b = (first + a - lo) // QUANT_BLOCK, (first + b - 1 - lo) // QUANT_BLOCK
+        prior = self.source[blocks]
+        whole = (src_a == src_b) & ((prior < 0) | (prior == source0 + src_a)) & ~self.mixed[blocks]
+        if not bool(whole.all()):
+            self._mix(blocks[~whole], signed)
+        new = whole & (prior < 0)
+        self.source[blocks[new]] = source0 + src_a[new]
+        self.scales[blocks[new]] = record_scales[src_a[new]]
+        self.codes[lo:hi] = codes
+        if not bool(whole.all()):
+            self.values[lo:hi] = _dequantized(codes, record_scales, first, signed)
+
+    def add_values(self, lo, hi, values, signed):
+        self._mix(self._touched(lo, hi)[0], signed)
+        self.values[lo:hi] = values
+
+    def finish(self, signed):
+        """(codes, scales, whether any block was re-quantized)."""
+        rows = self.mixed.nonzero().squeeze(1)
+        step = 1 << 14   # blocks a chunk
+        for i in range(0, rows.numel(), step):
+            part = rows[i:i + step]
+            codes, scales = q8.quantize(self.values.view(-1, QUANT_BLOCK)[part].reshape(-1), signed)
+            self.codes.view(-1, QUANT_BLOCK)[part] = codes.view(-1, QUANT_BLOCK)
+            self.scales[part] = scales
+        codes = self.codes[:self.n]
+        if codes.numel() != self.codes.numel():
+            codes = codes.clone()   # a tensor of its own size: the NVMe swap and the state offload size by storage
+        return codes, self.scales, rows.numel() > 0
+
+
 class Loader:
-    """Routes the moment keys of saved slices: dequantizes 8-bit ones, buffers the values of an 8-bit run's shard
-    until its records are all read, then re-quantizes it (flush)."""
+    """Routes the moment keys of saved slices: dequantizes 8-bit ones into a float-state run, and assembles an 8-bit
+    run's shards (_Shard) until their records are all read (flush)."""
 
     def __init__(self, optimizer, state_dtype):
         self.to_8bit = bool(getattr(optimizer, "states_8bit", False))
         self.state_dtype = state_dtype      # (param, saved dtype) -> the dtype a float state is kept in
-        self.pending = {}                   # id(opt_param) -> (opt_param, state, {moment: buffers})
+        self.pending = {}                   # id(opt_param) -> (opt_param, state, {moment: _Shard})
         self.converted = set()
         self.saved_shards = {}              # (file, saved shard ordinal) -> a small int for the source ids
 
@@ -48,36 +128,34 @@ class Loader:
         """The saved slice s's key for elements [lo, hi) of the parameter, into the record r's shard."""
         if key.endswith("_scales"):
             return                          # read with its codes
-        codes = source = block_scales = None
+        shard = None
+        if self.to_8bit:
+            entry = self.pending.setdefault(id(r.opt_param), (r.opt_param, state, {}))
+            moment = key[:-len("_codes")] if key.endswith("_codes") else key
+            shard = entry[2].setdefault(moment, _Shard(r.opt_param.numel()))
         if key in qs.FLOAT_KEYS:
             values = f.get(s["keys"][key]).reshape(-1)[lo - s["start"]:hi - s["start"]]
-            moment, saved_kind, values = key, str(values.dtype).replace("torch.", ""), values.float()
+            saved_kind, moment = str(values.dtype).replace("torch.", ""), key
+            if shard is not None:
+                shard.add_values(dst_lo, dst_hi, values.float(), _SIGNED[moment])
+                self.converted.add((moment, saved_kind, "int8 (quantized)"))
+                return
+            values = values.float()
         else:
-            moment, saved_kind = key[:-len("_codes")], "int8"
+            moment = key[:-len("_codes")]
             if "quant_phase" not in s:
                 raise CheckpointError(f"{f.path}: {s['keys'][key]!r} holds 8-bit codes but the manifest's slice has no "
                                       "quant_phase (where its elements sit on their block grid); the checkpoint is "
                                       "incomplete")
             codes = f.get(s["keys"][key]).reshape(-1)[lo - s["start"]:hi - s["start"]]
             scales = f.get(s["keys"][moment + "_scales"]).reshape(-1)
-            block = (torch.arange(lo - s["start"], hi - s["start"]) + int(s["quant_phase"])) // q8.QUANT_BLOCK
-            block_scales = scales[block]
-            values = q8.code_values(_SIGNED[moment])[codes.long()] * block_scales
-            shard = self.saved_shards.setdefault((s["file"], s.get("quant_shard", 0)), len(self.saved_shards))
-            source = (shard << 40) + int(s.get("quant_block0", 0)) + block
-        if self.to_8bit:
-            entry = self.pending.setdefault(id(r.opt_param), (r.opt_param, state, {}))
-            n = r.opt_param.numel()
-            bufs = entry[2].setdefault(moment, dict(values=torch.zeros(n), codes=torch.zeros(n, dtype=torch.uint8),
-                                                    scales=torch.zeros(n), source=torch.full((n,), -1)))
-            bufs["values"][dst_lo:dst_hi] = values
-            if codes is not None:
-                bufs["codes"][dst_lo:dst_hi] = codes
-                bufs["scales"][dst_lo:dst_hi] = block_scales
-                bufs["source"][dst_lo:dst_hi] = source
-            else:
-                self.converted.add((moment, saved_kind, "int8 (quantized)"))
-            return
+            first = lo - s["start"] + int(s["quant_phase"])   # codes[0]'s place on the record's grid
+            if shard is not None:
+                saved = self.saved_shards.setdefault((s["file"], s.get("quant_shard", 0)), len(self.saved_shards))
+                shard.add_codes(dst_lo, dst_hi, codes, scales, first, (saved << 40) + int(s.get("quant_block0", 0)),
+                                _SIGNED[moment])
+                return
+            values = _dequantized(codes, scales, first, _SIGNED[moment])
         dst = state.get(moment)
         if dst is None or dst.numel() != r.opt_param.numel():
             dst = state[moment] = torch.zeros(r.opt_param.shape, device=r.opt_param.device,
@@ -86,11 +164,11 @@ class Loader:
         self.converted.add((moment, "int8", str(dst.dtype).replace("torch.", "")))
 
     def flush(self, keep=None):
-        """Re-quantize every buffered shard except `keep` (the one whose records are still being read)."""
+        """Finish every assembled shard except `keep` (the one whose records are still being read)."""
         for k in [k for k in self.pending if keep is None or k != id(keep)]:
             param, state, moments = self.pending.pop(k)
-            for moment, bufs in moments.items():
-                codes, scales, moved = _requantize(bufs, _SIGNED[moment])
+            for moment, shard in moments.items():
+                codes, scales, moved = shard.finish(_SIGNED[moment])
                 for suffix, value in (("_codes", codes), ("_scales", scales)):
                     old = state.get(moment + suffix)
                     if torch.is_tensor(old) and old.shape == value.shape and old.dtype == value.dtype:
@@ -100,24 +178,3 @@ class Loader:
                 state.pop(moment, None)
                 if moved:
                     self.converted.add((moment, "int8", "int8 (re-quantized on this run's blocks)"))
-
-
-def _requantize(bufs, signed):
-    """(codes, scales, whether any block was re-quantized) of a shard's buffers: a block whose elements all come from
-    one saved block keeps its saved codes and scale; the others are quantized afresh."""
-    codes, scales = q8.quantize(bufs["values"], signed)
-    n = codes.numel()
-    if n == 0:
-        return codes, scales, False
-    pad = q8.num_blocks(n) * q8.QUANT_BLOCK - n
-    src = torch.nn.functional.pad(bufs["source"], (0, pad), value=-1).view(-1, q8.QUANT_BLOCK)
-    valid = torch.nn.functional.pad(torch.ones(n, dtype=torch.bool), (0, pad)).view(-1, q8.QUANT_BLOCK)
-    big = torch.iinfo(torch.int64).max
-    lo = torch.where(valid, src, big).amin(dim=1)
-    hi = torch.where(valid, src, -big).amax(dim=1)
-    same = (lo == hi) & (lo >= 0)
-    keep = same.repeat_interleave(q8.QUANT_BLOCK)[:n]
-    codes = torch.where(keep, bufs["codes"], codes)
-    first = torch.arange(scales.numel()) * q8.QUANT_BLOCK
-    scales = torch.where(same, bufs["scales"][first], scales)
-    return codes, scales, not bool(same.all())
