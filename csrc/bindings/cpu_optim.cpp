@@ -6,7 +6,7 @@
 // torch.library.opcheck see them; the fake (meta) implementations and the Python-facing
 // functions are in dsfast/ops/native/cpu_optim.py. One file per kernel family:
 //   cpu_optim_adam.cpp      Adam / AdamW (list and work-table ops)
-//   cpu_optim_adam8bit.cpp  Adam / AdamW with 8-bit block-wise moments
+//   cpu_optim_adam8bit.cpp  Adam / AdamW with 8-bit block-wise moments (list and work-table ops)
 //   cpu_optim_sgd.cpp       SGD (list and work-table ops)
 //   cpu_optim_one_state.cpp Adagrad and Lion (list and work-table ops)
 //   cpu_optim_checks.h      the argument checks they share

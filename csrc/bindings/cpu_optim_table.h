@@ -1,7 +1,7 @@
 // Helpers of the work tables, shared by each optimizer's *_table_fill_ / *_table_ ops
-// (cpu_optim_adam.cpp, cpu_optim_sgd.cpp, cpu_optim_one_state.cpp).
+// (cpu_optim_adam.cpp, cpu_optim_adam8bit.cpp, cpu_optim_sgd.cpp, cpu_optim_one_state.cpp).
 //
-// Work tables: the eager fast path of CPUAdam / CPUSGD / CPUAdagrad / CPULion (dsfast/optim/_cpu_op.py).
+// Work tables: the eager fast path of CPUAdam / CPUAdam8bit / CPUSGD / CPUAdagrad / CPULion (dsfast/optim/_cpu_op.py).
 // A table is an int64 cpu tensor with one row per param: its tensors' addresses, numel and dtype
 // codes, written by the *_table_fill_ ops after the same checks as the list ops, and a strong
 // reference to each of those tensors (op_abi.h hold()), given back by cpu_table_release_. A step then
@@ -64,12 +64,12 @@ inline DType dtype_code(int64_t code, bool out, void* p, const char* op, int64_t
   return DType(code);
 }
 
-// Whether the tensors of one row still have the addresses in columns addr_cols and `numel` elements
-// (the step counter: 1), read through their references in columns held_col... A row without a
-// reference for an address (released, or never filled) is stale, unless that tensor is absent (a
-// null address: no 16-bit output, no momentum buffer).
-inline bool row_current(const int64_t* d, const int64_t* addr_cols, int n, int64_t held_col, int64_t numel,
-                        int64_t step_col) {
+// Whether the tensors of one row still have the addresses in columns addr_cols and the sizes numel_of(column)
+// gives, read through their references in columns held_col... A row without a reference for an address
+// (released, or never filled) is stale, unless that tensor is absent (a null address: no 16-bit output, no
+// momentum buffer).
+template <class NumelOf>
+inline bool row_current(const int64_t* d, const int64_t* addr_cols, int n, int64_t held_col, NumelOf numel_of) {
   for (int k = 0; k < n; ++k) {
     const int64_t h = d[held_col + k], a = d[addr_cols[k]];
     if (h == 0) {
@@ -77,9 +77,15 @@ inline bool row_current(const int64_t* d, const int64_t* addr_cols, int n, int64
       continue;
     }
     const auto& t = held(h);
-    if (addr(t.mutable_data_ptr()) != a || t.numel() != (addr_cols[k] == step_col ? 1 : numel)) return false;
+    if (addr(t.mutable_data_ptr()) != a || t.numel() != numel_of(addr_cols[k])) return false;
   }
   return true;
+}
+
+// The same where every tensor has `numel` elements but the step counter (column step_col), which has 1.
+inline bool row_current(const int64_t* d, const int64_t* addr_cols, int n, int64_t held_col, int64_t numel,
+                        int64_t step_col) {
+  return row_current(d, addr_cols, n, held_col, [&](int64_t col) { return col == step_col ? 1 : numel; });
 }
 
 // Whether rows [0, n) pass row_ok(i), the rows split over the threads: each check is a few cache

@@ -34,35 +34,23 @@ class OneStateCPUOptimizer(_cpu_op.CPUOptimizer):
                                                             out16)
         if multiplier is None:
             return loss
-        keys = (self.STATE_KEY, "step")
-        for gi, group in enumerate(self.param_groups):
-            hparams = self._group_hyperparameters(group)
-            halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
-            listed = grads[gi] if grads is not None else None
-            cached = self._cache.lookup(self, gi, group, keys) if listed is None else None
-            if cached is None:
-                stepped = self._step_group(gi, group, hparams, range(len(group["params"])), listed, halves,
-                                           multiplier)
-                if listed is None:
-                    self._cache.store(self, gi, group, stepped, keys)
-                continue
-            params, gs, t = cached
-            if not params:
-                continue
-            states, steps = t[self.STATE_KEY], t["step"]
-            outs, indices = (halves or []), range(len(params))
-            scale = -multiplier if group.get("maximize") else multiplier
-            seed = self.round_seed()
-            if _cpu_op.tables_usable():   # the eager fast path: _cpu_op.GroupCache
-                native = _cpu_op.op()
-                if self._cache.table_step(
-                        gi, self.STATE_KEY, gs, (states, steps), outs,
-                        lambda: _cpu_op.call(native.one_state_table, gi, indices, params, gs, states, outs, steps,
-                                             self.STATE_KEY),
-                        lambda table: self._table_kernel(native, table, hparams, scale, seed)):
-                    continue
-            self._kernel(hparams, params, gs, states, outs, steps, scale, gi, indices, seed)
+        self._step_groups(multiplier, fp16_param_groups, grads, lambda hparams: (self.STATE_KEY, "step"),
+                          self._cached_step)
         return loss
+
+    def _cached_step(self, gi, group, hparams, params, gs, t, outs, scale, seed):
+        """The list cache's tensors (_cpu_op.GroupCache): through its work table in eager mode, else the list op."""
+        states, steps = t[self.STATE_KEY], t["step"]
+        indices = range(len(params))
+        if _cpu_op.tables_usable():
+            native = _cpu_op.op()
+            if self._cache.table_step(
+                    gi, self.STATE_KEY, gs, (states, steps), outs,
+                    lambda: _cpu_op.call(native.one_state_table, gi, indices, params, gs, states, outs, steps,
+                                         self.STATE_KEY),
+                    lambda table: self._table_kernel(native, table, hparams, scale, seed)):
+                return
+        self._kernel(hparams, params, gs, states, outs, steps, scale, gi, indices, seed)
 
     def _group_hyperparameters(self, group):
         """The group's validated hyperparameters; refuses flags it cannot honour."""

@@ -265,6 +265,28 @@ class CPUOptimizer(torch.optim.Optimizer):
                         self._step_group(gi, group, hparams, indices, grads, outs, multiplier)
         return step
 
+    def _step_groups(self, multiplier, half_param_groups, grads, keys_of, cached_step):
+        """step()'s loop over the groups: a group whose tensors the list cache still holds (GroupCache) is stepped
+        by cached_step(gi, group, hparams, params, grads, {key: tensors}, outs, grad multiplier, round seed), which
+        takes the work table where it can; any other is gathered and stepped by _step_group, then cached.
+        keys_of(hparams): the state keys the cache holds for that group."""
+        for gi, group in enumerate(self.param_groups):
+            hparams = self._group_hyperparameters(group)
+            halves = half_outputs(half_param_groups, gi, group)
+            listed = grads[gi] if grads is not None else None
+            keys = keys_of(hparams)
+            cached = self._cache.lookup(self, gi, group, keys) if listed is None else None
+            if cached is None:
+                stepped = self._step_group(gi, group, hparams, range(len(group["params"])), listed, halves,
+                                           multiplier)
+                if stepped and listed is None:
+                    self._cache.store(self, gi, group, stepped, keys)
+                continue
+            params, gs, tensors = cached
+            if params:
+                scale = -multiplier if group.get("maximize") else multiplier
+                cached_step(gi, group, hparams, params, gs, tensors, halves or [], scale, self.round_seed())
+
     def _group_hyperparameters(self, group):
         """The group's validated hyperparameters (the subclass's checks, flags included)."""
         raise NotImplementedError

@@ -94,39 +94,27 @@ class CPUAdam(_cpu_op.CPUOptimizer):
                                                             out16)
         if multiplier is None:
             return loss
-        for gi, group in enumerate(self.param_groups):
-            hparams = self._group_hyperparameters(group)
-            halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
-            listed = grads[gi] if grads is not None else None
-            cached = self._cache.lookup(self, gi, group, _STATE_KEYS) if listed is None else None
-            if cached is None:
-                stepped = self._step_group(gi, group, hparams, range(len(group["params"])), listed, halves,
-                                           multiplier)
-                if listed is None:
-                    self._cache.store(self, gi, group, stepped, _STATE_KEYS)
-                continue
-            params, gs, t = cached
-            if not params:
-                continue
-            outs, indices = (halves or []), range(len(params))
-            lr, (beta1, beta2), eps, wd = hparams
-            adamw = bool(group["adamw_mode"])
-            group["decoupled_weight_decay"] = adamw
-            scale = -multiplier if group.get("maximize") else multiplier
-            seed = self.round_seed()
-            if _cpu_op.tables_usable():
-                native = _cpu_op.op()
-                if self._cache.table_step(
-                        gi, "adam", gs, (t["exp_avg"], t["exp_avg_sq"], t["step"]), outs,
-                        lambda: _cpu_op.call(native.adam_table, gi, indices, params, gs, t["exp_avg"],
-                                             t["exp_avg_sq"], outs, t["step"]),
-                        lambda table: native.adam_table_step(table, lr, beta1, beta2, eps, wd, adamw,
-                                                             bool(group["bias_correction"]), scale,
-                                                             _cpu_op.num_threads(), self.isa, seed)):
-                    continue
-            self._kernel(group, hparams, params, gs, t["exp_avg"], t["exp_avg_sq"], t["step"], outs, scale, gi,
-                         indices, seed)
+        self._step_groups(multiplier, fp16_param_groups, grads, lambda hparams: _STATE_KEYS, self._cached_step)
         return loss
+
+    def _cached_step(self, gi, group, hparams, params, gs, t, outs, scale, seed):
+        """The list cache's tensors (_cpu_op.GroupCache): through its work table in eager mode, else the list op."""
+        indices = range(len(params))
+        lr, (beta1, beta2), eps, wd = hparams
+        adamw = bool(group["adamw_mode"])
+        group["decoupled_weight_decay"] = adamw
+        if _cpu_op.tables_usable():
+            native = _cpu_op.op()
+            if self._cache.table_step(
+                    gi, "adam", gs, (t["exp_avg"], t["exp_avg_sq"], t["step"]), outs,
+                    lambda: _cpu_op.call(native.adam_table, gi, indices, params, gs, t["exp_avg"],
+                                         t["exp_avg_sq"], outs, t["step"]),
+                    lambda table: native.adam_table_step(table, lr, beta1, beta2, eps, wd, adamw,
+                                                         bool(group["bias_correction"]), scale,
+                                                         _cpu_op.num_threads(), self.isa, seed)):
+                return
+        self._kernel(group, hparams, params, gs, t["exp_avg"], t["exp_avg_sq"], t["step"], outs, scale, gi,
+                     indices, seed)
 
     # -- per-subgroup step and its undo (DeepSpeedCPUAdam.step_subgroup / rollback_subgroup, ZeRO-3 super-offload) --
 

@@ -46,11 +46,7 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
                                                             out16)
         if multiplier is None:
             return loss
-        for gi, group in enumerate(self.param_groups):
-            hparams = self._group_hyperparameters(group)
-            halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
-            listed = grads[gi] if grads is not None else None
-            self._step_group(gi, group, hparams, range(len(group["params"])), listed, halves, multiplier)
+        self._step_groups(multiplier, fp16_param_groups, grads, lambda hparams: _STATE_KEYS, self._cached_step)
         return loss
 
     def _group_hyperparameters(self, group):
@@ -60,16 +56,37 @@ class CPUAdam8bit(_cpu_op.CPUOptimizer):
         """Step group `gi`'s parameters at `indices` (grads / outs: theirs, or None: p.grad / no 16-bit copy);
         returns the parameters stepped (those with a gradient)."""
         params, gs, lists, outs, indices = self._gather(gi, group, indices, grads, outs)
-        if not params:
-            return params
+        if params:
+            scale = -multiplier if group.get("maximize") else multiplier
+            self._kernel(gi, group, hparams, params, gs, lists, outs, scale, indices, self.round_seed())
+        return params
+
+    def _cached_step(self, gi, group, hparams, params, gs, lists, outs, scale, seed):
+        """The list cache's tensors (_cpu_op.GroupCache): through its work table in eager mode, else the list op."""
+        indices = range(len(params))
+        if _cpu_op.tables_usable():
+            native = _cpu_op.op()
+            codes = [lists[k] for k in quant_state.CODE_KEYS]
+            lr, (beta1, beta2), eps, wd = hparams
+            if self._cache.table_step(
+                    gi, "adam8bit", gs, (*codes, lists["step"]), outs,
+                    lambda: _cpu_op.call(native.adam8bit_table, gi, indices, params, gs, *codes, outs, lists["step"]),
+                    lambda table: native.adam8bit_table_step(table, lr, beta1, beta2, eps, wd,
+                                                             bool(group["adamw_mode"]),
+                                                             bool(group["bias_correction"]), scale,
+                                                             _cpu_op.num_threads(), self.isa, seed)):
+                return
+        self._kernel(gi, group, hparams, params, gs, lists, outs, scale, indices, seed)
+
+    def _kernel(self, gi, group, hparams, params, gs, lists, outs, scale, indices, seed):
+        """The list op over these tensors (outs: [] or one 16-bit copy or None per param)."""
         lr, (beta1, beta2), eps, wd = hparams
-        grad_scale_v = -multiplier if group.get("maximize") else multiplier
+        # flat views: a gradient handed in (step(grads=...)) may be the flat shape of its parameter
         _cpu_op.call(_cpu_op.op().adam8bit_step, gi, indices, [p.view(-1) for p in params],
                      [g.reshape(-1) for g in gs], *(lists[k] for k in quant_state.CODE_KEYS),
-                     [o.view(-1) if o is not None else None for o in outs], lists["step"],
-                     lr, beta1, beta2, eps, wd, bool(group["adamw_mode"]), bool(group["bias_correction"]),
-                     grad_scale_v, _cpu_op.num_threads(), self.isa, round_seed=self.round_seed())
-        return params
+                     [o.view(-1) if o is not None else None for o in outs], lists["step"], lr, beta1, beta2, eps, wd,
+                     bool(group["adamw_mode"]), bool(group["bias_correction"]), scale, _cpu_op.num_threads(),
+                     self.isa, round_seed=seed)
 
     def _gather(self, gi, group, indices, listed=None, halves=None):
         def new_state(p):

@@ -57,37 +57,25 @@ class CPUSGD(_cpu_op.CPUOptimizer):
                                                             out16)
         if multiplier is None:
             return loss
-        for gi, group in enumerate(self.param_groups):
-            hparams = self._group_hyperparameters(group)
-            lr, momentum, dampening, wd, nesterov = hparams
-            halves = _cpu_op.half_outputs(fp16_param_groups, gi, group)
-            keys = ("momentum_buffer",) if momentum != 0 else ()
-            listed = grads[gi] if grads is not None else None
-            cached = self._cache.lookup(self, gi, group, keys) if listed is None else None
-            if cached is None:
-                stepped = self._step_group(gi, group, hparams, range(len(group["params"])), listed, halves,
-                                           multiplier)
-                if stepped and listed is None:
-                    self._cache.store(self, gi, group, stepped, keys)
-                continue
-            params, gs, t = cached
-            if not params:
-                continue
-            bufs = t["momentum_buffer"] if momentum != 0 else []
-            firsts = [False] * len(params) if momentum != 0 else []
-            outs, indices = (halves or []), range(len(params))
-            scale = -multiplier if group.get("maximize") else multiplier
-            seed = self.round_seed()
-            if _cpu_op.tables_usable():   # buffers all seeded: the table path
-                native = _cpu_op.op()
-                if self._cache.table_step(
-                        gi, ("sgd", momentum != 0), gs, (bufs,), outs,
-                        lambda: _cpu_op.call(native.sgd_table, gi, indices, params, gs, bufs, outs),
-                        lambda table: native.sgd_table_step(table, lr, momentum, dampening, wd, nesterov,
-                                                            scale, _cpu_op.num_threads(), self.isa, seed)):
-                    continue
-            self._kernel(hparams, params, gs, bufs, firsts, outs, scale, gi, indices, seed)
+        self._step_groups(multiplier, fp16_param_groups, grads,
+                          lambda hparams: ("momentum_buffer",) if hparams[1] != 0 else (), self._cached_step)
         return loss
+
+    def _cached_step(self, gi, group, hparams, params, gs, t, outs, scale, seed):
+        """The list cache's tensors (_cpu_op.GroupCache): through its work table in eager mode, else the list op."""
+        lr, momentum, dampening, wd, nesterov = hparams
+        bufs = t["momentum_buffer"] if momentum != 0 else []
+        firsts = [False] * len(params) if momentum != 0 else []
+        indices = range(len(params))
+        if _cpu_op.tables_usable():   # buffers all seeded: the table path
+            native = _cpu_op.op()
+            if self._cache.table_step(
+                    gi, ("sgd", momentum != 0), gs, (bufs,), outs,
+                    lambda: _cpu_op.call(native.sgd_table, gi, indices, params, gs, bufs, outs),
+                    lambda table: native.sgd_table_step(table, lr, momentum, dampening, wd, nesterov,
+                                                        scale, _cpu_op.num_threads(), self.isa, seed)):
+                return
+        self._kernel(hparams, params, gs, bufs, firsts, outs, scale, gi, indices, seed)
 
     def _group_hyperparameters(self, group):
         """The group's validated (lr, momentum, dampening, weight_decay, nesterov); refuses flags it cannot honour."""

@@ -24,6 +24,8 @@ _adagrad_table = torch.ops.dsfast.cpu_adagrad_table_.default
 _lion_table = torch.ops.dsfast.cpu_lion_table_.default
 _release = torch.ops.dsfast.cpu_table_release_.default
 _adam8bit = torch.ops.dsfast.cpu_adam8bit_step.default
+_adam8bit_fill = torch.ops.dsfast.cpu_adam8bit_table_fill_.default
+_adam8bit_table = torch.ops.dsfast.cpu_adam8bit_table_.default
 # Per row: param, grad, exp_avg, exp_avg_sq, out16, step addresses; numel; grad, out, param, state dtype codes;
 # then a reference to each of those six tensors (0 where there is none).
 ADAM_TABLE_COLUMNS, ADAM_HELD = 17, 11
@@ -31,6 +33,9 @@ ADAM_TABLE_COLUMNS, ADAM_HELD = 17, 11
 SGD_TABLE_COLUMNS, SGD_HELD = 13, 9
 # Adagrad / Lion: param, grad, state, out16, step addresses; numel; grad, out, param, state dtype codes; references.
 ONE_STATE_TABLE_COLUMNS, ONE_STATE_HELD = 15, 10
+# 8-bit Adam: param, grad, exp_avg codes / scales, exp_avg_sq codes / scales, out16, step addresses; numel; grad,
+# out, param dtype codes; references to the eight.
+ADAM8BIT_TABLE_COLUMNS, ADAM8BIT_HELD = 20, 12
 
 
 def abi():
@@ -173,6 +178,27 @@ def adam_table_step(table, lr, beta1, beta2, eps, weight_decay, adamw, bias_corr
                       num_threads, isa, round_seed)
 
 
+def adam8bit_table(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs, steps,
+                   label="params"):
+    """(table, outs) as adam_table, for adam8bit_table_step."""
+    outs = _fill_missing_outs(params, outs)
+    table = torch.empty((len(params), ADAM8BIT_TABLE_COLUMNS), dtype=torch.int64)
+    try:
+        _adam8bit_fill(table, params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs,
+                       steps, label)
+    except RuntimeError as e:
+        raise retyped(e) from None
+    return _owning(table, ADAM8BIT_HELD), outs
+
+
+def adam8bit_table_step(table, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale=1.0,
+                        num_threads=0, isa="auto", round_seed=0):
+    """adam8bit_step over the tensors of a work table (adam8bit_table), incrementing each step; False (and nothing
+    written) if a tensor of the table has moved since it was filled."""
+    return _table_ran(_adam8bit_table, table, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction,
+                      grad_scale, num_threads, isa, round_seed)
+
+
 def sgd_table(params, grads, momentum_buffers, outs, label="params"):
     """(table, outs) as adam_table, for sgd_table_step; momentum_buffers [] for momentum 0."""
     outs = _fill_missing_outs(params, outs)
@@ -306,3 +332,18 @@ def _adam8bit_fake(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_code
     from ..reference.adam8bit import check_adam8bit_args
     check_adam8bit_args(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs,
                         steps, label)
+
+
+@torch.library.register_fake("dsfast::cpu_adam8bit_table_fill_")
+def _adam8bit_fill_fake(table, params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales,
+                        outs, steps, label="params"):
+    from ..reference.adam8bit import check_adam8bit_args
+    _check_table(table, ADAM8BIT_TABLE_COLUMNS, "cpu_adam8bit_table_fill_", len(params))
+    check_adam8bit_args(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs,
+                        steps, label)
+
+
+@torch.library.register_fake("dsfast::cpu_adam8bit_table_")
+def _adam8bit_table_fake(table, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, grad_scale=1.0,
+                         num_threads=0, isa="auto", round_seed=0):
+    _check_table(table, ADAM8BIT_TABLE_COLUMNS, "cpu_adam8bit_table_")
