@@ -168,14 +168,24 @@ def check_sgd():
         sys.exit("CPUSGD disagrees with torch.optim.SGD")
 
 
+Q8_MULTI = "dsfast CPUAdam8bit (8-bit states)"
+
+
 def case_adam(title, sizes, ds_cls, rounds, ceiling, with_default, results, key):
     ps, gs, ms, vs = adam_tensors(sizes)
     n = sum(sizes)
     impls = adam_impls(ps, ms, vs, ds_cls, with_default)
+    if len(sizes) > 1:   # the drop-in 8-bit class over the same tensors: its per-tensor cost beside CPUAdam's
+        q8 = O.CPUAdam8bit(ps, lr=LR, adamw_mode=False)
+        q8.step()        # makes its states
+        impls[Q8_MULTI] = q8.step
     samples = run_interleaved(impls, rounds, ceiling, slow_keep=SLOW_KEEP)
     rows = summarise(samples, n, 28, OURS_ADAM)
-    print_table(title, f"{n / M:.0f}M params in {len(sizes)} tensor(s), fp32 grads; 28 B/param counted", rows,
-                OURS_ADAM)
+    if Q8_MULTI in rows:   # its own bytes: p r/w 8, fp32 grad 4, codes r/w 4, scales 0.06
+        for k in ("gbps", "frac"):
+            rows[Q8_MULTI][k] *= (16 + 4 * 4 / 256) / 28
+    print_table(title, f"{n / M:.0f}M params in {len(sizes)} tensor(s), fp32 grads; 28 B/param counted "
+                f"(8-bit states: 16.06)", rows, OURS_ADAM)
     results[key] = rows
     del ps, gs, ms, vs, impls
 

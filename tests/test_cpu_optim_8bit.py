@@ -138,7 +138,9 @@ def test_stochastic_rounding_of_bf16_params_matches_the_reference(native):
 def test_vector_bodies_agree_with_the_scalar_body(native, isa):
     if isa not in native.available_isas():
         pytest.skip(f"{isa} not supported by this CPU")
-    sizes = [5000, 300, 7]
+    # whole blocks each encoded during the next one's update (kernel_8bit.h PendingEncode): a tensor ending on a
+    # short block, on a whole block, and a single block
+    sizes = [5000, 300, 7, 512, 256]
     ref = _run(native.adam8bit_step, _lists(sizes, out_dtype=torch.bfloat16), steps=5, isa="scalar")
     got = _run(native.adam8bit_step, _lists(sizes, out_dtype=torch.bfloat16), steps=5, isa=isa)
     # the vector bodies fuse multiply-adds: a param ulp apart, so a requantized code may land on the neighbour
@@ -158,7 +160,7 @@ def test_vector_encoding_is_bit_identical_to_the_scalar_body(native, isa):
     if isa not in native.available_isas():
         pytest.skip(f"{isa} not supported by this CPU")
     # betas 0: the new moments are g and g * g exactly on every ISA, so the codes and scales must be identical
-    sizes = [5000, 300, 7]
+    sizes = [5000, 300, 7, 512, 256]
     ref = _run(native.adam8bit_step, _lists(sizes), steps=1, betas=(0.0, 0.0), isa="scalar")
     got = _run(native.adam8bit_step, _lists(sizes), steps=1, betas=(0.0, 0.0), isa=isa)
     for k in (2, 3, 4, 5):
