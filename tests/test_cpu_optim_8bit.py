@@ -79,6 +79,19 @@ def test_zero_block_and_short_last_block():
     assert Q.dequantize(codes, scales, True).abs().max().item() == 0.0
 
 
+@pytest.mark.parametrize("signed", [True, False])
+def test_quantize_in_chunks_gives_the_whole_tensor_bits(signed, monkeypatch):
+    """The reference quantizer works a bounded number of blocks at a time: chunks of 3 blocks (the last one short)
+    give the codes and scales of one pass over the whole tensor."""
+    y = torch.randn(100003, generator=torch.Generator().manual_seed(5)) * torch.logspace(-20, 5, 100003)
+    y = y if signed else y.abs()
+    whole = Q.quantize(y, signed)
+    monkeypatch.setattr(Q, "_CHUNK_BLOCKS", 3)
+    chunked = Q.quantize(y, signed)
+    assert chunked[0].numel() == y.numel() and chunked[1].numel() == Q.num_blocks(y.numel())
+    assert torch.equal(chunked[0], whole[0]) and torch.equal(chunked[1], whole[1])
+
+
 @pytest.mark.parametrize("numel", [1, 256, 300, 4097])
 def test_fresh_states_are_the_quantized_zeros(numel):
     # quant_state.empty_state writes zero codes and scales directly (the optimizer's first step creates one per

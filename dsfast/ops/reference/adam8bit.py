@@ -60,16 +60,26 @@ def encode(x, inv, signed):
     return k.to(torch.uint8)
 
 
+_CHUNK_BLOCKS = 1 << 14   # quantize() works 4M elements at a time: its temporaries stay ~100 MB whatever the size
+
+
 def quantize(x, signed):
     """(codes uint8 [n], scales fp32 [blocks]) of a float tensor: per block absmax, then the computed codes."""
-    flat = x.detach().reshape(-1).float()
-    rows = _blocks(flat)
-    absmax = rows.abs().amax(dim=1)
+    flat = x.detach().reshape(-1)
+    n, blocks = flat.numel(), num_blocks(flat.numel())
+    codes = torch.empty(blocks * QUANT_BLOCK, dtype=torch.uint8)
+    scales = torch.empty(blocks)
     top = torch.tensor(CODE_TOP)
-    # at most FLT_MAX, as the kernel's: a block of tiny moments would get an infinite inverse (and 0 * inf = NaN)
-    inv = torch.where(absmax > 0, (top / absmax).clamp(max=torch.finfo(torch.float32).max), torch.zeros_like(absmax))
-    codes = encode(rows, inv[:, None], signed).reshape(-1)[:flat.numel()]
-    return codes, absmax / top
+    for b0 in range(0, blocks, _CHUNK_BLOCKS):
+        b1 = min(b0 + _CHUNK_BLOCKS, blocks)
+        rows = _blocks(flat[b0 * QUANT_BLOCK:min(b1 * QUANT_BLOCK, n)].float())
+        absmax = rows.abs().amax(dim=1)
+        # at most FLT_MAX, as the kernel's: a block of tiny moments would get an infinite inverse (0 * inf = NaN)
+        inv = torch.where(absmax > 0, (top / absmax).clamp(max=torch.finfo(torch.float32).max),
+                          torch.zeros_like(absmax))
+        codes[b0 * QUANT_BLOCK:b1 * QUANT_BLOCK] = encode(rows, inv[:, None], signed).reshape(-1)
+        scales[b0:b1] = absmax / top
+    return codes[:n], scales
 
 
 def dequantize(codes, scales, signed):
