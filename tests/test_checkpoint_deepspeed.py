@@ -97,3 +97,20 @@ def test_a_pickle_naming_other_code_is_refused_not_run(tmp_path):
     with pytest.raises(CheckpointCorruptError, match=r"mp_rank_00_model_states\.pt.*without running its code"):
         DeepSpeedCheckpoint(str(bad))
     assert os.path.exists(src)
+
+
+def test_a_deepspeed_checkpoint_loads_into_an_nvme_offload_run(tmp_path):
+    """Optimizer states on NVMe are swapped out between steps: the load visits each unit (read, filled, written
+    back) instead of writing into released storage. DeepSpeed's moments exactly, and training goes on."""
+    cfg = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
+           "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+           "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path)}}}
+    engine, _, _, _ = dsfast.initialize(model=model(), config=cfg, dist_init_required=False)
+    engine.load_checkpoint(folder(2, "fp32"))
+    ds = DeepSpeedCheckpoint(os.path.join(folder(2, "fp32"), "global_step2"))
+    for name, p in engine.module.named_parameters():
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(safe_get_full_optimizer_state(p, key).reshape(-1), ds.tensor(name, key).reshape(-1))
+    engine.backward(torch.nn.functional.mse_loss(engine(torch.ones(2, 6)).float(), torch.zeros(2, 3)))
+    engine.step()
+    assert engine.global_steps == 3

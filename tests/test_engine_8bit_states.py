@@ -238,3 +238,31 @@ def test_checkpoint_with_int8_states_on_nvme_loads_at_another_stage(tmp_path):
     other.load_checkpoint(str(tmp_path / "ckpt"), tag="t")
     _within_half_gap(_moments(other), before)
     assert _train(same, 2, start=3) == _train(engine, 2, start=3)
+
+
+@pytest.mark.parametrize("stage, device", [(2, "cpu"), (3, "cpu"), (2, "nvme")])
+def test_a_deepspeed_checkpoint_loads_into_an_int8_run(stage, device, capsys, tmp_path):
+    """DeepSpeed 0.19.8's fp32 moments (tests/data/deepspeed_ckpt, 2 ranks) into a 1-rank int8 offload run: quantized
+    on this run's blocks (logged), each value within half a code step of DeepSpeed's. On NVMe too: each unit's states
+    read, filled and written back (they crashed the load before, swapped out)."""
+    import os
+    from dsfast.checkpoint.deepspeed_import import DeepSpeedCheckpoint
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "deepspeed_ckpt", f"stage{stage}_fp32")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.LayerNorm(10), torch.nn.Linear(10, 3))
+    cfg = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
+           "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+           "zero_optimization": {"stage": stage, "offload_optimizer": {"device": device, "state_precision": "int8"}}}
+    if device == "nvme":
+        cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] = str(tmp_path)
+    engine = dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg,
+                               dist_init_required=False)[0]
+    engine.load_checkpoint(folder)
+    assert "exp_avg float32 -> int8 (quantized)" in capsys.readouterr().out
+    ds = DeepSpeedCheckpoint(os.path.join(folder, "global_step2"))
+    want = {(n, k): ds.tensor(n, k).reshape(p.shape) for n, p in engine.module.named_parameters()
+            for k in ("exp_avg", "exp_avg_sq")}
+    _within_half_gap(_moments(engine), want)
+    engine.backward(torch.nn.functional.mse_loss(engine(torch.ones(2, 6)).float(), torch.zeros(2, 3)))
+    engine.step()
+    assert engine.global_steps == 3

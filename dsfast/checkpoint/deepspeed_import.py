@@ -321,7 +321,9 @@ def load_deepspeed_into(engine, path, strict, load_optimizer_states, load_lr_sch
         return path, ds.client_state
     params, tensors = _as_manifest(ds)
     mem = _MemFile(path, tensors)
-    shards.apply(layout, engine.optimizer, params, lambda _: mem, load_optimizer_states)
+    with engine.state_owner.visiting(writes=True) as use:   # states on NVMe: each unit read, filled, written back
+        converted = shards.apply(layout, engine.optimizer, params, lambda _: mem, load_optimizer_states, use=use)
+    shards.log_converted(path, converted)
     if load_optimizer_states and engine.optimizer is not None and ds.param_groups:
         if len(ds.param_groups) != len(engine.optimizer.param_groups):
             raise CheckpointError(f"{path}: {len(ds.param_groups)} DeepSpeed param groups, this optimizer has "

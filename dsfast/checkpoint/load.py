@@ -115,10 +115,7 @@ def _load(engine, reader, strict, load_optimizer_states, load_lr_scheduler_state
     finally:
         if visitor is not None:
             visitor.close()
-    if converted:   # e.g. a bf16_optimizer_states checkpoint into an fp32-state run
-        from dsfast.utils.log import log_dist
-        log_dist(f"{reader.dir}: converted on load: " + ", ".join(f"{k} {a} -> {b}" for k, a, b in sorted(converted)),
-                 ranks=[0])
+    shards.log_converted(reader.dir, converted)
     if load_optimizer_states and engine.optimizer is not None and state.get("param_groups") is not None:
         _load_param_groups(engine.optimizer, jsonable.decode(state["param_groups"], tensors), reader.dir)
     engine.load_engine_state_dict(jsonable.decode(state["engine"], tensors))

@@ -97,6 +97,22 @@ def state_dtype(optimizer, param, saved_dtype):
     return own(param) if callable(own) else param.dtype
 
 
+def log_converted(where, converted):
+    """The one log line of what a load converted on the way (apply's return), e.g. bf16 moments into an fp32-state
+    run, or fp32 moments quantized into an 8-bit one."""
+    if converted:
+        from ..utils.log import log_dist
+        log_dist(f"{where}: converted on load: " + ", ".join(f"{k} {a} -> {b}" for k, a, b in sorted(converted)),
+                 ranks=[0])
+
+
+def _release(f):
+    """A mapped input: drop the pages just copied (they stay in the page cache)."""
+    release = getattr(f, "release", None)
+    if release is not None:
+        release()
+
+
 @torch.no_grad()
 def apply(layout, optimizer, params_manifest, open_file, load_optimizer_states=True, use=None):
     """Fill every record's master (and, if asked, optimizer state) from the saved slices overlapping it. Returns
@@ -127,7 +143,8 @@ def apply(layout, optimizer, params_manifest, open_file, load_optimizer_states=T
                 if key != "master" and state is None:
                     continue
                 if key != "master" and quant.takes(key):   # 8-bit moments, or float ones into an 8-bit run
-                    quant.add(key, f, s, lo, hi, r, state, dst_lo, dst_hi)
+                    quant.add(key, f, s, lo, hi, r, state, dst_lo, dst_hi)   # (copies what it keeps)
+                    _release(f)
                     continue
                 src = f.get(tensor_name).reshape(-1)
                 if src.numel() != s["stop"] - s["start"]:
@@ -146,9 +163,7 @@ def apply(layout, optimizer, params_manifest, open_file, load_optimizer_states=T
                     converted.add((key, str(piece.dtype).replace("torch.", ""), str(dst.dtype).replace("torch.", "")))
                     piece = piece.to(dst.dtype)
                 dst.view(-1)[dst_lo:dst_hi].copy_(piece)
-                release = getattr(f, "release", None)   # a mapped input: drop the pages just copied
-                if release is not None:
-                    release()
+                _release(f)
             covered += hi - lo
             if first_scalars is None:
                 first_scalars = s.get("scalars", {})
