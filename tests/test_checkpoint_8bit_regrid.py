@@ -111,3 +111,31 @@ def test_a_block_moved_after_its_first_piece_takes_that_piece_as_values():
     codes, scales, moved = shard.finish(True)
     want_codes, want_scales, _ = _reference(saved, B, 2 * B, True)
     assert moved and torch.equal(codes, want_codes) and torch.equal(scales, want_scales)
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_quantized_moment_reads_and_writes_ranges(signed):
+    """quant_state.QuantizedMoment (the ZeRO owners' getters and setters of 8-bit moments): a read is the whole
+    dequantization's slice; a write leaves every block it does not touch bit for bit, and the blocks it touches are
+    the reference quantizer's codes of the old values with the range replaced."""
+    from dsfast.optim.quant_state import QuantizedMoment
+    key = "exp_avg" if signed else "exp_avg_sq"
+    n = 5 * B + 17
+    x = torch.randn(n, generator=torch.Generator().manual_seed(1)) * 1e-3
+    x = x if signed else x.abs()
+    codes, scales = Q.quantize(x, signed)
+    state = {key + "_codes": codes.clone(), key + "_scales": scales.clone()}
+    moment = QuantizedMoment(state, key)
+    whole = Q.dequantize(codes, scales, signed)
+    assert torch.equal(moment[B + 3:3 * B + 9], whole[B + 3:3 * B + 9]) and moment[7:7].numel() == 0
+    new = torch.full((2 * B,), 5e-3 if signed else 2e-7)
+    moment[B + 3:3 * B + 3] = new
+    want_values = whole.clone()
+    want_values[B + 3:3 * B + 3] = new
+    want_codes, want_scales = Q.quantize(want_values[B:4 * B], signed)   # blocks 1-3: those touched
+    got_codes, got_scales = state[key + "_codes"], state[key + "_scales"]
+    assert torch.equal(got_codes[:B], codes[:B]) and torch.equal(got_codes[4 * B:], codes[4 * B:])
+    assert torch.equal(got_scales[[0, 4, 5]], scales[[0, 4, 5]])
+    assert torch.equal(got_codes[B:4 * B], want_codes) and torch.equal(got_scales[1:4], want_scales)
+    with pytest.raises(ValueError, match="contiguous ranges"):
+        moment[0:10:2]

@@ -266,3 +266,24 @@ def test_a_deepspeed_checkpoint_loads_into_an_int8_run(stage, device, capsys, tm
     engine.backward(torch.nn.functional.mse_loss(engine(torch.ones(2, 6)).float(), torch.zeros(2, 3)))
     engine.step()
     assert engine.global_steps == 3
+
+
+@pytest.mark.parametrize("device", ["cpu", "nvme"])
+def test_optimizer_state_setters_write_int8_moments(device, tmp_path):
+    """safe_set_full / safe_set_local_optimizer_state on 8-bit moments (DeepSpeed's API): the blocks the parameter
+    touches are quantized again with the new values, each within half a code step; training goes on."""
+    from dsfast.utils import safe_set_full_optimizer_state, safe_set_local_optimizer_state
+    engine = _engine(_cfg(2, device=device, nvme_path=tmp_path if device == "nvme" else None))
+    _train(engine, 2)
+    before = _moments(engine)
+    params = dict(engine.module.named_parameters())
+    want = dict(before)
+    for (name, key), value in before.items():
+        if name == "0.weight":
+            want[(name, key)] = value * 3
+            safe_set_full_optimizer_state(params[name], value * 3, key)
+        elif name == "2.bias":   # one rank: the local piece is the whole parameter, flat
+            want[(name, key)] = value.abs() + 1e-4
+            safe_set_local_optimizer_state(params[name], (value.abs() + 1e-4).reshape(-1), key)
+    _within_half_gap(_moments(engine), want)   # the neighbours sharing a block: rounded once more
+    _train(engine, 1, start=2)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import dsfast
-from dsfast.utils import (safe_get_full_grad, safe_get_full_fp32_param, safe_get_local_grad, safe_set_full_fp32_param,
+from dsfast.utils import (safe_get_full_grad, safe_get_full_fp32_param, safe_get_full_optimizer_state,
+                          safe_get_local_grad, safe_set_full_fp32_param,
                           safe_set_full_grad, safe_set_full_optimizer_state, safe_set_local_grad,
                           safe_update_full_grad_vectorized)
 
@@ -92,7 +93,10 @@ def test_a_parameter_no_engine_trains_is_left_alone_with_a_warning(caplog):
     assert "is not trained by any engine" in caplog.text
 
 
-def test_an_8bit_moment_is_refused_by_the_setter():
+def test_an_8bit_moment_is_set_through_its_blocks():
+    """8-bit moments (state_precision int8) are written by re-quantizing the blocks the parameter touches: zeros
+    read back as zeros exactly (code 0); a wrong shape is still refused (tests/test_engine_8bit_states.py has the
+    values' bound)."""
     cfg = C.config(2, "fp32", True)
     cfg["zero_optimization"]["offload_optimizer"]["state_precision"] = "int8"
     model = C.model()
@@ -100,8 +104,11 @@ def test_an_8bit_moment_is_refused_by_the_setter():
                                dist_init_required=False)[0]
     C._backward(engine, 0)
     engine.step()
-    with pytest.raises(ValueError, match="'exp_avg' is held as 8-bit blocks"):
-        safe_set_full_optimizer_state(model[0].weight, torch.zeros(33, 16), "exp_avg")
+    assert safe_get_full_optimizer_state(model[0].weight, "exp_avg").abs().sum() > 0
+    safe_set_full_optimizer_state(model[0].weight, torch.zeros(33, 16), "exp_avg")
+    assert torch.equal(safe_get_full_optimizer_state(model[0].weight, "exp_avg"), torch.zeros(33, 16))
+    with pytest.raises(ValueError, match="safe_set_full_optimizer_state"):
+        safe_set_full_optimizer_state(model[0].weight, torch.zeros(7), "exp_avg")
 
 
 @pytest.mark.parametrize("stage", [1, 3])

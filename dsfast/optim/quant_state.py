@@ -64,6 +64,42 @@ def dequantize_moments(state, dtype=torch.float32):
             for key, signed in _MOMENTS}
 
 
+class QuantizedMoment:
+    """One 8-bit moment of a state, read and written as fp32 values by element range (the ZeRO owners' getters and
+    setters: safe_get / safe_set_full_optimizer_state). Only the blocks a range touches are dequantized; a write
+    quantizes those blocks again, so their other elements (a neighbouring parameter sharing a block) are rounded
+    once more, by at most half a code step."""
+
+    def __init__(self, state, key):
+        self.codes, self.scales = state[key + "_codes"], state[key + "_scales"]
+        self.signed = dict(_MOMENTS)[key]
+
+    def _blocks(self, index):
+        start, stop, step = index.indices(self.codes.numel())
+        if step != 1:
+            raise ValueError("an 8-bit moment is read and written by contiguous ranges")
+        b0, b1 = start // QUANT_BLOCK, _q.num_blocks(stop) if stop > start else start // QUANT_BLOCK
+        return start, stop, b0, b1
+
+    def _values(self, b0, b1):
+        lo, hi = b0 * QUANT_BLOCK, min(b1 * QUANT_BLOCK, self.codes.numel())
+        return _q.dequantize(self.codes[lo:hi], self.scales[b0:b1], self.signed)
+
+    def __getitem__(self, index):
+        start, stop, b0, b1 = self._blocks(index)
+        return self._values(b0, b1)[start - b0 * QUANT_BLOCK:stop - b0 * QUANT_BLOCK]
+
+    def __setitem__(self, index, values):
+        start, stop, b0, b1 = self._blocks(index)
+        if stop <= start:
+            return
+        blocks = self._values(b0, b1)
+        blocks[start - b0 * QUANT_BLOCK:stop - b0 * QUANT_BLOCK] = values
+        codes, scales = _q.quantize(blocks, self.signed)
+        self.codes[b0 * QUANT_BLOCK:b0 * QUANT_BLOCK + codes.numel()] = codes   # in place: the NVMe swap's tensors
+        self.scales[b0:b1] = scales
+
+
 def dequantize_into(state, original, param, dtype, where):
     """If the saved entry `original` holds 8-bit moments, put them into `state` (an fp32 / 16-bit state optimizer's)
     as exp_avg / exp_avg_sq of param's shape and `dtype`, drop the code keys, and return 1; else return 0."""

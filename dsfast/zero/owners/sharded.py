@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ...comm.where import wait_now
-from ...optim.quant_state import FLOAT_KEYS, dequantize_moments, is_quantized
+from ...optim.quant_state import FLOAT_KEYS, QuantizedMoment, is_quantized
 from ..grads import buckets as grad_buckets
 from ..step.decide import decide
 from ..step.landed_norms import LandedNorms
@@ -248,19 +248,15 @@ class ShardedBase(ShardOwner):
     def _state_of(self, key):
         def source(i):
             state = self._state_dict(i, key)
-            if key not in state:   # 8-bit moments, as fp32 values
-                return dequantize_moments(state)[key]
+            if key not in state:   # 8-bit moments, as fp32 values (only the blocks a range touches)
+                return QuantizedMoment(state, key)
             return state[key].float()
         return source
 
     def _state_tensor(self, i, key):
-        """The tensor a setter writes: the state itself (8-bit moments cannot be written element by element)."""
+        """What a setter writes: the state itself, or its 8-bit moment's blocks (QuantizedMoment)."""
         state = self._state_dict(i, key)
-        if key not in state:
-            raise ValueError(f"optimizer state {key!r} is held as 8-bit blocks here (a quantized optimizer): it "
-                             "cannot be set element by element; set it before quantizing, or use a 32-bit "
-                             "optimizer")
-        return state[key]
+        return state[key] if key in state else QuantizedMoment(state, key)
 
     def _grad_source(self, i):
         return self.grad_shards()[i].float() * self.post_reduce_factor
@@ -381,7 +377,7 @@ class ShardedBase(ShardOwner):
         with self.visiting(writes=True) as use:
             use(self.store.units[plan.index].shard)
             for t in targets(plan.index):
-                t[a - lo:b - lo].copy_(piece)
+                t[a - lo:b - lo] = piece   # (a tensor, or an 8-bit moment's QuantizedMoment)
 
     def set_full_fp32_param(self, param, value):
         if self.store.masters_are_params and not self.partitions_params:
