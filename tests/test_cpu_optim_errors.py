@@ -174,3 +174,17 @@ def test_native_op_names_the_argument_it_cannot_convert():
     p = lists[0][0]
     op.adam_step(*lists, **ok, label="L", isa="scalar")      # a keyword call with every option works
     assert torch.equal(p, torch.zeros(4))                      # zero grad, zero state: p stays 0
+
+
+@pytest.mark.parametrize("cls", ["CPUAdam", "CPUSGD", "CPUAdagrad", "CPULion", "CPUAdam8bit"])
+def test_a_sparse_gradient_is_refused_by_name(cls):
+    import dsfast.optim as O
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    dense = torch.nn.Linear(4, 2)
+    opt = getattr(O, cls)([{"params": dense.parameters()}, {"params": emb.parameters()}], lr=1e-2)
+    dense(emb(torch.tensor([1, 2]))).sum().backward()
+    before = emb.weight.detach().clone()
+    with pytest.raises(ValueError, match=r"param_groups\[1\]\['params'\]\[0\] has a sparse gradient; "
+                                         f"{cls} updates dense gradients"):
+        opt.step()
+    assert torch.equal(emb.weight, before)

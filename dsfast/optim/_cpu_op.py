@@ -59,6 +59,15 @@ def tables_usable():
         and torch._C._len_torch_dispatch_stack() == 0
 
 
+def check_dense(optimizer, group, j, grad):
+    """A sparse gradient (nn.Embedding(sparse=True)) refused by the parameter's name before any kernel runs."""
+    if grad.is_sparse:
+        gi = next(i for i, pg in enumerate(optimizer.param_groups) if pg is group)
+        raise ValueError(f"param_groups[{gi}]['params'][{j}] has a sparse gradient; {type(optimizer).__name__} "
+                         "updates dense gradients: use nn.Embedding(..., sparse=False), or torch.optim.SparseAdam "
+                         "for that parameter")
+
+
 def gather(optimizer, group, indices, listed, halves, keys, new_state, check=None):
     """The parameters of one group at `indices` (positions in group["params"]) that have a gradient (listed[k],
     aligned with indices, else p.grad), for a list op: (params, grads, {key: [each one's state[key]]}, outs
@@ -72,6 +81,7 @@ def gather(optimizer, group, indices, listed, halves, keys, new_state, check=Non
         g = listed[k] if listed is not None else p.grad
         if g is None:
             continue
+        check_dense(optimizer, group, j, g)
         state = optimizer.state[p]
         if len(state) == 0:
             state.update(new_state(p))

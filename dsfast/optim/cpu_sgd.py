@@ -113,6 +113,7 @@ class CPUSGD(_cpu_op.CPUOptimizer):
             g = listed[k] if listed is not None else p.grad
             if g is None:
                 continue
+            _cpu_op.check_dense(self, group, j, g)
             params.append(p)
             grads.append(g)
             kept.append(j)
