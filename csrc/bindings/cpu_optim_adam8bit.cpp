@@ -107,7 +107,8 @@ void run_adam8bit(std::vector<Adam8bitRow>& rows, double lr, double beta1, doubl
 void adam8bit_step(Tensors params, Tensors grads, Tensors exp_avg_codes, Tensors exp_avg_scales,
                    Tensors exp_avg_sq_codes, Tensors exp_avg_sq_scales, Tensors outs, Tensors steps,
                    double lr, double beta1, double beta2, double eps, double weight_decay, bool adamw,
-                   bool bias_correction, double grad_scale, int64_t num_threads, Text isa, Text label, int64_t round_seed) {
+                   bool bias_correction, double grad_scale, int64_t num_threads, Text isa, Text label,
+                   int64_t round_seed) {
   const auto isa_v = isa_arg(isa);
   auto rows = adam8bit_rows(params, grads, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, outs,
                             steps, label);

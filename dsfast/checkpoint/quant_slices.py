@@ -9,8 +9,8 @@ one saved block takes that block's codes and scale unchanged (exact: a resume on
 codes, 1 byte an element); a block that mixes saved blocks (the grid moved: another world size, stage or bucketing)
 is kept as fp32 values and re-quantized on the new grid once the shard is complete (one more rounding: at most 1/16
 of the value, or below the smallest code half of that code; logged as a conversion).
-Into a run with fp32 / 16-bit moments the dequantized values are written directly; fp32 / 16-bit moments loading into an 8-bit run are quantized
-the same way.
+Into a run with fp32 / 16-bit moments the dequantized values are written directly; fp32 / 16-bit moments loading
+into an 8-bit run are quantized the same way (as blocks that moved).
 """
 import torch
 
