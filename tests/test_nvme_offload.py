@@ -419,3 +419,31 @@ def test_an_nvme_path_in_memory_warns_that_it_saves_nothing(tmp_path):
         with warnings.catch_warnings():   # a directory on a disk: no such warning
             warnings.simplefilter("error", UserWarning)
             _engine(_cfg(2, str(tmp_path))).destroy()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_the_estimated_window_counts_only_the_units_a_model_has(tmp_path, precision):
+    """The window's buffers are made as units come in: 2 units under buffer_count 4 hold 2 buffers, and the
+    estimate (python -m dsfast.zero.estimate, dsfast plan) says so instead of 4."""
+    from dsfast.zero.planning.estimate import estimate_model_states
+    width = 256
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Linear(width, width))
+    psi = sum(p.numel() for p in model.parameters())
+    bucket = width * width + width   # one layer a unit
+    cfg = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+           "zero_optimization": {"stage": 2, "reduce_bucket_size": bucket,
+                                 "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path),
+                                                       "buffer_count": 4, "state_precision": precision}}}
+    engine = dsfast.initialize(model=model, model_parameters=model.parameters(), config=cfg,
+                               dist_init_required=False)[0]
+    for _ in range(2):
+        engine.backward(engine(torch.randn(2, width)).float().pow(2).mean())
+        engine.step()
+    window = engine.memory_breakdown()["swap_window"]["host"]
+    assert len(engine.state_owner.swap.host_buffers()) == 2
+    row = next(r for r in estimate_model_states(psi, 1, mixed=False, nvme=True, bucket=bucket,
+                                                states8=precision == "int8")
+               if (r["stage"], r["offload_optimizer"], r["offload_param"]) == (2, "nvme", False))
+    assert row["host"] == window

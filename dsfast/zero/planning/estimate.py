@@ -63,8 +63,11 @@ def estimate_model_states(params, world_size, mixed=True, largest_layer=0, offlo
             moments = INT8_MOMENT_BYTES if states8 else 8   # per element, in the unit files beside the fp32 master
             # what offload to the host would keep there: the masters (a copy, for a 16-bit model) and the moments
             on_host = ((4 if mixed else 0) + moments) * psi / world
-            unit = (min(int(float(bucket)), psi) if stage < 3 else int(float(largest_layer))) // world + 1
-            b["host"] += window_bytes(unit, buffer_count, moments) - on_host
+            whole = min(int(float(bucket)), psi) if stage < 3 else int(float(largest_layer))
+            unit = whole // world + 1
+            # the window's buffers are made as units come in: a model of fewer units than buffer_count has fewer
+            units = -(-psi // whole) if whole > 0 else buffer_count
+            b["host"] += window_bytes(unit, min(buffer_count, units), moments) - on_host
             b["nvme"] = unit_file_bytes(psi, moments) / world
             b["nvme_unit"] = unit   # elements of the largest swap unit (the plan counts the step's reads by it)
         if off_param == "nvme":
