@@ -243,6 +243,11 @@ def test_cli_writes_json_that_validates_as_a_config(tmp_path, capsys):
     assert cfg.zero_stage == 3
     printed = capsys.readouterr().out
     assert "step floor" in printed and "best: " in printed
+    # a bare count does not say how large the largest layer is: the stage 3 rows leave it out, and say so
+    assert "largest layer unknown: stage 3 rows leave out its gathered layer" in printed
+    main(["--model", "1e9", "--largest-layer", "5e7", "--world-size", "2", "--host-gib", "64", "--device-gib", "8",
+          "--bandwidth-gbs", "20", "--device-bandwidth-gbs", "2000", "--headroom", "1"])
+    assert "(largest layer 50.0M)" in capsys.readouterr().out
 
 
 def test_every_fitting_row_validates_as_a_config(tmp_path):

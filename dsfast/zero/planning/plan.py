@@ -260,7 +260,10 @@ def main(argv=None):
         with open(args.out, "w") as f:
             json.dump(best, f, indent=2)
             f.write("\n")
-    print(f"model: {params / 1e9:.3f}B parameters (largest layer {largest / 1e6:.1f}M), {args.world_size} ranks")
+    layer = f"largest layer {largest / 1e6:.1f}M" if largest else \
+        "largest layer unknown: stage 3 rows leave out its gathered layer and NVMe buffers; give --largest-layer " \
+        "or a model file"
+    print(f"model: {params / 1e9:.3f}B parameters ({layer}), {args.world_size} ranks")
     for line in format_plan(rows, fig, args.all):
         print(line)
     if best is None:
