@@ -72,7 +72,7 @@ class _Shard:
         if held.numel():
             rows = self.codes.view(-1, QUANT_BLOCK)[held]
             self.values.view(-1, QUANT_BLOCK)[held] = \
-                q8.code_values(signed)[rows.long()] * self.scales[held].unsqueeze(1)
+                q8.dequantize(rows, self.scales[held], signed).view(-1, QUANT_BLOCK)
         self.mixed[fresh] = True
 
     def add_codes(self, lo, hi, codes, record_scales, first, source0, signed):
