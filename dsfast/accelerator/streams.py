@@ -20,11 +20,13 @@ Chaos (DSFAST_STREAM_CHAOS=<seed>, DSFAST_STREAM_CHAOS_MS=<max ms, default 3>): 
 time from the seed before each item, so that a missing wait reads stale or half-written values and shows up as a
 wrong number in CI rather than on a user's GPU. The delays are reproducible per (seed, lane name, item number).
 """
+import atexit
 import os
 import queue
 import random
 import threading
 import time
+import weakref
 
 import torch
 
@@ -97,6 +99,17 @@ class InlineLane:
         pass
 
 
+_open_thread_lanes = weakref.WeakSet()
+
+
+def close_thread_lanes():
+    """Finish and stop every ThreadLane still open (the exit hook below): a lane thread still inside a native op (a
+    copy, the host step) when the interpreter finalises aborts the process ("terminate called without an active
+    exception") after a run that succeeded, and an overlapped step left running would be cut off mid-write."""
+    for lane in list(_open_thread_lanes):
+        lane.close()
+
+
 class ThreadLane:
     """A worker thread running submitted callables in order. After an item fails, the later ones are not run: their
     events carry the first failure (what ran after a failed copy or step would read wrong values)."""
@@ -111,6 +124,10 @@ class ThreadLane:
         self._max_delay = chaos[1] if chaos else 0.0
         self._thread = threading.Thread(target=self._run, name=f"dsfast-lane-{name}", daemon=True)
         self._thread.start()
+        if not _open_thread_lanes:     # (re-registered after all closed: atexit runs hooks last-in first-out)
+            atexit.unregister(close_thread_lanes)
+            atexit.register(close_thread_lanes)
+        _open_thread_lanes.add(self)
 
     def submit(self, fn, what="", after_current=True):
         if not self._thread.is_alive():
@@ -149,6 +166,7 @@ class ThreadLane:
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
+        _open_thread_lanes.discard(self)
 
 
 class CudaEvent:

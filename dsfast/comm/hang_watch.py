@@ -196,9 +196,11 @@ class Watch(threading.Thread):
             sys.stderr.flush()
             os._exit(HANG_EXIT_CODE)
 
-    def stop(self):
+    def stop(self, publish=True):
         """The program ends normally: leave the watch (the others will say this rank ended, not that it died)."""
         self.halt.set()
+        if not publish:
+            return
         try:
             self.publish(gone=True)
         except Exception:
@@ -268,8 +270,21 @@ def start(config, model=None):
     return watch
 
 
-def stop():
-    """Leave the watch (the exit teardown calls it once every rank arrived, before the group is destroyed)."""
+# How long stop() waits for the watch's thread to finish a store request in flight (its store's own timeout is 30 s)
+JOIN_S = 5.0
+
+
+def stop(publish=True):
+    """Leave the watch and wait (bounded) for its thread to end: the exit teardown calls it once every rank arrived,
+    before the group is destroyed, or with publish=False when the program destroyed the group itself (the store's
+    host may have exited: nothing to tell). A daemon thread still inside a store request when the interpreter
+    finalises aborts the process after a run that succeeded ("terminate called without an active exception")."""
     if _watch:
-        _watch.pop().stop()
+        watch = _watch.pop()
+        watch.stop(publish)
+        if watch is not threading.current_thread():
+            watch.join(JOIN_S)
+            if watch.is_alive():
+                _say(watch.rank, f"the hang watch did not end within {JOIN_S:g} s (a store request is still "
+                                 "waiting); exiting anyway")
         WHERE.works = None

@@ -63,6 +63,7 @@ def destroy_at_exit():
     called without an active exception") after a run that succeeded; about one run in three of a ZeRO-3 program
     on two CPU ranks did, with DeepSpeed too. Sleeping here, before finalisation, lets those releases happen."""
     if not dist.is_initialized():
+        hang_watch.stop(publish=False)   # its thread must not be inside a store request at finalisation
         time.sleep(RELEASE_WAIT_S)
         return
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -27,8 +27,12 @@ SHARED_MEMORY = {"uneven"}
 
 @pytest.fixture(scope="module", params=["blocking", "nccl_shape"])
 def runs(request, tmp_path_factory):
+    # the folders are made here, in one thread: pytest makes its base folder on first use, and three threads doing
+    # that at once in a worker that had not used it yet collided (FileExistsError at setup)
+    outs = {case: tmp_path_factory.mktemp(f"hang_{case}_{request.param}") for case in CASES}
+
     def one(case):
-        out = tmp_path_factory.mktemp(f"hang_{case}_{request.param}")
+        out = outs[case]
         env = {"DSFAST_HANG_WATCH_S": "1.5", "DSFAST_SHM_ALLREDUCE": "1" if case in SHARED_MEMORY else "0",
                "SLOW_S": "4", "DSFAST_HANG_WATCH_NCCL_SHAPE": "1" if request.param == "nccl_shape" else "0"}
         results = launch(WORKER, [case, out], nprocs=2, timeout=90, check=False, extra_env=env)
