@@ -156,6 +156,28 @@ def test_repointed_tensors_are_picked_up(native, table_calls, monkeypatch, cls, 
     assert table_calls[kind] == 2 and table_calls[f"{kind} stale"] == 1   # the op saw the move itself
 
 
+@pytest.mark.parametrize("cls,kw,key", [(O.CPUAdam, {}, "exp_avg"), (O.CPUAdam, {}, "exp_avg_sq"),
+                                        (O.CPUAdam, {}, "step"), (O.CPUSGD, dict(momentum=0.9), "momentum_buffer")])
+def test_a_state_entry_replaced_by_another_tensor_is_used(native, table_calls, monkeypatch, cls, kw, key):
+    """opt.state[p][key] = another tensor (a moment reset, a state copied in by hand): the cached lists are not
+    used, the new tensor is updated and the replaced one never written, as the list op does."""
+    results = []
+    for tables in (False, True):
+        with monkeypatch.context() as m:
+            if not tables:
+                m.setattr(_cpu_op, "tables_usable", lambda: False)
+            ps, opt = _cached_opt(cls, **kw)
+            old = opt.state[ps[3]][key]
+            before = old.clone()
+            opt.state[ps[3]][key] = new = old.clone()
+            opt.step()
+            assert torch.equal(old, before), "the replaced state tensor was written"
+            assert not torch.equal(new, before), "the new state tensor was not updated"
+            results.append([p.detach().clone() for p in ps])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("cls,kw", [(O.CPUAdam, {}), (O.CPUSGD, dict(momentum=0.9))])
 def test_param_narrowed_in_place_of_its_storage_is_refused(native, cls, kw):
     """p.data = p.data[:k] keeps the data_ptr; the numel check still rebuilds (and the grad no longer fits)."""

@@ -135,15 +135,20 @@ class GroupCache:
         e = self._entries.get(group_index)
         plist = group["params"]
         if e is None or e["plist"] is not plist or e["n"] != len(plist) or e["state"] is not optimizer.state \
-                or any(k not in e["tensors"] for k in keys):
+                or e["keys"] != tuple(keys):
             return None
         # map() with operator functions keeps these loops in C: ~3x cheaper than generators
         grads = list(map(_GRAD, e["params"]))
         if any(map(operator.is_, grads, repeat(None))):
             return None
-        for key in keys:
-            if not all(map(operator.is_, map(dict.get, e["states"], repeat(key)), e["tensors"][key])):
-                return None
+        # every key of a state in one lookup: after the step's pass over the moments each state dict is a cache
+        # miss, and a pass per key paid it per key (20000 params, 5 keys: CPUAdam8bit 37-39 -> 35 ms a step)
+        try:
+            current = _state_tensors(e["states"], e["keys"])
+        except KeyError:
+            return None
+        if not all(map(operator.is_, current, e["flat"])):
+            return None
         return e["params"], grads, e["tensors"]
 
     def table_step(self, group_index, kind, grads, states, outs, build, step):
@@ -180,8 +185,18 @@ class GroupCache:
             self._entries.pop(group_index, None)
             return
         states = [optimizer.state[p] for p in params]
+        keys = tuple(keys)
         self._entries[group_index] = dict(plist=plist, n=len(plist), state=optimizer.state, params=list(params),
-                                          states=states, tensors={k: [st[k] for st in states] for k in keys})
+                                          states=states, tensors={k: [st[k] for st in states] for k in keys},
+                                          keys=keys, flat=_state_tensors(states, keys))
+
+
+def _state_tensors(states, keys):
+    """The values of `keys` in each state, state by state, as one list (KeyError if one is missing)."""
+    if not keys:            # (SGD without momentum keeps no state)
+        return []
+    get = operator.itemgetter(*keys)
+    return list(map(get, states)) if len(keys) == 1 else list(chain.from_iterable(map(get, states)))
 
 
 _STATE_TENSORS = ("exp_avg", "exp_avg_sq", "momentum_buffer")
