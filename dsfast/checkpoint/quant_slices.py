@@ -30,20 +30,6 @@ def saved_scales(state, offset, n):
     return {k: (first, last - first + 1) for k in ("exp_avg_scales", "exp_avg_sq_scales")}
 
 
-def _dequantized(codes, record_scales, first, signed):
-    """fp32 values of a run of saved codes whose first element sits at position `first` of its record's block grid
-    (record_scales[0] is that block's scale), in chunks so the temporaries stay small."""
-    table, out = q8.code_values(signed), torch.empty(codes.numel())
-    step = 1 << 22   # a multiple of the block
-    for a in range(0, codes.numel(), step):
-        b = min(a + step, codes.numel())
-        k0, k1 = (first + a) // QUANT_BLOCK, (first + b - 1) // QUANT_BLOCK
-        scale = record_scales[k0:k1 + 1].repeat_interleave(QUANT_BLOCK)
-        lo = (first + a) - k0 * QUANT_BLOCK
-        torch.mul(table.index_select(0, codes[a:b].int()), scale[lo:lo + b - a], out=out[a:b])
-    return out
-
-
 class _Shard:
     """One 8-bit moment of one shard of this run, as its records come in. A new block whose elements all come from
     one saved block keeps that block's codes and scale as they are (exact); a block that mixes saved blocks (the
@@ -89,7 +75,7 @@ class _Shard:
         self.scales[blocks[new]] = record_scales[src_a[new]]
         self.codes[lo:hi] = codes
         if not bool(whole.all()):
-            self.values[lo:hi] = _dequantized(codes, record_scales, first, signed)
+            self.values[lo:hi] = q8.dequantize(codes, record_scales, signed, first)
 
     def add_values(self, lo, hi, values, signed):
         self._mix(self._touched(lo, hi)[0], signed)
@@ -155,7 +141,7 @@ class Loader:
                 shard.add_codes(dst_lo, dst_hi, codes, scales, first, (saved << 40) + int(s.get("quant_block0", 0)),
                                 _SIGNED[moment])
                 return
-            values = _dequantized(codes, scales, first, _SIGNED[moment])
+            values = q8.dequantize(codes, scales, _SIGNED[moment], first)
         dst = state.get(moment)
         if dst is None or dst.numel() != r.opt_param.numel():
             dst = state[moment] = torch.zeros(r.opt_param.shape, device=r.opt_param.device,

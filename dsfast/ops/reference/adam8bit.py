@@ -82,11 +82,20 @@ def quantize(x, signed):
     return codes[:n], scales
 
 
-def dequantize(codes, scales, signed):
-    """fp32 values [n] of (codes, scales): the code's value times the block's scale."""
-    n = codes.numel()
-    per_elem = scales.repeat_interleave(QUANT_BLOCK)[:n]
-    return code_values(signed)[codes.reshape(-1).long()] * per_elem
+def dequantize(codes, scales, signed, first=0):
+    """fp32 values [n] of (codes, scales): the code's value times its block's scale. `first`: where codes[0] sits in
+    scales[0]'s block (a run cut from a saved record at any element); 4M elements at a time, so the temporaries
+    stay small whatever the size."""
+    codes, table = codes.reshape(-1), code_values(signed)
+    out = torch.empty(codes.numel())
+    step = _CHUNK_BLOCKS * QUANT_BLOCK
+    for a in range(0, codes.numel(), step):
+        b = min(a + step, codes.numel())
+        k0, k1 = (first + a) // QUANT_BLOCK, (first + b - 1) // QUANT_BLOCK
+        lo = first + a - k0 * QUANT_BLOCK
+        per_elem = scales[k0:k1 + 1].repeat_interleave(QUANT_BLOCK)[lo:lo + b - a]
+        torch.mul(table.index_select(0, codes[a:b].int()), per_elem, out=out[a:b])
+    return out
 
 
 def _sqrt(x):
