@@ -9,6 +9,7 @@ acted on: dsfast has no model parallelism, and the inputs stay where they are. A
 """
 import warnings
 
+import torch
 import torch.utils.checkpoint as _torch_checkpoint
 
 _NOT_ACTED_ON = ("partition_activations", "contiguous_checkpointing", "checkpoint_in_cpu")
@@ -64,4 +65,19 @@ def non_reentrant_checkpoint(function, *args):
     return _torch_checkpoint.checkpoint(function, *args, use_reentrant=False)
 
 
-__all__ = ["configure", "checkpoint", "non_reentrant_checkpoint", "is_configured", "reset"]
+def detach_variable(inputs, device=None):
+    """The tuple `inputs` with each tensor detached (moved to `device` first when given), keeping its requires_grad:
+    the leaves a hand-written checkpoint function recomputes from (other items pass through as they are)."""
+    if not isinstance(inputs, tuple):
+        raise TypeError(f"detach_variable takes a tuple of inputs (as DeepSpeed's does), not {type(inputs).__name__}")
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            wanted = x.requires_grad
+            x = (x if device is None else x.to(device)).detach()
+            x.requires_grad_(wanted)
+        out.append(x)
+    return tuple(out)
+
+
+__all__ = ["configure", "checkpoint", "non_reentrant_checkpoint", "is_configured", "reset", "detach_variable"]

@@ -57,6 +57,14 @@ def test_every_path_imports_through_the_deepspeed_name():
         from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter
         from deepspeed.module_inject.layers import GatherReplacedLayerParams
         from deepspeed.checkpoint.ds_to_universal import main
+        from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+        from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+        from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+        from deepspeed.utils.tensor_fragment import fragment_address, safe_get_local_fp32_param
+        from deepspeed.runtime.activation_checkpointing.checkpointing import checkpoint, detach_variable
+        from deepspeed.runtime.activation_checkpointing import checkpointing as ds_checkpointing
+        assert ds_checkpointing is deepspeed.checkpointing and deepspeed.runtime.bf16_optimizer.BF16_Optimizer
+        assert safe_get_local_fp32_param is deepspeed.utils.safe_get_local_fp32_param
         assert deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3 is DeepSpeedZeroOptimizer_Stage3
         assert deepspeed.DeepSpeedOptimizer is DeepSpeedOptimizer and deepspeed.PipelineModule is PipelineModule
         assert hasattr(deepspeed, "pipe") and deepspeed.zero.ZeroParamType is ZeroParamType
@@ -68,6 +76,32 @@ def test_every_path_imports_through_the_deepspeed_name():
     """)], capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
     assert r.returncode == 0, r.stderr
     assert "No module named 'deepspeed.elasticity'" in r.stdout and "DeepSpeed 0.19.8 removed it too" in r.stdout
+
+
+def test_the_safe_globals_programs_register_for_torch_load_are_importable_and_load(tmp_path):
+    """torch >= 2.6 loads with weights_only=True; programs written for DeepSpeed allow its checkpoint classes first
+    (Hugging Face Trainer scripts, Lightning conversions), and that line must work against dsfast too."""
+    from dsfast.runtime.fp16.loss_scaler import LossScaler
+    from dsfast.runtime.zero.config import ZeroStageEnum
+    from dsfast.utils.tensor_fragment import fragment_address
+    torch.serialization.add_safe_globals([LossScaler, ZeroStageEnum, fragment_address])
+    saved = {"mapping": {"w": fragment_address(numel=6, start=12)}, "stage": ZeroStageEnum.gradients}
+    torch.save(saved, tmp_path / "s.pt")
+    back = torch.load(tmp_path / "s.pt", weights_only=True)
+    assert back == saved and back["mapping"]["w"].numel == 6 and back["mapping"]["w"].start == 12
+
+
+def test_detach_variable_cuts_the_graph_and_keeps_requires_grad():
+    from dsfast.checkpointing import detach_variable
+    a = torch.ones(3, requires_grad=True) * 2          # not a leaf
+    b = torch.zeros(2)
+    out = detach_variable((a, b, "tag", None), device="cpu")
+    assert out[0].is_leaf and out[0].requires_grad and out[0].grad_fn is None and torch.equal(out[0], a)
+    assert not out[1].requires_grad and out[2:] == ("tag", None)
+    out[0].sum().backward()                              # a leaf of its own: the original graph is untouched
+    assert torch.equal(out[0].grad, torch.ones(3)) and a.grad_fn is not None
+    with pytest.raises(TypeError, match="takes a tuple of inputs.*not list"):
+        detach_variable([a])
 
 
 # ------------------------------------------------------------------------------------------------ runtime.utils

@@ -6,44 +6,71 @@ import torch
 
 import dsfast
 from dsfast.runtime.base_optimizer import DeepSpeedOptimizer, ZeROOptimizer
+from dsfast.runtime.bf16_optimizer import BF16_Optimizer
+from dsfast.runtime.fp16.fused_optimizer import FP16_Optimizer
+from dsfast.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 from dsfast.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 from dsfast.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
 
-def _engine(stage=0, optimizer=None, **extra):
+def _engine(stage=0, client=None, **extra):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
     cfg = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
            "zero_optimization": {"stage": stage}, **extra}
-    if optimizer is None:
+    optimizer = None
+    if client is None:
         cfg.setdefault("optimizer", {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.8, 0.9]}})
     else:
-        optimizer = optimizer(model.parameters())
+        optimizer = client(model.parameters())
     return dsfast.initialize(model=model, model_parameters=model.parameters(), optimizer=optimizer, config=cfg,
                              dist_init_required=False)[0]
 
 
 # ------------------------------------------------------------------------------------------------ isinstance
-# (stage, precision extras) -> (DeepSpeedOptimizer, ZeROOptimizer, DeepSpeedZeroOptimizer, ..._Stage3), as
-# DeepSpeed 0.19.8's _configure_optimizer wraps: fp32 stage 0 none, 16-bit stage 0 FP16_Optimizer, stage 1 bf16
-# with fp32 gradient accumulation BF16_Optimizer, stages 1-2 DeepSpeedZeroOptimizer, stage 3 ..._Stage3
+# (stage, precision extras) -> (DeepSpeedOptimizer, ZeROOptimizer, DeepSpeedZeroOptimizer, ..._Stage3,
+# BF16_Optimizer, FP16_Optimizer, FP16_UnfusedOptimizer), as DeepSpeed 0.19.8's _configure_optimizer wraps: fp32
+# stage 0 none; 16-bit stage 0 FP16_Optimizer over its FusedAdam (the config's Adam / AdamW), FP16_UnfusedOptimizer
+# over anything else; stage 1 bf16 with fp32 gradient accumulation BF16_Optimizer; stages 1-2
+# DeepSpeedZeroOptimizer; stage 3 ..._Stage3
 @pytest.mark.parametrize("stage, extra, want", [
-    (0, {}, (False, False, False, False)),
-    (0, {"bf16": {"enabled": True}}, (True, False, False, False)),
-    (1, {}, (True, True, True, False)),
-    (2, {"bf16": {"enabled": True}}, (True, True, True, False)),
-    (1, {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}}, (True, True, False, False)),
-    (3, {}, (True, True, False, True)),
+    (0, {}, (False, False, False, False, False, False, False)),
+    (0, {"bf16": {"enabled": True}}, (True, False, False, False, False, True, False)),
+    (0, {"bf16": {"enabled": True}, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}},
+     (True, False, False, False, False, False, True)),
+    (0, {"bf16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": 0.1, "torch_adam": True}}},
+     (True, False, False, False, False, False, True)),
+    (1, {}, (True, True, True, False, False, False, False)),
+    (2, {"bf16": {"enabled": True}}, (True, True, True, False, False, False, False)),
+    (1, {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}},
+     (True, True, False, False, True, False, False)),
+    (3, {}, (True, True, False, True, False, False, False)),
 ])
 def test_engine_optimizer_is_an_instance_of_deepspeed_s_wrapper_at_its_stage(stage, extra, want):
     e = _engine(stage, **extra)
-    classes = (DeepSpeedOptimizer, ZeROOptimizer, DeepSpeedZeroOptimizer, DeepSpeedZeroOptimizer_Stage3)
+    classes = (DeepSpeedOptimizer, ZeROOptimizer, DeepSpeedZeroOptimizer, DeepSpeedZeroOptimizer_Stage3,
+               BF16_Optimizer, FP16_Optimizer, FP16_UnfusedOptimizer)
     assert tuple(isinstance(e.optimizer, c) for c in classes) == want
     assert not isinstance(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))]), DeepSpeedOptimizer)
 
 
+def test_a_client_optimizer_at_stage_0_is_wrapped_unfused_whatever_the_config_names():
+    """DeepSpeed puts FP16_Optimizer only around its FusedAdam; a program's own optimizer (here with the config's
+    Adam section beside it, which initialize() then ignores) gets FP16_UnfusedOptimizer."""
+    model = torch.nn.Linear(6, 3)
+    cfg = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
+           "optimizer": {"type": "Adam", "params": {"lr": 0.1}}}
+    with pytest.warns(UserWarning, match="client optimizer"):
+        e = dsfast.initialize(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.1), config=cfg,
+                              dist_init_required=False)[0]
+    assert isinstance(e.optimizer, FP16_UnfusedOptimizer) and not isinstance(e.optimizer, FP16_Optimizer)
+    for cls in (BF16_Optimizer, FP16_Optimizer, FP16_UnfusedOptimizer):
+        with pytest.raises(TypeError, match=f"{cls.__name__} is built by deepspeed.initialize"):
+            cls(e.optimizer)
+
+
 def test_client_optimizer_is_the_one_marked_and_the_wrappers_are_not_built_by_hand():
-    e = _engine(2, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.7))
+    e = _engine(2, client=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.7))
     assert isinstance(e.optimizer, DeepSpeedZeroOptimizer) and type(e.optimizer) is torch.optim.SGD
     assert issubclass(DeepSpeedZeroOptimizer, ZeROOptimizer) and issubclass(ZeROOptimizer, DeepSpeedOptimizer)
     with pytest.raises(TypeError, match="DeepSpeedZeroOptimizer is built by deepspeed.initialize"):
@@ -93,9 +120,9 @@ def test_precision_getters_answer_as_deepspeed_s():
 def test_optimizer_name_and_get_mom_follow_the_client_optimizer():
     e = _engine(1)
     assert e.optimizer_name() == "adamw" and e.get_mom() == [(0.8, 0.9)] and e.get_type() == [0.0]
-    c = _engine(1, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.7))
+    c = _engine(1, client=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.7))
     assert c.optimizer_name() == "SGD" and c.get_mom() == [0.7] and c.get_lr() == [0.1]
-    a = _engine(1, optimizer=lambda ps: torch.optim.Adam(ps, lr=0.1))
+    a = _engine(1, client=lambda ps: torch.optim.Adam(ps, lr=0.1))
     assert a.optimizer_name() == "Adam" and a.get_mom() == [(0.9, 0.999)]
 
 

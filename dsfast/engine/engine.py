@@ -13,7 +13,6 @@ import os
 import torch
 
 from .autocast import autocast_plan
-from . import optimizer_roles
 from .compile import Compiling
 from .deepspeed_api import DeepSpeedQueries
 from .monitor import Monitor
@@ -47,7 +46,6 @@ class Engine(DeepSpeedQueries, StateOffload, Compiling, torch.nn.Module):
         self._precision = owner.precision
         owner.bind_optimizer(optimizer)
         self.optimizer = optimizer
-        optimizer_roles.record(optimizer, config)    # isinstance(engine.optimizer, DeepSpeedZeroOptimizer) etc.
         self.lr_scheduler = lr_scheduler
         self.loss_scaler = loss_scaler
         self.global_rank = rank

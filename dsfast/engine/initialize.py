@@ -18,6 +18,7 @@ from ..zero.planning.auto_offload import resolve_auto_offload
 from ..zero.build import build_owner
 from ..zero.policy.precision import check_master_optimizer
 from .data import build_dataloader
+from . import optimizer_roles
 from .engine import Engine
 from .offload_client_optimizer import check_offload_client_optimizer
 from .optimizer_factory import build_optimizer
@@ -101,6 +102,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     engine = Engine(model, cfg, device, owner, opt, sched, scaler, rank=rank, world_size=world,
                     training_dataloader=loader)
     engine.client_optimizer = optimizer     # DeepSpeed's attribute (optimizer_name() reads it)
+    optimizer_roles.record(opt, cfg, client=optimizer)   # isinstance(engine.optimizer, DeepSpeedZeroOptimizer)
     if cfg.disable_python_gc:   # as DeepSpeed 0.19.8: once the engine is built (engine/python_gc.py)
         engine.hold_python_gc()
     if cfg.compile.enabled:     # DeepSpeed <= 0.14.3's compile.enabled / backend / kwargs (config/extras.py)

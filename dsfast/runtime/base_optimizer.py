@@ -13,7 +13,7 @@ class _EngineRoleCheck(type):
 class DeepSpeedOptimizer(metaclass=_EngineRoleCheck):
     """Base of every optimizer wrapper (DeepSpeed's is an empty class; programs subclass it too)."""
     _engine_roles = frozenset({optimizer_roles.ZERO_1_2, optimizer_roles.ZERO_3, optimizer_roles.BF16,
-                               optimizer_roles.FP16})
+                               optimizer_roles.FP16, optimizer_roles.FP16_UNFUSED})
 
 
 class ZeROOptimizer(DeepSpeedOptimizer):
