@@ -72,6 +72,12 @@ _NOT_SUPPORTED = {
 }
 
 
+def is_compile_supported():
+    """Whether this torch can compile a module (DeepSpeed's check; its unit tests skip on it at import)."""
+    import torch
+    return hasattr(torch, "compiler") and hasattr(torch.nn.Module, "compile")
+
+
 def __getattr__(name):
     module = _LAZY.get(name)
     if module is None:
@@ -84,4 +90,4 @@ def __getattr__(name):
     return value
 
 
-__all__ = ["__version__", "TORCH_DISTRIBUTED_DEFAULT_PORT", *_LAZY]
+__all__ = ["__version__", "TORCH_DISTRIBUTED_DEFAULT_PORT", "is_compile_supported", *_LAZY]

@@ -65,6 +65,8 @@ def test_every_path_imports_through_the_deepspeed_name():
         from deepspeed.runtime.activation_checkpointing import checkpointing as ds_checkpointing
         assert ds_checkpointing is deepspeed.checkpointing and deepspeed.runtime.bf16_optimizer.BF16_Optimizer
         assert safe_get_local_fp32_param is deepspeed.utils.safe_get_local_fp32_param
+        from deepspeed.utils.timer import SynchronizedWallClockTimer, NoopTimer, ThroughputTimer
+        assert deepspeed.is_compile_supported() in (True, False)
         assert deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3 is DeepSpeedZeroOptimizer_Stage3
         assert deepspeed.DeepSpeedOptimizer is DeepSpeedOptimizer and deepspeed.PipelineModule is PipelineModule
         assert hasattr(deepspeed, "pipe") and deepspeed.zero.ZeroParamType is ZeroParamType

@@ -166,3 +166,36 @@ def test_stage3_state_dict_gives_placeholders_on_every_rank_that_save_with_a_war
     engine.load_module_state_dict({k: v * 2 for k, v in torch.load(path).items()})   # whole weights load back
     with dsfast.zero.GatheredParameters(list(engine.module.parameters())):
         assert all(torch.equal(v, 2 * whole[k]) for k, v in engine.module.state_dict().items())
+
+
+# ------------------------------------------------------------------------------------------------ wall-clock timers
+def test_synchronized_wall_clock_timer_times_named_phases(capsys, monkeypatch):
+    import types
+
+    import dsfast
+    from dsfast.utils import timer as timer_mod
+    from dsfast.utils.timer import NoopTimer, SynchronizedWallClockTimer
+    clock = iter([10.0, 10.25, 11.0, 11.5, 20.0, 20.125])     # seconds: intervals of 250, 500 and 125 ms
+    monkeypatch.setattr(timer_mod, "time", types.SimpleNamespace(time=lambda: next(clock)))
+    timers = SynchronizedWallClockTimer()
+    timers("forward").start()
+    timers("forward").stop(record=True)
+    timers("forward").start()
+    timers("forward").stop(record=True)
+    assert timers.has("forward") and not timers.has("backward")
+    assert timers("forward").elapsed(reset=False) == pytest.approx(750.0)
+    assert timers.get_mean(["forward", "backward"], reset=False) == {"forward": pytest.approx(375.0)}
+    timers("step").start()
+    timers("step").stop()
+    timers.log(["forward", "step", "backward"], normalizer=2)
+    assert "time (ms) | forward: 375.00 | step: 62.50" in capsys.readouterr().out
+    assert timers("forward").elapsed() == 0.0                   # log() reset them
+    with pytest.raises(RuntimeError, match="timer 'step' is not running"):
+        timers("step").stop()
+    with pytest.raises(ValueError, match="normalizer=0"):
+        timers.log(["step"], normalizer=0)
+    noop = NoopTimer()
+    noop("x").start()
+    noop("x").stop()
+    assert noop("x").elapsed() == 0.0 and noop.get_timers() == {} and noop.log(["x"]) is None
+    assert dsfast.is_compile_supported() is True

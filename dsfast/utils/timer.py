@@ -1,4 +1,6 @@
-"""deepspeed.utils.timer.ThroughputTimer: the samples/s counter every DeepSpeed engine holds as `engine.tput_timer`.
+"""deepspeed.utils.timer: ThroughputTimer, the samples/s counter every DeepSpeed engine holds as `engine.tput_timer`,
+and SynchronizedWallClockTimer, the named stopwatches Megatron-style programs time their phases with
+(`timers("forward").start()`, `.stop()`, `timers.log(["forward"])`; NoopTimer takes the same calls and times nothing).
 
 Programs call `engine.tput_timer.update_epoch_count()` after each epoch (DeepSpeed-Chat) and read its counters or
 `avg_samples_per_sec()`. The engine starts it in forward and stops it in step; steps before `start_step` are not
@@ -78,3 +80,126 @@ class ThroughputTimer:
         if self.global_step_count > 0 and timed > 0 and self.total_elapsed_time > 0:
             return self.batch_size / (self.total_elapsed_time / timed)
         return float("-inf")
+
+
+class _Stopwatch:
+    """One named timer: start / stop around a phase (the device synchronized first), elapsed in milliseconds."""
+
+    def __init__(self, name):
+        self.name = name
+        self.started = False
+        self.start_time = 0.0
+        self.total_ms = 0.0
+        self.records = []        # each start-stop interval, for mean()
+
+    def start(self):
+        if self.started:
+            raise RuntimeError(f"timer {self.name!r} is already running: stop() it before start()")
+        synchronize_if_used()
+        self.start_time = time.time()
+        self.started = True
+
+    def stop(self, reset=False, record=False):
+        if not self.started:
+            raise RuntimeError(f"timer {self.name!r} is not running: start() it before stop()")
+        synchronize_if_used()
+        ms = (time.time() - self.start_time) * 1000.0
+        self.started = False
+        if reset:
+            self.total_ms = 0.0
+        self.total_ms += ms
+        if record:
+            self.records.append(ms)
+
+    def reset(self):
+        self.started = False
+        self.total_ms = 0.0
+        self.records = []
+
+    def elapsed(self, reset=True):
+        """Milliseconds timed so far (a running timer counts up to now and keeps running)."""
+        running = self.started
+        if running:
+            self.stop()
+        ms = self.total_ms
+        if reset:
+            self.reset()
+        if running:
+            self.start()
+        return ms
+
+    def mean(self):
+        return sum(self.records) / len(self.records) if self.records else 0.0
+
+
+class SynchronizedWallClockTimer:
+    """Named stopwatches made on first use: `timers(name)` gives the one of that name."""
+
+    def __init__(self):
+        self.timers = {}
+
+    def __call__(self, name):
+        if name not in self.timers:
+            self.timers[name] = _Stopwatch(name)
+        return self.timers[name]
+
+    def get_timers(self):
+        return self.timers
+
+    def has(self, name):
+        return name in self.timers
+
+    def log(self, names, normalizer=1.0, reset=True, memory_breakdown=False, ranks=None):
+        """Print "time (ms) | name: ms | ..." for the named timers that exist (each divided by `normalizer`), on
+        `ranks` (default rank 0) through deepspeed.utils.log_dist."""
+        if not normalizer > 0.0:
+            raise ValueError(f"normalizer={normalizer!r}: give a positive number to divide the times by")
+        from .log import log_dist
+        parts = [f"{n}: {self.timers[n].elapsed(reset=reset) / normalizer:.2f}" for n in names if n in self.timers]
+        if parts:
+            log_dist("time (ms) | " + " | ".join(parts), ranks=ranks or [0])
+
+    def get_mean(self, names, normalizer=1.0, reset=True):
+        """{name: mean recorded interval / normalizer} for the named timers that exist."""
+        means = {n: self.timers[n].mean() / normalizer for n in names if n in self.timers}
+        if reset:
+            for n in means:
+                self.timers[n].reset()
+        return means
+
+
+class NoopTimer:
+    """SynchronizedWallClockTimer's calls, timing nothing (DeepSpeed's engine holds one without wall_clock_breakdown)."""
+
+    class _Noop:
+        def start(self, *args, **kwargs):
+            pass
+
+        def stop(self, *args, **kwargs):
+            pass
+
+        def reset(self):
+            pass
+
+        def elapsed(self, reset=True):
+            return 0.0
+
+        def mean(self):
+            return 0.0
+
+    _timer = _Noop()
+
+    def __call__(self, name):
+        return self._timer
+
+    def get_timers(self):
+        return {}
+
+    def has(self, name):
+        return False
+
+    def log(self, names, normalizer=1.0, reset=True, memory_breakdown=False, ranks=None):
+        pass
+
+    def get_mean(self, names, normalizer=1.0, reset=True):
+        return {}
