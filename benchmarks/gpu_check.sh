@@ -11,6 +11,9 @@
 #   3. tests   tests/gpu (parity for every dtype combination, tails, >2^31 elements, overflow skip, clip)
 #   4. bench   benchmarks/gpu_optim.py (copy ceiling, Adam 1B / 10k tensors, mixed-precision step)
 #   5. zero    benchmarks/gpu_zero_step.py: one rank at every ZeRO stage with and without offload, against stage 0
+#   6. host    benchmarks/cpu_optim.py --only low_precision on all the host's cores: the offload step's layouts
+#              (fp32, bf16, 8-bit states) as fractions of the host's bandwidth; issue 30's 8-bit / fp32 ratio where
+#              the cores are many enough for the step to be memory-bound (the 2-core CI VM is compute-bound)
 # Everything lands in $OUT (the device tool's output folder) or ./gpu_results: one log per stage,
 # summary.txt (exit code and seconds per stage), trace.log (set -x), gpu_optim.json.
 # Each stage has a timeout and the whole run stays under a budget (default 470 s, i.e. < 8 min);
@@ -91,10 +94,14 @@ DSFAST_REQUIRE_OPS=1 stage bench 150 $PY benchmarks/gpu_optim.py --out "$OUT_DIR
 
 DSFAST_REQUIRE_OPS=1 stage zero 120 $PY benchmarks/gpu_zero_step.py --steps 10
 
+DSFAST_REQUIRE_OPS=1 stage host 90 $PY benchmarks/cpu_optim.py --quick --threads "$(nproc)" --only low_precision \
+  --json "$OUT_DIR/cpu_optim_host.json"
+
 {
   echo "=== total $(($(date +%s) - START))s, failed stages: $FAILED"
   grep -A20 "^=== summary" "$OUT_DIR/bench.log" 2>/dev/null
   grep -A8 "^=== summary" "$OUT_DIR/zero.log" 2>/dev/null
+  grep -E "8-bit|fp32 master \+ states|no 16-bit copy|ceiling" "$OUT_DIR/host.log" 2>/dev/null | head -n 12
   grep -E "^(=== summary|offload_timeline: skipped)" "$OUT_DIR/overlap.log" 2>/dev/null
   grep -E "^(=== summary|hang_nccl: skipped)" "$OUT_DIR/hang.log" 2>/dev/null
   grep -E "passed|failed|error" "$OUT_DIR/tests.log" 2>/dev/null | tail -n 3
