@@ -51,6 +51,8 @@ _LAZY = {
     "default_inference_config": "dsfast.inference",
     "DeepSpeedOptimizer": "dsfast.runtime.base_optimizer",
     "git_version_info": "dsfast.git_version_info",
+    "DeepSpeedOptimizerCallable": "dsfast.runtime.engine",
+    "DeepSpeedSchedulerCallable": "dsfast.runtime.engine",
     # importable, refused when used (dsfast has neither pipeline parallelism nor kernel injection)
     "pipe": "dsfast.pipe",
     "PipelineModule": "dsfast.pipe",

@@ -66,6 +66,11 @@ def test_every_path_imports_through_the_deepspeed_name():
         assert ds_checkpointing is deepspeed.checkpointing and deepspeed.runtime.bf16_optimizer.BF16_Optimizer
         assert safe_get_local_fp32_param is deepspeed.utils.safe_get_local_fp32_param
         from deepspeed.utils.timer import SynchronizedWallClockTimer, NoopTimer, ThroughputTimer
+        from deepspeed.runtime.engine import (DeepSpeedEngine, DeepSpeedOptimizerCallable, DeepSpeedSchedulerCallable,
+                                              MEMORY_OPT_ALLREDUCE_SIZE)
+        from deepspeed.runtime.utils import empty_cache
+        from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT, FP32_FLAT_GROUPS, FROZEN_PARAM_FRAGMENTS
+        assert deepspeed.DeepSpeedOptimizerCallable is DeepSpeedOptimizerCallable and empty_cache() is None
         assert deepspeed.is_compile_supported() in (True, False)
         assert deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3 is DeepSpeedZeroOptimizer_Stage3
         assert deepspeed.DeepSpeedOptimizer is DeepSpeedOptimizer and deepspeed.PipelineModule is PipelineModule
@@ -91,6 +96,25 @@ def test_the_safe_globals_programs_register_for_torch_load_are_importable_and_lo
     torch.save(saved, tmp_path / "s.pt")
     back = torch.load(tmp_path / "s.pt", weights_only=True)
     assert back == saved and back["mapping"]["w"].numel == 6 and back["mapping"]["w"].start == 12
+
+
+def test_checkpoint_constants_name_what_deepspeed_wrote():
+    """deepspeed.checkpoint.constants against the files DeepSpeed 0.19.8 wrote (tests/data/deepspeed_ckpt)."""
+    from dsfast.checkpoint import constants as c
+    from dsfast.checkpoint.ds_unpickle import ds_load
+    step = os.path.join(DS_CKPT, "stage1_fp32", "global_step2")
+    optim_file = c.ZERO_FILE_PREFIX + "0_" + c.MODEL_FILE_PREFIX + "00" + c.OPTIM_FILE_SUFFIX
+    model_file = c.MODEL_FILE_PREFIX + "00" + c.MODEL_FILE_SUFFIX
+    optim = ds_load(os.path.join(step, optim_file))
+    inner = optim[c.OPTIMIZER_STATE_DICT]
+    assert {c.BASE_OPTIMIZER_STATE, c.SINGLE_PARTITION_OF_FP32_GROUPS, c.ZERO_STAGE, c.GROUP_PADDINGS,
+            c.PARTITION_COUNT, c.CLIP_GRAD, c.DS_VERSION, c.PARAM_SLICE_MAPPINGS} <= set(inner) and c.DS_VERSION in optim
+    model = ds_load(os.path.join(step, model_file))
+    assert {c.PARAM_SHAPES, c.BUFFER_NAMES, c.FROZEN_PARAM_SHAPES, c.FROZEN_PARAM_FRAGMENTS} <= set(model)
+    step3 = os.path.join(DS_CKPT, "stage3_bf16", "global_step2")
+    inner3 = ds_load(os.path.join(step3, c.BF16_ZERO_FILE_PREFIX + "0_" + c.MODEL_FILE_PREFIX + "00"
+                                  + c.OPTIM_FILE_SUFFIX))[c.OPTIMIZER_STATE_DICT]
+    assert {c.FP32_FLAT_GROUPS, c.ZERO_STAGE, c.PARTITION_COUNT} <= set(inner3)
 
 
 def test_detach_variable_cuts_the_graph_and_keeps_requires_grad():

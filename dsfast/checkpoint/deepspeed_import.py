@@ -19,13 +19,16 @@ import sys
 
 import torch
 
+from .constants import (BASE_OPTIMIZER_STATE, BUFFER_NAMES, FP32_FLAT_GROUPS, FP32_GROUPS, FROZEN_PARAM_FRAGMENTS,
+                        FROZEN_PARAM_SHAPES, OPTIMIZER_STATE_DICT, PARAM_SHAPES, PARAM_SLICE_MAPPINGS, PARTITION_COUNT,
+                        SINGLE_PARTITION_OF_FP32_GROUPS, ZERO_STAGE)
 from .ds_unpickle import ds_load
 from .safetensors_io import Deferred
 from .errors import CheckpointCorruptError, CheckpointError
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
-_DS_KEYS = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
-            "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
+_DS_KEYS = {"module", BUFFER_NAMES, "optimizer", PARAM_SHAPES, FROZEN_PARAM_SHAPES, "shared_params",
+            FROZEN_PARAM_FRAGMENTS, "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
             "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size", "ds_config",
             "ds_version", "checkpoint_parallel_dimensions"}
 
@@ -71,13 +74,13 @@ class DeepSpeedCheckpoint:
             self.stage, self.world_size = 0, int(states.get("dp_world_size", 1))
             self._stage0(states)
         else:
-            first = ds_load(optim_files[0])["optimizer_state_dict"]
-            self._check_ranks(optim_files, first.get("partition_count"))
-            shards = [first] + [ds_load(f)["optimizer_state_dict"] for f in optim_files[1:]]
-            self.stage, self.world_size = int(shards[0]["zero_stage"]), len(shards)
+            first = ds_load(optim_files[0])[OPTIMIZER_STATE_DICT]
+            self._check_ranks(optim_files, first.get(PARTITION_COUNT))
+            shards = [first] + [ds_load(f)[OPTIMIZER_STATE_DICT] for f in optim_files[1:]]
+            self.stage, self.world_size = int(shards[0][ZERO_STAGE]), len(shards)
             scaler = shards[0].get("loss_scaler")
             self.loss_scale = getattr(scaler, "cur_scale", None)
-            shapes = states["param_shapes"]
+            shapes = states[PARAM_SHAPES]
             if self.stage == 3:
                 self._stage3(shards, shapes)
             else:
@@ -98,14 +101,14 @@ class DeepSpeedCheckpoint:
                                          f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''})")
 
     def _param_names(self, states):
-        buffers = set(states.get("buffer_names") or [])
+        buffers = set(states.get(BUFFER_NAMES) or [])
         return [k for k in self.module if k not in buffers]
 
     def _stage0(self, states):
         opt = states.get("optimizer") or {}
-        inner = opt.get("optimizer_state_dict", opt)
+        inner = opt.get(OPTIMIZER_STATE_DICT, opt)
         names = self._param_names(states)
-        masters = [t for group in opt.get("fp32_groups", []) for t in group] or [self.module[n] for n in names]
+        masters = [t for group in opt.get(FP32_GROUPS, []) for t in group] or [self.module[n] for n in names]
         if len(masters) != len(names):
             raise CheckpointError(f"{self.path}: {len(masters)} fp32 masters for {len(names)} parameters")
         index = [i for g in inner.get("param_groups", []) for i in g["params"]] or list(range(len(names)))
@@ -124,13 +127,13 @@ class DeepSpeedCheckpoint:
             pieces = {name: [] for name in group_shapes}
             scalars = {}
             for shard in shards:
-                flat = shard["single_partition_of_fp32_groups"][g]
-                state = shard["base_optimizer_state"]["state"][g]
+                flat = shard[SINGLE_PARTITION_OF_FP32_GROUPS][g]
+                state = shard[BASE_OPTIMIZER_STATE]["state"][g]
                 # the state may keep the alignment padding the saved partition dropped: compare by >=
                 flat_state = {k: v for k, v in state.items()
                               if torch.is_tensor(v) and v.dim() > 0 and v.numel() >= flat.numel()}
                 _, scalars = _split_state({k: v for k, v in state.items() if k not in flat_state}, None)
-                for name, frag in shard["param_slice_mappings"][g].items():
+                for name, frag in shard[PARAM_SLICE_MAPPINGS][g].items():
                     lo, n = int(frag.start), int(frag.numel)
                     start = pieces[name][-1][1] if pieces[name] else 0
                     pieces[name].append((start, start + n, {"master": flat[lo:lo + n],
@@ -141,14 +144,14 @@ class DeepSpeedCheckpoint:
                     raise CheckpointError(f"{self.path}: the fragments of {name!r} hold {held} elements, its shape "
                                           f"{tuple(shape)} needs {torch.Size(shape).numel()}")
                 self.params[name] = {"shape": list(shape), "pieces": pieces[name], "scalars": scalars}
-            self.param_groups.append(_hyper(shards[0]["base_optimizer_state"]["param_groups"][g]))
+            self.param_groups.append(_hyper(shards[0][BASE_OPTIMIZER_STATE]["param_groups"][g]))
 
     def _stage3(self, shards, shapes):
         world = len(shards)
         for g, group_shapes in enumerate(shapes):
             offset = 0
-            states = [s["optimizer_state_dict"]["state"][g] for s in shards]
-            flats = [s["fp32_flat_groups"][g] for s in shards]
+            states = [s[OPTIMIZER_STATE_DICT]["state"][g] for s in shards]
+            flats = [s[FP32_FLAT_GROUPS][g] for s in shards]
             keys = [k for k, v in states[0].items() if torch.is_tensor(v) and v.numel() == flats[0].numel()]
             _, scalars = _split_state({k: v for k, v in states[0].items() if k not in keys}, None)
             for name, shape in group_shapes.items():
@@ -163,7 +166,7 @@ class DeepSpeedCheckpoint:
                                                 **{k: states[r][k][offset:offset + n] for k in keys}}))
                 offset += part
                 self.params[name] = {"shape": list(shape), "pieces": pieces, "scalars": scalars}
-            self.param_groups.append(_hyper(shards[0]["optimizer_state_dict"]["param_groups"][g]))
+            self.param_groups.append(_hyper(shards[0][OPTIMIZER_STATE_DICT]["param_groups"][g]))
 
     def tensor(self, name, key="master", out=None):
         """The whole flat `key` of parameter `name`, joined from its pieces (fp32 for the master); into `out`'s

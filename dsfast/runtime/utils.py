@@ -25,6 +25,12 @@ def _host_rss_gib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB   # peak, where /proc is missing
 
 
+def empty_cache():
+    """Give the device's cached, unused memory back (torch.cuda.empty_cache on a GPU; nothing to do on the CPU)."""
+    from ..accelerator import get_accelerator
+    get_accelerator().empty_cache()
+
+
 def see_memory_usage(message, force=False):
     """DeepSpeed prints this only with force=True, on rank 0: the message, then the accelerator's allocated and
     reserved memory (current and peak) and this process's host memory. Returns the line printed (or None)."""
