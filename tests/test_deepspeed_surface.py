@@ -69,6 +69,9 @@ def test_every_path_imports_through_the_deepspeed_name():
         from deepspeed.runtime.engine import (DeepSpeedEngine, DeepSpeedOptimizerCallable, DeepSpeedSchedulerCallable,
                                               MEMORY_OPT_ALLREDUCE_SIZE)
         from deepspeed.runtime.utils import empty_cache
+        from deepspeed.utils.nvtx import instrument_w_nvtx
+        from deepspeed.utils.logging import warning_once
+        assert deepspeed.utils.instrument_w_nvtx is instrument_w_nvtx and deepspeed.utils.logger.warning_once
         from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT, FP32_FLAT_GROUPS, FROZEN_PARAM_FRAGMENTS
         assert deepspeed.DeepSpeedOptimizerCallable is DeepSpeedOptimizerCallable and empty_cache() is None
         assert deepspeed.is_compile_supported() in (True, False)

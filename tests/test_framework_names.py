@@ -199,3 +199,37 @@ def test_synchronized_wall_clock_timer_times_named_phases(capsys, monkeypatch):
     noop("x").stop()
     assert noop("x").elapsed() == 0.0 and noop.get_timers() == {} and noop.log(["x"]) is None
     assert dsfast.is_compile_supported() is True
+
+
+# ------------------------------------------------------------------------------------------------ logger.warning_once, nvtx
+def test_logger_warning_once_logs_a_message_once(capsys):
+    from dsfast.utils import logger
+    from dsfast.utils.logging import warning_once
+    logger.warning_once("the sky is falling (warning_once test)")
+    warning_once("the sky is falling (warning_once test)")
+    logger.warning_once("the sky is falling again (warning_once test)")
+    out = capsys.readouterr().out
+    assert out.count("the sky is falling (warning_once test)") == 1 and "falling again" in out
+    assert "test_framework_names.py" in out          # the caller's location, as logger.warning gives
+
+
+def test_instrument_w_nvtx_wraps_each_call_in_a_named_range(monkeypatch):
+    from dsfast.accelerator import get_accelerator
+    from dsfast.utils.nvtx import instrument_w_nvtx
+    ranges = []
+    acc = get_accelerator()
+    monkeypatch.setattr(acc, "range_push", lambda msg, *a, **k: ranges.append(("push", msg)))
+    monkeypatch.setattr(acc, "range_pop", lambda *a, **k: ranges.append(("pop",)))
+
+    @instrument_w_nvtx
+    def reduce_bucket(x, scale=1):
+        """docs kept"""
+        if x < 0:
+            raise ValueError("negative")
+        return x * scale
+
+    assert reduce_bucket(3, scale=2) == 6 and reduce_bucket.__doc__ == "docs kept"
+    with pytest.raises(ValueError):
+        reduce_bucket(-1)
+    name = "test_instrument_w_nvtx_wraps_each_call_in_a_named_range.<locals>.reduce_bucket"
+    assert ranges == [("push", name), ("pop",), ("push", name), ("pop",)]   # popped on the error too

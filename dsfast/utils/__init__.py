@@ -98,6 +98,7 @@ def safe_update_full_grad_vectorized(param_list, update_func):
 
 from . import logging  # noqa: E402  (deepspeed.utils.logging.logger: Lightning sets its level)
 from .log import log_dist, logger  # noqa: E402  (deepspeed.utils.logger / log_dist)
+from .nvtx import instrument_w_nvtx  # noqa: E402
 from .on_device import OnDevice  # noqa: E402
 from .repeating_loader import RepeatingLoader  # noqa: E402
 from .z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_module, set_z3_leaf_modules,  # noqa: E402
@@ -111,4 +112,4 @@ __all__ = ["safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_opti
            "safe_update_full_grad_vectorized", "logger",
            "log_dist", "OnDevice", "set_z3_leaf_modules", "unset_z3_leaf_modules", "get_z3_leaf_modules",
            "z3_leaf_module", "z3_leaf_parameter", "set_z3_leaf_module", "set_z3_leaf_modules_by_name",
-           "set_z3_leaf_modules_by_suffix", "RepeatingLoader"]
+           "set_z3_leaf_modules_by_suffix", "RepeatingLoader", "instrument_w_nvtx"]

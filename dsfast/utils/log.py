@@ -5,6 +5,7 @@ loggers, under "dsfast", stay as the program configures them).
 """
 import logging
 import sys
+import threading
 
 import torch.distributed as dist
 
@@ -36,3 +37,21 @@ def log_dist(message, ranks=None, level=logging.INFO):
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     if ranks is None or -1 in ranks or rank in ranks:
         logger.log(level, f"[Rank {rank}] {message}", stacklevel=2)
+
+
+_warned = set()
+_warned_lock = threading.Lock()
+
+
+def warning_once(message, *args, **kwargs):
+    """logger.warning, only the first time this message (with these arguments) is logged in the process."""
+    key = (str(message), repr(args))
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    kwargs.setdefault("stacklevel", 2)
+    logger.warning(message, *args, **kwargs)
+
+
+logger.warning_once = warning_once   # DeepSpeed's logger has it as a method: logger.warning_once("...")

@@ -2,7 +2,7 @@
 (Lightning's DeepSpeedStrategy sets `deepspeed.utils.logging.logger`'s level). It is dsfast.utils.log's logger."""
 import logging as _logging
 
-from .log import log_dist, logger
+from .log import log_dist, logger, warning_once
 
 _LEVELS = {"debug": _logging.DEBUG, "info": _logging.INFO, "warning": _logging.WARNING, "error": _logging.ERROR,
            "critical": _logging.CRITICAL}
@@ -21,4 +21,4 @@ def should_log_le(max_log_level_str):
     return get_current_level() <= _LEVELS[max_log_level_str.lower()]
 
 
-__all__ = ["logger", "log_dist", "get_current_level", "should_log_le"]
+__all__ = ["logger", "log_dist", "get_current_level", "should_log_le", "warning_once"]
