@@ -107,27 +107,6 @@ def test_repointed_tensors_are_picked_up(native, table_calls, monkeypatch, key):
     assert table_calls == {"ran": 2, "stale": 1}   # the op saw the move itself
 
 
-@pytest.mark.parametrize("key", ["exp_avg_codes", "exp_avg_sq_scales", "step"])
-def test_a_state_entry_replaced_by_another_tensor_is_used(native, table_calls, monkeypatch, key):
-    """opt.state[p][key] = another tensor (a moment reset, a state copied in by hand): the cached lists are not
-    used, the new tensor is updated and the replaced one never written, as the list op does."""
-    results = []
-    for tables in (False, True):
-        with monkeypatch.context() as m:
-            if not tables:
-                m.setattr(_cpu_op, "tables_usable", lambda: False)
-            ps, opt = _cached()
-            old = opt.state[ps[3]][key]
-            before = old.clone()
-            opt.state[ps[3]][key] = new = old.clone()
-            opt.step()
-            assert torch.equal(old, before), "the replaced state tensor was written"
-            assert not torch.equal(new, before), "the new state tensor was not updated"
-            results.append([p.detach().clone() for p in ps])
-    for a, b in zip(*results):
-        assert torch.equal(a, b)
-
-
 def _lists():
     ps = [torch.randn(300), torch.randn(7)]
     gs = [torch.randn(300) * 1e-2, torch.randn(7, dtype=torch.bfloat16)]

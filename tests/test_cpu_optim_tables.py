@@ -157,8 +157,10 @@ def test_repointed_tensors_are_picked_up(native, table_calls, monkeypatch, cls, 
 
 
 @pytest.mark.parametrize("cls,kw,key", [(O.CPUAdam, {}, "exp_avg"), (O.CPUAdam, {}, "exp_avg_sq"),
-                                        (O.CPUAdam, {}, "step"), (O.CPUSGD, dict(momentum=0.9), "momentum_buffer")])
-def test_a_state_entry_replaced_by_another_tensor_is_used(native, table_calls, monkeypatch, cls, kw, key):
+                                        (O.CPUAdam, {}, "step"), (O.CPUSGD, dict(momentum=0.9), "momentum_buffer"),
+                                        (O.CPUAdam8bit, {}, "exp_avg_codes"), (O.CPUAdam8bit, {}, "exp_avg_sq_scales"),
+                                        (O.CPUAdam8bit, {}, "step")])
+def test_a_state_entry_replaced_by_another_tensor_is_used(native, monkeypatch, cls, kw, key):
     """opt.state[p][key] = another tensor (a moment reset, a state copied in by hand): the cached lists are not
     used, the new tensor is updated and the replaced one never written, as the list op does."""
     results = []
