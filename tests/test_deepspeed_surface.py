@@ -70,6 +70,7 @@ def test_every_path_imports_through_the_deepspeed_name():
                                               MEMORY_OPT_ALLREDUCE_SIZE)
         from deepspeed.runtime.utils import empty_cache
         from deepspeed.utils.nvtx import instrument_w_nvtx
+        from deepspeed.runtime.config_utils import DeepSpeedConfigModel, get_scalar_param, pp_int
         from deepspeed.utils.logging import warning_once
         assert deepspeed.utils.instrument_w_nvtx is instrument_w_nvtx and deepspeed.utils.logger.warning_once
         from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT, FP32_FLAT_GROUPS, FROZEN_PARAM_FRAGMENTS
@@ -457,3 +458,37 @@ def test_ds_to_universal_refuses_naming_what_dsfast_does_instead():
     assert (args.input_folder, args.strict, args.num_extract_workers) == ("ck/global_step2", True, 4)
     with pytest.raises(UnsupportedFeatureError, match="'ck/global_step2'.*any world size.*convert-deepspeed"):
         main(args)
+
+
+# ------------------------------------------------------------------------------------------------ runtime.config_utils
+def test_config_model_sections_behave_as_deepspeed_s():
+    """deepspeed.runtime.config_utils.DeepSpeedConfigModel, as plugins subclass it: "auto" is the default, unknown
+    keys and out-of-range values are errors (on assignment too), a deprecated key is carried to its replacement."""
+    import json
+
+    import pydantic
+    from pydantic import Field
+
+    from dsfast.runtime.config_utils import DeepSpeedConfigModel, dict_raise_error_on_duplicate_keys, pp_int
+
+    class Section(DeepSpeedConfigModel):
+        enabled: bool = False
+        size: int = Field(8, ge=1)
+        old_size: int = Field(8, json_schema_extra={"deprecated": True, "new_param": "size",
+                                                      "new_param_fn": lambda v: 2 * v})
+
+    assert Section(size="auto").size == 8 and Section(size=3).size == 3
+    with pytest.warns(DeprecationWarning, match="'old_size' is deprecated; use 'size' instead"):
+        s = Section(old_size=5)
+    assert s.size == 10 and s.old_size == 5                      # new_param_fn applied
+    s.enabled = True                                              # a later assignment does not re-run the carry
+    with pytest.raises(pydantic.ValidationError, match="sise"):
+        Section(sise=4)
+    with pytest.raises(pydantic.ValidationError, match="greater than or equal to 1"):
+        s.size = 0
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="both 'old_size' .* and 'size'"):
+        Section(old_size=4, size=2)
+    with pytest.raises(ValueError, match="duplicate key.*'a'"):
+        json.loads('{"a": 1, "b": 2, "a": 3}', object_pairs_hook=dict_raise_error_on_duplicate_keys)
+    assert json.loads('{"a": 1}', object_pairs_hook=dict_raise_error_on_duplicate_keys) == {"a": 1}
+    assert repr(pp_int(1234567)) == "1,234,567" and repr(pp_int(5, "five")) == "five" and pp_int(5) + 1 == 6

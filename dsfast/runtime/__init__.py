@@ -4,7 +4,7 @@ itself is dsfast.engine. Submodules also load on attribute access (`deepspeed.ru
 import importlib
 
 _SUBMODULES = ("lr_schedules", "utils", "zero", "engine", "config", "base_optimizer", "fp16", "checkpoint_engine",
-               "sequence_parallel", "pipe", "swap_tensor", "bf16_optimizer", "activation_checkpointing")
+               "sequence_parallel", "pipe", "swap_tensor", "bf16_optimizer", "activation_checkpointing", "config_utils")
 
 
 def __getattr__(name):
