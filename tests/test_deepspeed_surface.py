@@ -45,7 +45,9 @@ def test_every_path_imports_through_the_deepspeed_name():
         from deepspeed.utils import groups
         from deepspeed.runtime.zero.config import (DeepSpeedZeroConfig, DeepSpeedZeroOffloadOptimizerConfig,
                                                    DeepSpeedZeroOffloadParamConfig, ZeroStageEnum)
-        from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
+        from deepspeed.runtime.zero.offload_config import (OffloadDeviceEnum, DeepSpeedZeroOffloadOptimizerConfig,
+                                                           DeepSpeedZeroOffloadParamConfig)
+        assert DeepSpeedZeroOffloadParamConfig is deepspeed.runtime.zero.config.DeepSpeedZeroOffloadParamConfig
         from deepspeed.runtime.zero.utils import ZeRORuntimeException, is_zero_param
         from deepspeed.runtime.fp16.loss_scaler import LossScaler, DynamicLossScaler, CreateLossScaler
         from deepspeed.runtime.config import get_gradient_clipping

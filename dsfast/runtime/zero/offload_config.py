@@ -1,5 +1,9 @@
-"""deepspeed.runtime.zero.offload_config: the enums engine.offload_states() takes (DeepSpeed's names)."""
+"""deepspeed.runtime.zero.offload_config: the enums engine.offload_states() takes, and the offload sections' config
+classes where DeepSpeed defines them (DeepSpeed's names)."""
 from enum import Enum
+
+from ...config.zero import OffloadOptimizerConfig as DeepSpeedZeroOffloadOptimizerConfig  # noqa: F401
+from ...config.zero import OffloadParamConfig as DeepSpeedZeroOffloadParamConfig  # noqa: F401
 
 
 class OffloadDeviceEnum(str, Enum):
