@@ -307,6 +307,12 @@ def test_deepspeed_s_top_level_names_and_what_is_not_supported():
         dsfast.PipelineEngine
     with pytest.raises(AttributeError, match="has no attribute 'no_such_thing'"):
         dsfast.no_such_thing
+    assert not hasattr(dsfast.zero, "MiCS_Init") and not hasattr(dsfast.zero, "TiledLinear")
+    with pytest.raises(AttributeError, match=r"deepspeed.zero.MiCS_Init \(MiCS, .*use deepspeed.zero.Init\) is not "
+                                             "supported by dsfast"):
+        dsfast.zero.MiCS_Init
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_thing'"):
+        dsfast.zero.no_such_thing
 
 
 def test_what_hugging_face_reads_off_deepspeed():

@@ -31,6 +31,14 @@ Laid out as its architecture, in layers, lowest first (tests/test_import_rules.p
 from .policy.partition import model_state_bytes
 
 
+# DeepSpeed's deepspeed.zero names for what dsfast does not do
+_NOT_SUPPORTED = {
+    "MiCS_Init": "MiCS, ZeRO-3 sharded within groups of ranks; use deepspeed.zero.Init",
+    "TiledLinear": "splitting a Linear layer into tiles gathered one at a time; use torch.nn.Linear",
+    "TiledLinearReturnBias": "splitting a Linear layer into tiles gathered one at a time; use torch.nn.Linear",
+}
+
+
 def __getattr__(name):
     # the stage 3 API loads on first use (DeepSpeed's names: deepspeed.zero.Init, GatheredParameters, ...)
     import importlib
@@ -38,6 +46,8 @@ def __getattr__(name):
              "register_external_parameter": ".params.hooks", "unregister_external_parameter": ".params.hooks",
              "estimate_model_states": ".planning.estimate", "ZeroParamStatus": ".params.partitioned_param",
              "ZeroParamType": ".params.partitioned_param"}
+    if name in _NOT_SUPPORTED:   # hasattr() stays False; a program that uses one is told what it is and why
+        raise AttributeError(f"deepspeed.zero.{name} ({_NOT_SUPPORTED[name]}) is not supported by dsfast")
     if name not in where:
         raise AttributeError(f"module 'dsfast.zero' has no attribute {name!r}")
     value = getattr(importlib.import_module(where[name], __name__), name)
