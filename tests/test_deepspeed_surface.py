@@ -73,6 +73,7 @@ def test_every_path_imports_through_the_deepspeed_name():
         from deepspeed.runtime.utils import empty_cache
         from deepspeed.utils.nvtx import instrument_w_nvtx
         from deepspeed.runtime.config_utils import DeepSpeedConfigModel, get_scalar_param, pp_int
+        from deepspeed.launcher.runner import parse_args as launcher_parse_args
         from deepspeed.utils.logging import warning_once
         assert deepspeed.utils.instrument_w_nvtx is instrument_w_nvtx and deepspeed.utils.logger.warning_once
         from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT, FP32_FLAT_GROUPS, FROZEN_PARAM_FRAGMENTS

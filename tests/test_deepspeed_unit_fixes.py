@@ -157,6 +157,19 @@ def test_launcher_runner_main_takes_args_and_raises_valueerror_on_misuse(capsys)
     assert "train.py" in out and "--lr" in out
 
 
+
+def test_launcher_runner_parse_args_gives_deepspeed_s_names_without_launching(capsys):
+    from dsfast.launcher import runner
+    a = runner.parse_args(["--num_gpus", "2", "--master_port", "29501", "-i", "localhost:0,1", "train.py", "--",
+                           "--deepspeed_config", "ds.json"])
+    assert (a.num_gpus, a.num_nodes, a.master_port, a.include) == (2, -1, 29501, "localhost:0,1")
+    assert a.user_script == "train.py" and a.user_args == ["--", "--deepspeed_config", "ds.json"]
+    assert a.hostfile == "/job/hostfile" and a.exclude == "" and a.master_addr == ""   # DeepSpeed's defaults
+    with pytest.raises(SystemExit):
+        runner.parse_args(["--num_gpus", "two", "train.py"])
+    assert "argument --num_gpus/--num_procs: invalid int value: 'two'" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------------------ configs refused
 class UnusedBranch(torch.nn.Module):
     def __init__(self):
