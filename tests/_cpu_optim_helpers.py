@@ -56,3 +56,14 @@ def adam_lists(n=3, bf16_grad=False, out_dtype=None, distinct_steps=False):
     outs = [torch.zeros(5 + i, dtype=out_dtype) for i in range(n)] if out_dtype is not None else []
     steps = [torch.tensor(float(i) if distinct_steps else 0.0) for i in range(n)]
     return ps, gs, ms, vs, outs, steps
+
+
+def list_op_then_tables(monkeypatch):
+    """Yields twice, False then True: first with the work tables off (every step through the list op), then with
+    them on, so that a test compares the two paths on the same steps."""
+    from dsfast.optim import _cpu_op
+    for tables in (False, True):
+        with monkeypatch.context() as m:
+            if not tables:
+                m.setattr(_cpu_op, "tables_usable", lambda: False)
+            yield tables

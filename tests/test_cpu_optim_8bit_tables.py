@@ -6,7 +6,7 @@ import torch
 
 import dsfast.optim as O
 from dsfast.optim import _cpu_op, quant_state
-from _cpu_optim_helpers import native  # noqa: F401  (a fixture)
+from _cpu_optim_helpers import list_op_then_tables, native  # noqa: F401  (native: a fixture)
 
 SHAPES = [(37,), (5, 70), (1,), (300,), (2, 256)]   # whole blocks, a short last block, a one-element one
 HP = (1e-2, 0.9, 0.999, 1e-8, 0.01, True, True)
@@ -87,21 +87,18 @@ def test_repointed_tensors_are_picked_up(native, table_calls, monkeypatch, key):
     """p.data = new (as ZeRO does) and a state tensor's .data re-pointed between steps: the table is rebuilt, the
     old memory never written, the result the list op's."""
     results = []
-    for tables in (False, True):
-        with monkeypatch.context() as m:
-            if not tables:
-                m.setattr(_cpu_op, "tables_usable", lambda: False)
-            ps, opt = _cached()
-            old_p, state = ps[1].data, opt.state[ps[3]][key]
-            before_p, old_state_mem = old_p.clone(), state.data
-            before_state = old_state_mem.clone()
-            ps[1].data = old_p.clone()
-            state.data = old_state_mem.clone()
-            opt.step()
-            assert torch.equal(old_p, before_p), "the old param memory was written"
-            assert torch.equal(old_state_mem, before_state), "the old state memory was written"
-            assert not torch.equal(ps[1].data, before_p) and not torch.equal(state.data, before_state)
-            results.append([p.detach().clone() for p in ps])
+    for _ in list_op_then_tables(monkeypatch):
+        ps, opt = _cached()
+        old_p, state = ps[1].data, opt.state[ps[3]][key]
+        before_p, old_state_mem = old_p.clone(), state.data
+        before_state = old_state_mem.clone()
+        ps[1].data = old_p.clone()
+        state.data = old_state_mem.clone()
+        opt.step()
+        assert torch.equal(old_p, before_p), "the old param memory was written"
+        assert torch.equal(old_state_mem, before_state), "the old state memory was written"
+        assert not torch.equal(ps[1].data, before_p) and not torch.equal(state.data, before_state)
+        results.append([p.detach().clone() for p in ps])
     for a, b in zip(*results):
         assert torch.equal(a, b)
     assert table_calls == {"ran": 2, "stale": 1}   # the op saw the move itself

@@ -6,7 +6,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import dsfast.optim as O
 from dsfast.optim import _cpu_op
-from _cpu_optim_helpers import adam_lists, native  # noqa: F401  (native: a fixture)
+from _cpu_optim_helpers import adam_lists, list_op_then_tables, native  # noqa: F401  (native: a fixture)
 
 SHAPES = [(37,), (5, 7), (1,), (300,)]
 
@@ -135,21 +135,18 @@ def test_repointed_tensors_are_picked_up(native, table_calls, monkeypatch, cls, 
     """p.data = new (as ZeRO does) and a state tensor's .data re-pointed between steps: the table is
     rebuilt and the old memory is never written."""
     results = []
-    for tables in (False, True):
-        with monkeypatch.context() as m:
-            if not tables:
-                m.setattr(_cpu_op, "tables_usable", lambda: False)
-            ps, opt = _cached_opt(cls, **kw)
-            old_p, old_state = ps[1].data, opt.state[ps[3]]["exp_avg" if cls is O.CPUAdam else "momentum_buffer"]
-            before_p, before_state = old_p.clone(), old_state.data.clone()
-            ps[1].data = old_p.clone()
-            old_state_mem = old_state.data
-            old_state.data = old_state_mem.clone()
-            opt.step()
-            assert torch.equal(old_p, before_p), "the old param memory was written"
-            assert torch.equal(old_state_mem, before_state), "the old state memory was written"
-            assert not torch.equal(ps[1].data, before_p) and not torch.equal(old_state.data, before_state)
-            results.append([p.detach().clone() for p in ps])
+    for _ in list_op_then_tables(monkeypatch):
+        ps, opt = _cached_opt(cls, **kw)
+        old_p, old_state = ps[1].data, opt.state[ps[3]]["exp_avg" if cls is O.CPUAdam else "momentum_buffer"]
+        before_p, before_state = old_p.clone(), old_state.data.clone()
+        ps[1].data = old_p.clone()
+        old_state_mem = old_state.data
+        old_state.data = old_state_mem.clone()
+        opt.step()
+        assert torch.equal(old_p, before_p), "the old param memory was written"
+        assert torch.equal(old_state_mem, before_state), "the old state memory was written"
+        assert not torch.equal(ps[1].data, before_p) and not torch.equal(old_state.data, before_state)
+        results.append([p.detach().clone() for p in ps])
     for a, b in zip(*results):
         assert torch.equal(a, b)
     kind = "adam" if cls is O.CPUAdam else "sgd"
@@ -164,18 +161,15 @@ def test_a_state_entry_replaced_by_another_tensor_is_used(native, monkeypatch, c
     """opt.state[p][key] = another tensor (a moment reset, a state copied in by hand): the cached lists are not
     used, the new tensor is updated and the replaced one never written, as the list op does."""
     results = []
-    for tables in (False, True):
-        with monkeypatch.context() as m:
-            if not tables:
-                m.setattr(_cpu_op, "tables_usable", lambda: False)
-            ps, opt = _cached_opt(cls, **kw)
-            old = opt.state[ps[3]][key]
-            before = old.clone()
-            opt.state[ps[3]][key] = new = old.clone()
-            opt.step()
-            assert torch.equal(old, before), "the replaced state tensor was written"
-            assert not torch.equal(new, before), "the new state tensor was not updated"
-            results.append([p.detach().clone() for p in ps])
+    for _ in list_op_then_tables(monkeypatch):
+        ps, opt = _cached_opt(cls, **kw)
+        old = opt.state[ps[3]][key]
+        before = old.clone()
+        opt.state[ps[3]][key] = new = old.clone()
+        opt.step()
+        assert torch.equal(old, before), "the replaced state tensor was written"
+        assert not torch.equal(new, before), "the new state tensor was not updated"
+        results.append([p.detach().clone() for p in ps])
     for a, b in zip(*results):
         assert torch.equal(a, b)
 

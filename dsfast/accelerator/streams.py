@@ -102,10 +102,12 @@ class InlineLane:
 _open_thread_lanes = weakref.WeakSet()
 
 
+@atexit.register
 def close_thread_lanes():
-    """Finish and stop every ThreadLane still open (the exit hook below): a lane thread still inside a native op (a
-    copy, the host step) when the interpreter finalises aborts the process ("terminate called without an active
-    exception") after a run that succeeded, and an overlapped step left running would be cut off mid-write."""
+    """Finish and stop every ThreadLane still open, at exit: a lane thread still inside a native op (a copy, the host
+    step) when the interpreter finalises aborts the process ("terminate called without an active exception") after
+    a run that succeeded, and an overlapped step left running would be cut off mid-write. (Lanes run no
+    collectives, so this may come before or after the process group's own exit teardown.)"""
     for lane in list(_open_thread_lanes):
         lane.close()
 
@@ -124,9 +126,6 @@ class ThreadLane:
         self._max_delay = chaos[1] if chaos else 0.0
         self._thread = threading.Thread(target=self._run, name=f"dsfast-lane-{name}", daemon=True)
         self._thread.start()
-        if not _open_thread_lanes:     # (re-registered after all closed: atexit runs hooks last-in first-out)
-            atexit.unregister(close_thread_lanes)
-            atexit.register(close_thread_lanes)
         _open_thread_lanes.add(self)
 
     def submit(self, fn, what="", after_current=True):

@@ -1,6 +1,7 @@
 """deepspeed.checkpoint.constants: the key and file names of DeepSpeed's checkpoint layout (0.19), for programs that
 read DeepSpeed checkpoints themselves (`sd[OPTIMIZER_STATE_DICT]`, `FP32_FLAT_GROUPS`) and for dsfast's reader of
-them (deepspeed_import.py). tests/test_deepspeed_surface.py checks them against files DeepSpeed wrote."""
+them (deepspeed_import.py, zero_to_fp32.py, utils.py). tests/test_deepspeed_surface.py checks them against files
+DeepSpeed wrote."""
 
 # the optimizer states file (zero_pp_rank_R_mp_rank_00_optim_states.pt) and its inner dict
 OPTIMIZER_STATE_DICT = "optimizer_state_dict"

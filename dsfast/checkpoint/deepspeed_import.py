@@ -19,29 +19,33 @@ import sys
 
 import torch
 
-from .constants import (BASE_OPTIMIZER_STATE, BUFFER_NAMES, FP32_FLAT_GROUPS, FP32_GROUPS, FROZEN_PARAM_FRAGMENTS,
-                        FROZEN_PARAM_SHAPES, OPTIMIZER_STATE_DICT, PARAM_SHAPES, PARAM_SLICE_MAPPINGS, PARTITION_COUNT,
-                        SINGLE_PARTITION_OF_FP32_GROUPS, ZERO_STAGE)
+from .constants import (BASE_OPTIMIZER_STATE, BUFFER_NAMES, DS_VERSION, FP32_FLAT_GROUPS, FP32_GROUPS,
+                        FROZEN_PARAM_FRAGMENTS, FROZEN_PARAM_SHAPES, MODEL_FILE_PREFIX, MODEL_FILE_SUFFIX,
+                        OPTIM_FILE_SUFFIX, OPTIMIZER_STATE_DICT, PARAM_SHAPES, PARAM_SLICE_MAPPINGS, PARTITION_COUNT,
+                        SINGLE_PARTITION_OF_FP32_GROUPS, ZERO_FILE_PREFIX, ZERO_STAGE)
 from .ds_unpickle import ds_load
 from .safetensors_io import Deferred
 from .errors import CheckpointCorruptError, CheckpointError
 
-MODEL_STATES = "mp_rank_00_model_states.pt"
+MODEL_STATES = f"{MODEL_FILE_PREFIX}00{MODEL_FILE_SUFFIX}"                    # stages 0-2: the one model file
+ZERO_MODEL_STATES = f"{ZERO_FILE_PREFIX}*_{MODEL_STATES}"                     # stage 3: one per rank
+OPTIM_STATES = f"*{ZERO_FILE_PREFIX}*_{MODEL_FILE_PREFIX}00{OPTIM_FILE_SUFFIX}"   # (bf16_ / fp16_ prefixed too)
+_RANK = re.compile(rf"{ZERO_FILE_PREFIX}(\d+)_")
 _DS_KEYS = {"module", BUFFER_NAMES, "optimizer", PARAM_SHAPES, FROZEN_PARAM_SHAPES, "shared_params",
             FROZEN_PARAM_FRAGMENTS, "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
             "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size", "ds_config",
-            "ds_version", "checkpoint_parallel_dimensions"}
+            DS_VERSION, "checkpoint_parallel_dimensions"}
 
 
 def is_deepspeed_checkpoint(path):
     return os.path.isfile(os.path.join(path, MODEL_STATES)) or bool(
-        glob.glob(os.path.join(path, "zero_pp_rank_*_mp_rank_00_model_states.pt")))
+        glob.glob(os.path.join(path, ZERO_MODEL_STATES)))
 
 
 def _ranked(path, pattern):
     found = {}
     for f in glob.glob(os.path.join(path, pattern)):
-        m = re.search(r"zero_pp_rank_(\d+)_", os.path.basename(f))
+        m = _RANK.search(os.path.basename(f))
         found[int(m.group(1))] = f
     return [found[r] for r in sorted(found)]
 
@@ -55,8 +59,8 @@ class DeepSpeedCheckpoint:
     def __init__(self, path):
         self.path = path
         model_files = [os.path.join(path, MODEL_STATES)] if os.path.isfile(os.path.join(path, MODEL_STATES)) \
-            else _ranked(path, "zero_pp_rank_*_mp_rank_00_model_states.pt")
-        optim_files = _ranked(path, "*zero_pp_rank_*_mp_rank_00_optim_states.pt")
+            else _ranked(path, ZERO_MODEL_STATES)
+        optim_files = _ranked(path, OPTIM_STATES)
         for f in model_files[:1] + optim_files:     # every input named before any is read
             if not os.path.isfile(f):
                 raise CheckpointCorruptError(f"{f}: missing")
@@ -92,10 +96,10 @@ class DeepSpeedCheckpoint:
         """Every rank DeepSpeed partitioned over has its optimizer file (named if missing, before any output)."""
         counts = partition_count if isinstance(partition_count, (list, tuple)) else [partition_count]
         world = max(int(c) for c in counts) if counts and None not in counts else len(files)
-        ranks = {int(re.search(r"zero_pp_rank_(\d+)_", os.path.basename(f)).group(1)) for f in files}
+        ranks = {int(_RANK.search(os.path.basename(f)).group(1)) for f in files}
         missing = sorted(set(range(world)) - ranks)
         if missing:
-            pattern = os.path.basename(files[0]).replace(f"zero_pp_rank_{min(ranks)}_", "zero_pp_rank_{}_")
+            pattern = os.path.basename(files[0]).replace(f"{ZERO_FILE_PREFIX}{min(ranks)}_", ZERO_FILE_PREFIX + "{}_")
             raise CheckpointCorruptError(f"{self.path}: DeepSpeed partitioned the optimizer over {world} ranks; the "
                                          f"file of rank {missing[0]} is missing ({pattern.format(missing[0])}"
                                          f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''})")

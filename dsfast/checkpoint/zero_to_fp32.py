@@ -9,6 +9,7 @@ import re
 import torch
 
 from .consolidate import consolidate
+from .constants import MODEL_FILE_SUFFIX, OPTIM_FILE_SUFFIX
 from .manifest import MODEL_FILE
 
 
@@ -108,13 +109,13 @@ def _files(checkpoint_dir, deepspeed_pattern, dsfast_pattern):
 def get_optim_files(checkpoint_dir):
     """The optimizer-state files of a tag folder, one per data-parallel rank that saved it: DeepSpeed's
     *_optim_states.pt, or dsfast's optim_rank*.safetensors."""
-    return _files(checkpoint_dir, "*_optim_states.pt", "optim_rank*.safetensors")
+    return _files(checkpoint_dir, f"*{OPTIM_FILE_SUFFIX}", "optim_rank*.safetensors")
 
 
 def get_model_state_files(checkpoint_dir):
     """The model-state files of a tag folder: DeepSpeed's *_model_states.pt (one per rank at stage 3), or dsfast's
     one model file."""
-    return _files(checkpoint_dir, "*_model_states.pt", MODEL_FILE)
+    return _files(checkpoint_dir, f"*{MODEL_FILE_SUFFIX}", MODEL_FILE)
 
 
 __all__ = ["get_checkpoint_files", "get_optim_files", "get_model_state_files",

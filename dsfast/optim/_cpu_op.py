@@ -186,9 +186,10 @@ class GroupCache:
             return
         states = [optimizer.state[p] for p in params]
         keys = tuple(keys)
+        flat = _state_tensors(states, keys)     # state by state; each key's list is every len(keys)-th entry
         self._entries[group_index] = dict(plist=plist, n=len(plist), state=optimizer.state, params=list(params),
-                                          states=states, tensors={k: [st[k] for st in states] for k in keys},
-                                          keys=keys, flat=_state_tensors(states, keys))
+                                          states=states, keys=keys, flat=flat,
+                                          tensors={k: flat[i::len(keys)] for i, k in enumerate(keys)})
 
 
 def _state_tensors(states, keys):

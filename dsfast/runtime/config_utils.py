@@ -70,12 +70,7 @@ def get_scalar_param(param_dict, param_name, param_default_value):
     return param_dict.get(param_name, param_default_value)
 
 
-def get_list_param(param_dict, param_name, param_default_value):
-    return param_dict.get(param_name, param_default_value)
-
-
-def get_dict_param(param_dict, param_name, param_default_value):
-    return param_dict.get(param_name, param_default_value)
+get_list_param = get_dict_param = get_scalar_param   # DeepSpeed's three names for the same read
 
 
 def dict_raise_error_on_duplicate_keys(ordered_pairs):

@@ -11,6 +11,7 @@ is given; the engine gives none (dsfast's progress line already reports samples/
 import time
 
 from ..accelerator.cuda import synchronize_if_used
+from .log import log_dist
 
 _EPS = 1e-12
 
@@ -40,9 +41,7 @@ class ThroughputTimer:
         self.micro_step_count = 0
 
     def _clock(self):
-        if self.synchronized:
-            synchronize_if_used()
-        return time.time()
+        return _now(self.synchronized)
 
     def start(self):
         if not self.enabled:
@@ -82,6 +81,13 @@ class ThroughputTimer:
         return float("-inf")
 
 
+def _now(synchronized=True):
+    """Wall-clock seconds, after the device's queued work where `synchronized` (what a timer must measure)."""
+    if synchronized:
+        synchronize_if_used()
+    return time.time()
+
+
 class _Stopwatch:
     """One named timer: start / stop around a phase (the device synchronized first), elapsed in milliseconds."""
 
@@ -95,15 +101,13 @@ class _Stopwatch:
     def start(self):
         if self.started:
             raise RuntimeError(f"timer {self.name!r} is already running: stop() it before start()")
-        synchronize_if_used()
-        self.start_time = time.time()
+        self.start_time = _now()
         self.started = True
 
     def stop(self, reset=False, record=False):
         if not self.started:
             raise RuntimeError(f"timer {self.name!r} is not running: start() it before stop()")
-        synchronize_if_used()
-        ms = (time.time() - self.start_time) * 1000.0
+        ms = (_now() - self.start_time) * 1000.0
         self.started = False
         if reset:
             self.total_ms = 0.0
@@ -154,7 +158,6 @@ class SynchronizedWallClockTimer:
         `ranks` (default rank 0) through deepspeed.utils.log_dist."""
         if not normalizer > 0.0:
             raise ValueError(f"normalizer={normalizer!r}: give a positive number to divide the times by")
-        from .log import log_dist
         parts = [f"{n}: {self.timers[n].elapsed(reset=reset) / normalizer:.2f}" for n in names if n in self.timers]
         if parts:
             log_dist("time (ms) | " + " | ".join(parts), ranks=ranks or [0])
